@@ -1,0 +1,166 @@
+//! Whole-pool analyses that need the ordered rules: shadowed rules, select tiers that can never
+//! have a candidate, rules whose candidate set is always empty.
+
+use std::sync::Arc;
+
+use ahash::AHashSet;
+use kinf_policy::{BackendType, OnEmpty};
+
+use crate::check::Checker;
+use crate::codes::Code;
+use crate::compiled::{CompiledPolicy, CompiledRule, DestId, ModelPattern, Pick, RequestCond};
+use crate::dag::RuleDag;
+use crate::diagnostic::Diagnostic;
+use crate::path::FieldPath;
+
+pub(crate) fn check_pool_rules(ck: &mut Checker<'_>, out: &CompiledPolicy, pi: usize, rules: &[(Arc<CompiledRule>, usize, FieldPath)]) {
+    let Some(pool) = out.pools.get(pi) else { return };
+    // The DAG over the rules as they will be evaluated.
+    let view = crate::compiled::CompiledPool {
+        namespace: pool.namespace.clone(),
+        name: pool.name.clone(),
+        destinations: pool.destinations.clone(),
+        models: pool.models.clone(),
+        rules: rules.iter().map(|(r, _, _)| r.clone()).collect(),
+        limits: Vec::new(),
+        source: pool.source.clone(),
+    };
+    let dag = RuleDag::build(&view);
+    debug_assert!(dag.is_acyclic());
+    for (j, (rule, doc, path)) in rules.iter().enumerate() {
+        let span = ck.bundle.value_span(*doc, &path.key("name"));
+        // Shadowed: unreachable in the DAG (after a catch-all), or every match entry covered by
+        // an earlier rule that rejects when empty.
+        let shadow = if !dag.rule_reachable(j) {
+            rules[..j].iter().rev().find(|(r, _, _)| r.on_empty == OnEmpty::Reject && (r.matches.is_empty() || r.matches.iter().any(RequestCond::is_unconditional)))
+        } else {
+            rules[..j].iter().find(|(r, _, _)| r.on_empty == OnEmpty::Reject && covers_rule(r, rule))
+        };
+        if let Some((earlier, edoc, epath)) = shadow {
+            let mut d = Diagnostic::new(Code::ShadowedRule,
+                format!("rule `{}` can never apply in pool `{}`: rule `{}` (policy `{}`) matches every request it matches and is evaluated first",
+                    rule.name, pool.name, earlier.name, earlier.policy))
+                .with_path(path.key("name"))
+                .with_help(format!("move `{}` before `{}`, narrow `{}`'s matches, or set `onEmpty: NextRule` on `{}`", rule.name, earlier.name, earlier.name, earlier.name));
+            if let Some(s) = span { d = d.at(s, "never applies"); }
+            if let Some(s) = ck.bundle.value_span(*edoc, &epath.key("name")) { d = d.with_related(s, "shadowed by this rule"); }
+            ck.push(d);
+        }
+        // Candidate analysis.
+        let possible = possible_destinations(out, pi, rule);
+        if possible.is_empty() {
+            let mut d = Diagnostic::new(Code::EmptyCandidates,
+                format!("rule `{}` never has a candidate in pool `{}`: its consider and unconditional excludes leave no destination", rule.name, pool.name))
+                .with_path(path.key("route"))
+                .with_help("check `consider` (models, type, destination) against the pool's destinations");
+            if let Some(s) = span { d = d.at(s, "always empty"); }
+            ck.push(d);
+            continue;
+        }
+        for (t, tier) in rule.select.iter().enumerate() {
+            let reachable = possible.iter().any(|(id, b)| {
+                tier.backend.is_none_or(|tb| tb == *b) && match &tier.pick {
+                    Pick::Minimize(_) => true,
+                    Pick::Order(ids) => ids.contains(id),
+                }
+            });
+            if !reachable {
+                let tpath = path.key("route").key("select").index(t);
+                let tspan = ck.bundle.value_span(*doc, &tpath);
+                let mut d = Diagnostic::new(Code::UnreachableTier,
+                    format!("select tier {} of rule `{}` can never have a candidate in pool `{}`", t + 1, rule.name, pool.name))
+                    .with_path(tpath)
+                    .with_help(tier_help(out, &possible));
+                if let Some(s) = tspan { d = d.at(s, "never has a candidate"); }
+                ck.push(d);
+            }
+        }
+    }
+}
+
+fn tier_help(out: &CompiledPolicy, possible: &[(DestId, BackendType)]) -> String {
+    let names: Vec<String> = possible
+        .iter()
+        .filter_map(|(id, b)| out.destination(*id).map(|d| format!("`{}` ({})", d.name, b.as_str())))
+        .collect();
+    format!("after consider and exclude, only these destinations can be candidates: {}", names.join(", "))
+}
+
+/// Destinations that can be candidates of a rule in a pool, ignoring load (so: consider, and
+/// filters that drop by backend type or name unconditionally).
+fn possible_destinations(out: &CompiledPolicy, pi: usize, rule: &CompiledRule) -> Vec<(DestId, BackendType)> {
+    let Some(pool) = out.pools.get(pi) else { return Vec::new() };
+    let mut set: Vec<(DestId, BackendType)> = Vec::new();
+    let serves = |id: DestId, names: &[Arc<str>]| names.iter().any(|n| pool.models.get(n).is_some_and(|v| v.iter().any(|(d, _)| *d == id)));
+    for &id in &pool.destinations {
+        let Some(d) = out.destination(id) else { continue };
+        let considered = rule.consider.is_empty()
+            || rule.consider.iter().any(|c| {
+                c.backend.is_none_or(|b| b == d.backend)
+                    && c.destination.is_none_or(|x| x == id)
+                    && c.models.as_ref().is_none_or(|m| serves(id, m))
+            });
+        if !considered {
+            continue;
+        }
+        let dropped = rule.exclude.iter().any(|f| {
+            f.condition.is_none()
+                && f.drop.queued_prompts.is_none()
+                && f.drop.running_prompts.is_none()
+                && f.drop.kv_cache_usage.is_none()
+                && f.drop.predicted_ttft.is_none()
+                && f.drop.when.is_none()
+                && f.drop.backend.is_none_or(|b| b == d.backend)
+                && f.drop.destination.is_none_or(|x| x == id)
+        });
+        if !dropped {
+            set.push((id, d.backend));
+        }
+    }
+    let mut seen = AHashSet::new();
+    set.retain(|(id, _)| seen.insert(*id));
+    set
+}
+
+fn covers_rule(earlier: &CompiledRule, later: &CompiledRule) -> bool {
+    let later_entries: Vec<&RequestCond> = later.matches.iter().collect();
+    if earlier.matches.is_empty() {
+        return true;
+    }
+    if later_entries.is_empty() {
+        return earlier.matches.iter().any(RequestCond::is_unconditional);
+    }
+    later_entries.iter().all(|b| earlier.matches.iter().any(|a| covers(a, b)))
+}
+
+/// Whether every request matching `b` also matches `a`.
+fn covers(a: &RequestCond, b: &RequestCond) -> bool {
+    let model = match (&a.model, &b.model) {
+        (None, _) => true,
+        (Some(ModelPattern::Exact(x)), Some(ModelPattern::Exact(y))) => x == y,
+        (Some(ModelPattern::Glob(g)), Some(ModelPattern::Exact(y))) => g.matches(y),
+        (Some(ModelPattern::Glob(g)), Some(ModelPattern::Glob(h))) => g.as_str() == h.as_str(),
+        _ => false,
+    };
+    let eq = |x: &Option<Arc<str>>, y: &Option<Arc<str>>| x.is_none() || x == y;
+    let range = match (&a.prompt_tokens, &b.prompt_tokens) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(ra), Some(rb)) => {
+            ra.greater_than.is_none_or(|g| rb.greater_than.is_some_and(|h| h >= g))
+                && ra.less_than.is_none_or(|l| rb.less_than.is_some_and(|m| m <= l))
+        }
+    };
+    let when = match (&a.when, &b.when) {
+        (None, _) => true,
+        (Some(x), Some(y)) => x.to_string() == y.to_string(),
+        _ => false,
+    };
+    model
+        && eq(&a.tag, &b.tag)
+        && eq(&a.tenant, &b.tenant)
+        && (a.qos.is_none() || a.qos == b.qos)
+        && range
+        && (a.header.is_none() || a.header == b.header)
+        && when
+}

@@ -1,0 +1,776 @@
+//! Whole-bundle name resolution, type checking and lowering into a [`CompiledPolicy`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahash::{AHashMap, AHashSet};
+use kinf_policy::{
+    BackendType, ClassifierType, GatewayBackendSpec, InferencePolicySpec, OnEmpty, PiiEntity,
+    Quantity, RequestMatch, Threshold, TokenCount,
+};
+use smallvec::SmallVec;
+
+use crate::bundle::{Bundle, Res};
+use crate::codes::Code;
+use crate::compiled::*;
+use crate::diagnostic::Diagnostic;
+use crate::fpath;
+use crate::path::FieldPath;
+use crate::source::{Sources, Span};
+use crate::suggest::help_for;
+use crate::{env, expr};
+
+/// Default averaging window of load measures.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(30);
+
+pub(crate) struct Checker<'a> {
+    pub bundle: &'a Bundle,
+    pub sources: &'a Sources,
+    pub diags: &'a mut Vec<Diagnostic>,
+    /// Resource label (`Kind/ns/name`) per document.
+    labels: AHashMap<usize, String>,
+}
+
+/// What lowering produced for one policy, before it is attached to pools.
+struct LoweredPolicy {
+    key: (i32, Arc<str>),
+    pools: Vec<usize>,
+    rules: Vec<(Arc<CompiledRule>, usize /*doc*/, FieldPath)>,
+    limits: Vec<Arc<CompiledLimit>>,
+}
+
+impl<'a> Checker<'a> {
+    pub fn new(bundle: &'a Bundle, sources: &'a Sources, diags: &'a mut Vec<Diagnostic>) -> Self {
+        Checker {
+            bundle,
+            sources,
+            diags,
+            labels: AHashMap::new(),
+        }
+    }
+
+    fn label(&mut self, doc: usize, kind: &str, ns: &str, name: &str) {
+        self.labels.insert(doc, format!("{kind}/{ns}/{name}"));
+    }
+
+    pub fn report(&mut self, doc: usize, path: &FieldPath, code: Code, msg: String, label: &str, help: Option<String>) {
+        self.report_at(doc, path, false, code, msg, label, help);
+    }
+
+    fn report_key(&mut self, doc: usize, path: &FieldPath, code: Code, msg: String, label: &str, help: Option<String>) {
+        self.report_at(doc, path, true, code, msg, label, help);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn report_at(&mut self, doc: usize, path: &FieldPath, key: bool, code: Code, msg: String, label: &str, help: Option<String>) {
+        let span = if key {
+            self.bundle.key_span(doc, path)
+        } else {
+            self.bundle.value_span(doc, path)
+        };
+        let mut d = Diagnostic::new(code, msg).with_path(path.clone()).with_help_opt(help);
+        if let Some(span) = span {
+            d = d.at(span, label);
+        }
+        if let Some(l) = self.labels.get(&doc) {
+            d = d.with_resource(l.clone());
+        }
+        self.diags.push(d);
+    }
+
+    pub(crate) fn push(&mut self, d: Diagnostic) {
+        self.diags.push(d);
+    }
+
+    fn source_ref(&self, doc: usize, path: &FieldPath) -> SourceRef {
+        let span = self.bundle.key_span(doc, path);
+        match span.and_then(|s| self.sources.locate(s)) {
+            Some((file, line, _)) => SourceRef {
+                file: file.into(),
+                line: line as u32,
+            },
+            None => SourceRef {
+                file: "<unknown>".into(),
+                line: 0,
+            },
+        }
+    }
+
+    pub(crate) fn duration_pub(&mut self, doc: usize, path: &FieldPath, text: Option<&str>, default: Duration) -> Duration {
+        self.duration(doc, path, text, default)
+    }
+
+    pub(crate) fn source_ref_pub(&self, doc: usize, path: &FieldPath) -> SourceRef {
+        self.source_ref(doc, path)
+    }
+
+    fn duration(&mut self, doc: usize, path: &FieldPath, text: Option<&str>, default: Duration) -> Duration {
+        let Some(text) = text else {
+            return default;
+        };
+        match kinf_grammar::parse_duration(text) {
+            Ok(d) => d,
+            Err(e) => {
+                let span = self.bundle.node(doc, path).map(|n| {
+                    let s = n.content_start();
+                    Span::new(n.span.file, s + e.span.start, s + e.span.end.max(e.span.start + 1))
+                });
+                let mut d = Diagnostic::new(Code::InvalidDuration, format!("invalid duration `{text}`: {}", e.message))
+                    .with_path(path.clone())
+                    .with_help(e.help.unwrap_or_else(|| "write a duration such as `500ms`, `30s` or `1m30s`".into()));
+                if let Some(s) = span {
+                    d = d.at(s, "here");
+                }
+                self.diags.push(d);
+                default
+            }
+        }
+    }
+
+    /// Lowers the whole bundle.
+    pub fn run(mut self) -> CompiledPolicy {
+        let b = self.bundle;
+        for r in &b.worker_sets {
+            self.label(r.doc, "InferenceWorkerSet", &r.namespace, &r.name);
+        }
+        for r in &b.providers {
+            self.label(r.doc, "InferenceProvider", &r.namespace, &r.name);
+        }
+        for r in &b.pools {
+            self.label(r.doc, "InferencePool", &r.namespace, &r.name);
+        }
+        for r in &b.policies {
+            self.label(r.doc, "InferencePolicy", &r.namespace, &r.name);
+        }
+        for r in &b.gateways {
+            self.label(r.doc, "GatewayBackend", &r.namespace, &r.name);
+        }
+
+        let mut out = CompiledPolicy::default();
+        crate::destinations::lower_destinations(&mut self, &mut out);
+        self.lower_pools(&mut out);
+        self.lower_gateways(&mut out);
+        let mut lowered: Vec<LoweredPolicy> = Vec::new();
+        for p in &b.policies {
+            if let Some(l) = self.lower_policy(p, &out) {
+                lowered.push(l);
+            }
+        }
+        lowered.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut per_pool: Vec<Vec<(Arc<CompiledRule>, usize, FieldPath)>> = vec![Vec::new(); out.pools.len()];
+        for l in lowered {
+            for &pi in &l.pools {
+                if let Some(pool) = out.pools.get_mut(pi) {
+                    pool.limits.extend(l.limits.iter().cloned());
+                }
+                if let Some(list) = per_pool.get_mut(pi) {
+                    list.extend(l.rules.iter().cloned());
+                }
+            }
+        }
+        for (pi, rules) in per_pool.into_iter().enumerate() {
+            crate::analysis::check_pool_rules(&mut self, &out, pi, &rules);
+            if let Some(pool) = out.pools.get_mut(pi) {
+                pool.rules = rules.into_iter().map(|(r, _, _)| r).collect();
+            }
+        }
+        out
+    }
+
+    fn lower_pools(&mut self, out: &mut CompiledPolicy) {
+        let b = self.bundle;
+        for p in &b.pools {
+            let mut dests = Vec::new();
+            for (i, d) in p.spec.destinations.iter().enumerate() {
+                let path = fpath!["spec", "destinations", i, "name"];
+                let backend = match d.kind {
+                    kinf_policy::DestinationKind::InferenceWorkerSet => BackendType::Local,
+                    kinf_policy::DestinationKind::InferenceProvider => BackendType::Provider,
+                };
+                let found = out.destinations.iter().find(|x| {
+                    x.namespace == p.namespace && *x.name == d.name && x.backend == backend
+                });
+                match found {
+                    Some(x) => {
+                        if dests.contains(&x.id) {
+                            self.report(p.doc, &path, Code::UnknownDestination,
+                                format!("destination `{}` is listed twice", d.name), "listed again",
+                                Some("remove the duplicate entry".into()));
+                        } else {
+                            dests.push(x.id);
+                        }
+                    }
+                    None => {
+                        let kind_name = format!("{:?}", d.kind);
+                        let same_kind: Vec<&str> = out.destinations.iter()
+                            .filter(|x| x.namespace == p.namespace && x.backend == backend)
+                            .map(|x| &*x.name).collect();
+                        let other = out.destinations.iter().find(|x| x.namespace == p.namespace && *x.name == d.name);
+                        let help = match other {
+                            Some(o) => format!("`{}` is an {}; set `kind: {}`", d.name,
+                                if o.backend == BackendType::Local { "InferenceWorkerSet" } else { "InferenceProvider" },
+                                if o.backend == BackendType::Local { "InferenceWorkerSet" } else { "InferenceProvider" }),
+                            None => help_for(&d.name, same_kind.iter().copied(), &format!("{kind_name}s in namespace `{}`", p.namespace)),
+                        };
+                        self.report(p.doc, &path, Code::UnknownDestination,
+                            format!("{kind_name} `{}` not found in namespace `{}`", d.name, p.namespace),
+                            "does not resolve", Some(help));
+                    }
+                }
+            }
+            let mut models: AHashMap<Arc<str>, SmallVec<[(DestId, Arc<str>); 4]>> = AHashMap::new();
+            for &id in &dests {
+                if let Some(d) = out.destination(id) {
+                    for m in &d.models {
+                        for n in &m.client_names {
+                            let e = models.entry(n.clone()).or_default();
+                            if !e.iter().any(|(x, _)| *x == id) {
+                                e.push((id, m.upstream.clone()));
+                            }
+                        }
+                    }
+                }
+            }
+            out.pools.push(CompiledPool {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                destinations: dests,
+                models,
+                rules: Vec::new(),
+                limits: Vec::new(),
+                source: self.source_ref(p.doc, &fpath!["metadata", "name"]),
+            });
+        }
+    }
+
+    fn lower_gateways(&mut self, out: &mut CompiledPolicy) {
+        let b = self.bundle;
+        for g in &b.gateways {
+            let pool = out.pools.iter().position(|p| p.namespace == g.namespace && *p.name == g.spec.pool);
+            let Some(pool) = pool else {
+                let names: Vec<&str> = out.pools.iter().filter(|p| p.namespace == g.namespace).map(|p| &*p.name).collect();
+                self.report(g.doc, &fpath!["spec", "pool"], Code::UnknownPool,
+                    format!("InferencePool `{}` not found in namespace `{}`", g.spec.pool, g.namespace),
+                    "does not resolve", Some(help_for(&g.spec.pool, names.iter().copied(), "pools")));
+                continue;
+            };
+            self.check_gateway(g);
+            out.gateways.push(CompiledGateway {
+                namespace: g.namespace.clone(),
+                name: g.name.clone(),
+                pool,
+                tags: classifier_tags(&g.spec),
+                spec: g.spec.clone(),
+            });
+        }
+    }
+
+    fn check_gateway(&mut self, g: &Res<GatewayBackendSpec>) {
+        let mut names = AHashSet::new();
+        for (i, c) in g.spec.classifiers.iter().enumerate() {
+            let base = fpath!["spec", "classifiers", i];
+            if !names.insert(c.name.clone()) {
+                self.report(g.doc, &base.key("name"), Code::InvalidValue,
+                    format!("duplicate classifier name `{}`", c.name), "repeated", Some("give each classifier a unique name".into()));
+            }
+            if c.type_ == ClassifierType::External && c.url.is_none() {
+                self.report_key(g.doc, &base.key("type"), Code::MissingField,
+                    format!("classifier `{}` of type `External` needs `url`", c.name), "external classifier",
+                    Some("add `url:` with the classifier's HTTP endpoint".into()));
+            }
+            self.duration(g.doc, &base.key("timeout"), c.timeout.as_deref(), Duration::from_millis(50));
+        }
+        if let Some(t) = &g.spec.tenants {
+            if let Some(k) = &t.api_keys {
+                if k.secret_ref.is_some() == k.file.is_some() {
+                    self.report_key(g.doc, &fpath!["spec", "tenants", "apiKeys"], Code::CredentialSource,
+                        "`apiKeys` needs exactly one of `secretRef` and `file`".into(), "here", None);
+                }
+            }
+        }
+        if let Some(l) = &g.spec.limits {
+            if let Some(q) = &l.max_body_bytes {
+                let _ = self.quantity(g.doc, &fpath!["spec", "limits", "maxBodyBytes"], q, Unit::Count);
+            }
+        }
+    }
+
+    fn lower_policy(&mut self, p: &Res<InferencePolicySpec>, out: &CompiledPolicy) -> Option<LoweredPolicy> {
+        let policy_name: Arc<str> = format!("{}/{}", p.namespace, p.name).into();
+        // Target pools.
+        let mut pools = Vec::new();
+        if p.spec.target_refs.is_empty() {
+            pools.extend(out.pools.iter().enumerate().filter(|(_, x)| x.namespace == p.namespace).map(|(i, _)| i));
+            if pools.is_empty() {
+                self.report_key(p.doc, &fpath!["metadata", "name"], Code::UnusedPolicy,
+                    format!("policy `{}` applies to no pool: namespace `{}` has no InferencePool", p.name, p.namespace),
+                    "applies to nothing", Some("add an InferencePool to the namespace, or move the policy".into()));
+            }
+        } else {
+            for (i, t) in p.spec.target_refs.iter().enumerate() {
+                match out.pools.iter().position(|x| x.namespace == p.namespace && *x.name == t.name) {
+                    Some(pi) => pools.push(pi),
+                    None => {
+                        let names: Vec<&str> = out.pools.iter().filter(|x| x.namespace == p.namespace).map(|x| &*x.name).collect();
+                        self.report(p.doc, &fpath!["spec", "targetRefs", i, "name"], Code::UnknownPool,
+                            format!("InferencePool `{}` not found in namespace `{}`", t.name, p.namespace),
+                            "does not resolve", Some(help_for(&t.name, names.iter().copied(), "pools")));
+                    }
+                }
+            }
+        }
+        let scope = Scope::new(out, &pools);
+        let mut rules = Vec::new();
+        let mut seen: AHashMap<String, FieldPath> = AHashMap::new();
+        for (i, rule) in p.spec.rules.iter().enumerate() {
+            let base = fpath!["spec", "rules", i];
+            let name: Arc<str> = match &rule.name {
+                Some(n) => {
+                    if let Some(first) = seen.get(n) {
+                        let first_span = self.bundle.value_span(p.doc, first);
+                        let span = self.bundle.value_span(p.doc, &base.key("name"));
+                        let mut d = Diagnostic::new(Code::DuplicateRuleName, format!("duplicate rule name `{n}` in policy `{}`", p.name))
+                            .with_path(base.key("name"))
+                            .with_help("rule names identify decisions in traces, metrics and reject messages: make them unique");
+                        if let Some(s) = span { d = d.at(s, "used again here"); }
+                        if let Some(s) = first_span { d = d.with_related(s, "first used here"); }
+                        self.push(d);
+                    } else {
+                        seen.insert(n.clone(), base.key("name"));
+                    }
+                    n.as_str().into()
+                }
+                None => {
+                    self.report(p.doc, &base, Code::MissingRuleName,
+                        format!("rule {} of policy `{}` has no name", i + 1, p.name), "this rule",
+                        Some("add `name:`; rule names appear in decisions, metrics and reject messages".into()));
+                    format!("rule-{}", i + 1).into()
+                }
+            };
+            let matches = rule.matches.iter().enumerate()
+                .filter_map(|(j, m)| self.request_cond(p.doc, &base.key("matches").index(j), m, &scope))
+                .collect();
+            let route = &rule.route;
+            let consider = route.consider.iter().enumerate()
+                .map(|(j, c)| self.consider(p.doc, &base.key("route").key("consider").index(j), c, &scope))
+                .collect();
+            let exclude = self.filters(p.doc, &base.key("route").key("exclude"), &route.exclude, &scope);
+            let select = self.tiers(p.doc, &base.key("route").key("select"), &route.select, &scope);
+            let compiled = CompiledRule {
+                policy: policy_name.clone(),
+                name,
+                matches,
+                consider,
+                exclude,
+                select,
+                on_empty: route.on_empty.unwrap_or(OnEmpty::Reject),
+                source: self.source_ref(p.doc, &base.key("name")),
+            };
+            rules.push((Arc::new(compiled), p.doc, base));
+        }
+        let mut limits = Vec::new();
+        let mut limit_names = AHashSet::new();
+        for (i, l) in p.spec.limits.iter().enumerate() {
+            let base = fpath!["spec", "limits", i];
+            if !limit_names.insert(l.name.clone()) {
+                self.report(p.doc, &base.key("name"), Code::DuplicateLimitName,
+                    format!("duplicate limit name `{}`", l.name), "used again", Some("make limit names unique within the policy".into()));
+            }
+            if l.tokens_per_minute.is_none() && l.requests_per_minute.is_none() && l.concurrent_requests.is_none() {
+                self.report(p.doc, &base, Code::EmptyThreshold,
+                    format!("limit `{}` sets no bound", l.name), "no bound",
+                    Some("set `tokensPerMinute`, `requestsPerMinute` or `concurrentRequests`".into()));
+            }
+            let condition = l.matches.as_ref().and_then(|m| self.request_cond(p.doc, &base.key("matches"), m, &scope));
+            limits.push(Arc::new(CompiledLimit {
+                name: format!("{}/{}", p.name, l.name).into(),
+                condition,
+                tokens_per_minute: l.tokens_per_minute,
+                count: l.count.unwrap_or(TokenCount::Total),
+                requests_per_minute: l.requests_per_minute,
+                concurrent_requests: l.concurrent_requests,
+            }));
+        }
+        Some(LoweredPolicy {
+            key: (p.spec.priority.unwrap_or(0), policy_name),
+            pools,
+            rules,
+            limits,
+        })
+    }
+
+    pub(crate) fn request_cond(&mut self, doc: usize, path: &FieldPath, m: &RequestMatch, scope: &Scope) -> Option<RequestCond> {
+        let mut c = RequestCond::default();
+        let mut text = Vec::new();
+        if let Some(model) = &m.model {
+            let mp = path.key("model");
+            if model.contains(['*', '?', '[']) {
+                match kinf_grammar::Glob::parse(model) {
+                    Ok(g) => {
+                        if !scope.model_names.iter().any(|n| g.matches(n)) {
+                            self.report(doc, &mp, Code::UnknownModel,
+                                format!("model glob `{model}` matches no model served by the targeted pools"),
+                                "matches nothing", Some(help_for(model, scope.model_names.iter().map(|s| &**s), "models served")));
+                        }
+                        c.model = Some(ModelPattern::Glob(g));
+                    }
+                    Err(e) => {
+                        self.sub_error(doc, &mp, Code::InvalidGlob, format!("invalid model glob `{model}`: {}", e.message), e.span.start, e.span.end, e.help);
+                    }
+                }
+            } else {
+                self.check_model(doc, &mp, model, scope);
+                c.model = Some(ModelPattern::Exact(model.as_str().into()));
+            }
+            text.push(format!("model == {model}"));
+        }
+        if let Some(tag) = &m.tag {
+            if !scope.tags.contains(tag.as_str()) {
+                self.unknown_tag(doc, &path.key("tag"), tag, scope);
+            }
+            c.tag = Some(tag.as_str().into());
+            text.push(format!("tag {tag}"));
+        }
+        if let Some(t) = &m.tenant {
+            c.tenant = Some(t.as_str().into());
+            text.push(format!("tenant == {t}"));
+        }
+        if let Some(q) = m.qos {
+            c.qos = Some(q);
+            text.push(format!("qos == {}", q.as_str()));
+        }
+        if let Some(t) = &m.prompt_tokens {
+            c.prompt_tokens = self.range(doc, &path.key("promptTokens"), t, Unit::Count);
+            if let Some(r) = &c.prompt_tokens {
+                text.push(format!("promptTokens {r}"));
+            }
+        }
+        if let Some(h) = &m.header {
+            c.header = Some((h.name.to_ascii_lowercase().into(), h.value.as_str().into()));
+            text.push(format!("header {}: {}", h.name.to_ascii_lowercase(), h.value));
+        }
+        if let Some(w) = &m.when {
+            c.when = expr::check(self, doc, &path.key("when"), w, &env::request_env(), scope);
+            if let Some(e) = &c.when {
+                text.push(format!("when {e}"));
+            }
+        }
+        c.text = if text.is_empty() { "any request".into() } else { text.join(" and ").into() };
+        Some(c)
+    }
+
+    pub(crate) fn unknown_tag(&mut self, doc: usize, path: &FieldPath, tag: &str, scope: &Scope) {
+        let help = if scope.tags.is_empty() {
+            "no GatewayBackend serving the targeted pools configures a classifier; add one under `spec.classifiers` (e.g. `type: Pii`)".to_string()
+        } else {
+            let mut known: Vec<&str> = scope.tags.iter().map(|s| &**s).collect();
+            known.sort_unstable();
+            help_for(tag, known.iter().copied(), "tags produced")
+        };
+        self.report(doc, path, Code::UnknownTag,
+            format!("no configured classifier produces tag `{tag}`"), "never set", Some(help));
+    }
+
+    fn check_model(&mut self, doc: usize, path: &FieldPath, model: &str, scope: &Scope) {
+        if !scope.model_names.contains(model) {
+            let mut names: Vec<&str> = scope.model_names.iter().map(|s| &**s).collect();
+            names.sort_unstable();
+            self.report(doc, path, Code::UnknownModel,
+                format!("no destination of the targeted pools serves model `{model}`"),
+                "unknown model", Some(help_for(model, names.iter().copied(), "models served")));
+        }
+    }
+
+    fn destination(&mut self, doc: usize, path: &FieldPath, name: &str, scope: &Scope, backend: Option<BackendType>) -> Option<DestId> {
+        let found = scope.dests.iter().find(|(n, _, _)| &**n == name);
+        match found {
+            Some((_, id, b)) => {
+                if let Some(want) = backend {
+                    if *b != want {
+                        self.report(doc, path, Code::UnreachableTier,
+                            format!("`{name}` is a {} destination, not {}", b.as_str(), want.as_str()),
+                            "never selected here", Some(format!("remove `{name}`, or change `type` to `{}`", b.as_str())));
+                    }
+                }
+                Some(*id)
+            }
+            None => {
+                let names: Vec<&str> = scope.dests.iter().map(|(n, _, _)| &**n).collect();
+                self.report(doc, path, Code::UnknownDestination,
+                    format!("no destination named `{name}` in the targeted pools"),
+                    "does not resolve", Some(help_for(name, names.iter().copied(), "destinations")));
+                None
+            }
+        }
+    }
+
+    fn consider(&mut self, doc: usize, path: &FieldPath, c: &kinf_policy::Consider, scope: &Scope) -> ConsiderEntry {
+        let mut e = ConsiderEntry { backend: c.type_, ..Default::default() };
+        if let Some(ms) = &c.models {
+            let mut v = Vec::new();
+            for (i, n) in ms.names.iter().enumerate() {
+                self.check_model(doc, &path.key("models").key("names").index(i), n, scope);
+                v.push(Arc::from(n.as_str()));
+            }
+            e.models = Some(v);
+        }
+        if let Some(d) = &c.destination {
+            e.destination = self.destination(doc, &path.key("destination"), d, scope, None);
+        }
+        e
+    }
+
+    fn filters(&mut self, doc: usize, path: &FieldPath, filters: &[kinf_policy::ExcludeFilter], scope: &Scope) -> Vec<ExcludeFilter> {
+        let mut out = Vec::new();
+        let mut names: AHashMap<String, FieldPath> = AHashMap::new();
+        for (i, f) in filters.iter().enumerate() {
+            let fp = path.index(i);
+            let name: Arc<str> = match &f.name {
+                Some(n) => {
+                    if names.contains_key(n) {
+                        self.report(doc, &fp.key("name"), Code::FilterName,
+                            format!("duplicate exclude filter name `{n}`"), "used again",
+                            Some("give each filter of a rule a unique name; traces name the filter that dropped a candidate".into()));
+                    } else {
+                        names.insert(n.clone(), fp.key("name"));
+                    }
+                    n.as_str().into()
+                }
+                None => {
+                    self.report(doc, &fp, Code::FilterName, format!("exclude filter {} has no name", i + 1), "unnamed filter",
+                        Some("add `name:`; traces name the filter that dropped a candidate".into()));
+                    format!("filter-{}", i + 1).into()
+                }
+            };
+            let condition = f.if_.as_ref().and_then(|m| self.request_cond(doc, &fp.key("if"), m, scope));
+            let window = self.duration(doc, &fp.key("window"), f.window.as_deref(), DEFAULT_WINDOW);
+            let Some(d) = &f.drop else {
+                self.report(doc, &fp, Code::MissingDrop, format!("exclude filter `{name}` has no `drop`"), "no `drop`",
+                    Some("add `drop:` with the condition a candidate must meet to be dropped, e.g. `drop: { queuedPrompts: { greaterThan: 2 } }`".into()));
+                continue;
+            };
+            let dp = fp.key("drop");
+            let mut drop = DropCond::default();
+            let mut text = Vec::new();
+            if let Some(b) = &d.backend {
+                drop.backend = b.type_;
+                if let Some(t) = b.type_ {
+                    text.push(format!("backend {}", t.as_str()));
+                }
+                if let Some(n) = &b.name {
+                    drop.destination = self.destination(doc, &dp.key("backend").key("name"), n, scope, None);
+                    text.push(format!("destination {n}"));
+                }
+                if b.type_.is_none() && b.name.is_none() {
+                    self.report(doc, &dp.key("backend"), Code::EmptyDrop, "`backend` sets neither `type` nor `name`".into(), "empty", None);
+                }
+            }
+            if let Some(t) = &d.queued_prompts {
+                drop.queued_prompts = self.range(doc, &dp.key("queuedPrompts"), t, Unit::Count);
+                if let Some(r) = drop.queued_prompts { text.push(format!("queuedPrompts {r}")); }
+            }
+            if let Some(t) = &d.running_prompts {
+                drop.running_prompts = self.range(doc, &dp.key("runningPrompts"), t, Unit::Count);
+                if let Some(r) = drop.running_prompts { text.push(format!("runningPrompts {r}")); }
+            }
+            if let Some(t) = &d.kv_cache_usage {
+                drop.kv_cache_usage = self.range(doc, &dp.key("kvCacheUsage"), t, Unit::Ratio);
+                if let Some(r) = drop.kv_cache_usage { text.push(format!("kvCacheUsage {r}")); }
+            }
+            if let Some(t) = &d.predicted_ttft {
+                drop.predicted_ttft = self.range(doc, &dp.key("predictedTTFT"), t, Unit::Seconds);
+                if let Some(r) = drop.predicted_ttft { text.push(format!("predictedTTFT {r}s")); }
+            }
+            if let Some(w) = &d.when {
+                drop.when = expr::check(self, doc, &dp.key("when"), w, &env::endpoint_env(), scope);
+                if let Some(e) = &drop.when { text.push(format!("when {e}")); }
+            }
+            let has_load = d.queued_prompts.is_some() || d.running_prompts.is_some() || d.kv_cache_usage.is_some();
+            if has_load && drop.backend == Some(BackendType::Provider) {
+                self.report(doc, &dp, Code::MeasureUnavailable,
+                    format!("filter `{name}` tests queue or KV-cache load on `Provider` backends, which report none; it never drops anything"),
+                    "never holds", Some("load measures exist for `Local` workers only; use `predictedTTFT` for providers".into()));
+            }
+            if d.backend.is_none() && d.queued_prompts.is_none() && d.running_prompts.is_none()
+                && d.kv_cache_usage.is_none() && d.predicted_ttft.is_none() && d.when.is_none() {
+                self.report(doc, &dp, Code::EmptyDrop, format!("`drop` of filter `{name}` has no condition: it would drop every candidate"),
+                    "empty", Some("add a condition such as `backend: { type: Provider }` or `queuedPrompts: { greaterThan: 2 }`".into()));
+                continue;
+            }
+            drop.text = text.join(" and ").into();
+            out.push(ExcludeFilter { name, condition, drop, window });
+        }
+        out
+    }
+
+    fn tiers(&mut self, doc: usize, path: &FieldPath, tiers: &[kinf_policy::SelectTier], scope: &Scope) -> Vec<SelectTier> {
+        let mut out = Vec::new();
+        for (i, t) in tiers.iter().enumerate() {
+            let tp = path.index(i);
+            let pick = match (&t.order, t.minimize) {
+                (Some(_), Some(_)) => {
+                    self.report(doc, &tp, Code::AmbiguousTier,
+                        format!("select tier {} has both `order` and `minimize`", i + 1), "ambiguous tier",
+                        Some("a tier picks either by a fixed `order` of destinations or by `minimize`; split it into two tiers".into()));
+                    continue;
+                }
+                (Some(order), None) => {
+                    let mut ids = Vec::new();
+                    for (j, n) in order.iter().enumerate() {
+                        if let Some(id) = self.destination(doc, &tp.key("order").index(j), n, scope, t.type_) {
+                            ids.push(id);
+                        }
+                    }
+                    Pick::Order(ids)
+                }
+                (None, m) => Pick::Minimize(m.unwrap_or(kinf_policy::Measure::PredictedTtft)),
+            };
+            out.push(SelectTier { backend: t.type_, pick });
+        }
+        if out.is_empty() && tiers.is_empty() {
+            out.push(SelectTier { backend: None, pick: Pick::Minimize(kinf_policy::Measure::PredictedTtft) });
+        }
+        out
+    }
+
+    fn sub_error(&mut self, doc: usize, path: &FieldPath, code: Code, msg: String, start: usize, end: usize, help: Option<String>) {
+        let span = self.bundle.node(doc, path).map(|n| {
+            let s = n.content_start();
+            Span::new(n.span.file, s + start, (s + end).max(s + start + 1).min(n.span.end.max(s + start + 1)))
+        });
+        let mut d = Diagnostic::new(code, msg).with_path(path.clone()).with_help_opt(help);
+        if let Some(s) = span {
+            d = d.at(s, "here");
+        }
+        if let Some(l) = self.labels.get(&doc) {
+            d = d.with_resource(l.clone());
+        }
+        self.diags.push(d);
+    }
+
+    fn quantity(&mut self, doc: usize, path: &FieldPath, q: &Quantity, unit: Unit) -> Option<f64> {
+        let v = match q {
+            Quantity::Number(n) => *n,
+            Quantity::Text(t) => {
+                let parsed = match unit {
+                    Unit::Count => kinf_grammar::parse_quantity(t).map(|v| v as f64),
+                    Unit::Ratio => kinf_grammar::parse_ratio(t),
+                    Unit::Seconds => kinf_grammar::parse_duration(t).map(|d| d.as_secs_f64()),
+                };
+                match parsed {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let what = match unit {
+                            Unit::Count => "a count such as `8000` or `16Ki`",
+                            Unit::Ratio => "a ratio such as `0.7` or `70%`",
+                            Unit::Seconds => "a duration such as `2s` or `500ms`",
+                        };
+                        self.sub_error(doc, path, Code::InvalidQuantity, format!("invalid value `{t}`: {}", e.message), e.span.start, e.span.end,
+                            Some(e.help.unwrap_or_else(|| format!("write {what}"))));
+                        return None;
+                    }
+                }
+            }
+        };
+        if !v.is_finite() || v < 0.0 {
+            self.report(doc, path, Code::OutOfRange, format!("`{}` must be a non-negative number, found {v}", path.last_key().unwrap_or("value")),
+                "out of range", None);
+            return None;
+        }
+        if unit == Unit::Ratio && v > 1.0 {
+            self.report(doc, path, Code::OutOfRange,
+                format!("`{}` is a fraction between 0 and 1, found {v}", path.parent().last_key().unwrap_or("value")),
+                "must be within 0..1", Some(format!("write `{}` or `{}%`", v / 100.0, v)));
+            return None;
+        }
+        Some(v)
+    }
+
+    pub(crate) fn range(&mut self, doc: usize, path: &FieldPath, t: &Threshold, unit: Unit) -> Option<Range> {
+        let field = path.last_key().unwrap_or("threshold").to_string();
+        if t.greater_than.is_none() && t.less_than.is_none() {
+            self.report(doc, path, Code::EmptyThreshold, format!("`{field}` sets neither `greaterThan` nor `lessThan`"), "no bound",
+                Some("write e.g. `{ greaterThan: 2 }`".into()));
+            return None;
+        }
+        let gt = match &t.greater_than { Some(q) => Some(self.quantity(doc, &path.key("greaterThan"), q, unit)?), None => None };
+        let lt = match &t.less_than { Some(q) => Some(self.quantity(doc, &path.key("lessThan"), q, unit)?), None => None };
+        if let (Some(g), Some(l)) = (gt, lt) {
+            if g >= l {
+                self.report(doc, path, Code::EmptyThreshold,
+                    format!("`{field}` can never hold: greater than {g} and less than {l}"), "empty interval",
+                    Some("`greaterThan` must be below `lessThan`".into()));
+                return None;
+            }
+        }
+        if unit == Unit::Ratio && gt == Some(1.0) {
+            self.report(doc, path, Code::EmptyThreshold, format!("`{field}` can never be greater than 1"), "never holds", None);
+        }
+        Some(Range { greater_than: gt, less_than: lt })
+    }
+}
+
+/// Units of thresholds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unit {
+    /// A count (tokens, prompts): numbers or `16Ki`.
+    Count,
+    /// A fraction 0..1: `0.7` or `70%`.
+    Ratio,
+    /// Seconds: numbers or `2s`.
+    Seconds,
+}
+
+/// Names visible to a policy: models, destinations and tags of its target pools.
+pub(crate) struct Scope {
+    pub model_names: AHashSet<Arc<str>>,
+    pub dests: Vec<(Arc<str>, DestId, BackendType)>,
+    pub tags: AHashSet<Arc<str>>,
+}
+
+impl Scope {
+    fn new(out: &CompiledPolicy, pools: &[usize]) -> Scope {
+        let mut model_names = AHashSet::new();
+        let mut dests: Vec<(Arc<str>, DestId, BackendType)> = Vec::new();
+        let mut tags = AHashSet::new();
+        for &pi in pools {
+            let Some(pool) = out.pools.get(pi) else { continue };
+            model_names.extend(pool.models.keys().cloned());
+            for &id in &pool.destinations {
+                if let Some(d) = out.destination(id) {
+                    if !dests.iter().any(|(_, x, _)| *x == id) {
+                        dests.push((d.name.clone(), id, d.backend));
+                    }
+                }
+            }
+            for g in out.gateways.iter().filter(|g| g.pool == pi) {
+                tags.extend(g.tags.iter().cloned());
+            }
+        }
+        Scope { model_names, dests, tags }
+    }
+}
+
+/// The tags the classifiers of a gateway backend can produce.
+pub fn classifier_tags(spec: &GatewayBackendSpec) -> Vec<Arc<str>> {
+    let mut tags: Vec<Arc<str>> = Vec::new();
+    for c in &spec.classifiers {
+        match c.type_ {
+            ClassifierType::Pii => {
+                tags.push("pii-detected".into());
+                let entities: Vec<PiiEntity> = if c.entities.is_empty() { PiiEntity::ALL.to_vec() } else { c.entities.clone() };
+                tags.extend(entities.iter().map(|e| Arc::from(format!("pii-{}", e.as_str()))));
+            }
+            ClassifierType::Complexity => {
+                tags.extend(["complexity-low", "complexity-medium", "complexity-high"].map(Arc::from));
+            }
+            ClassifierType::External => tags.extend(c.tags.iter().map(|t| Arc::from(t.as_str()))),
+        }
+        if let Some(t) = &c.failure_tag {
+            tags.push(t.as_str().into());
+        }
+    }
+    tags.sort();
+    tags.dedup();
+    tags
+}

@@ -1,0 +1,173 @@
+//! Lowering of worker sets and providers into [`Destination`]s.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kinf_policy::{BackendType, Cost};
+
+use crate::check::Checker;
+use crate::codes::Code;
+use crate::compiled::*;
+use crate::fpath;
+
+fn cost(c: Option<&Cost>) -> CostInfo {
+    c.map(|c| CostInfo {
+        uncached_prompt: c.uncached_prompt_per_million.unwrap_or(0.0),
+        cached_prompt: c.cached_prompt_per_million.unwrap_or(0.0),
+        output: c.output_per_million.unwrap_or(0.0),
+    })
+    .unwrap_or_default()
+}
+
+fn port(p: u32) -> u16 {
+    u16::try_from(p).unwrap_or(u16::MAX)
+}
+
+/// Whether `s` looks like `host:port` with a port in 1..=65535.
+pub fn valid_endpoint(s: &str) -> bool {
+    let Some((host, p)) = s.rsplit_once(':') else {
+        return false;
+    };
+    let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        inner.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
+    };
+    host_ok && p.parse::<u16>().is_ok_and(|p| p > 0)
+}
+
+pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy) {
+    let b = ck.bundle;
+    for w in &b.worker_sets {
+        let s = &w.spec;
+        let doc = w.doc;
+        match (&s.selector, s.endpoints.is_empty()) {
+            (Some(_), false) => ck.report(doc, &fpath!["spec", "endpoints"], Code::SelectorOrEndpoints,
+                format!("worker set `{}` sets both `selector` and `endpoints`", w.name), "conflicts with `selector`",
+                Some("use `selector` to find pods in Kubernetes, or `endpoints` for fixed addresses, not both".into())),
+            (None, true) => ck.report(doc, &fpath!["spec"], Code::SelectorOrEndpoints,
+                format!("worker set `{}` sets neither `selector` nor `endpoints`", w.name), "no workers",
+                Some("add `selector: { matchLabels: { app: vllm } }` or `endpoints: [\"10.0.0.1:8000\"]`".into())),
+            _ => {}
+        }
+        for (i, e) in s.endpoints.iter().enumerate() {
+            if !valid_endpoint(e) {
+                ck.report(doc, &fpath!["spec", "endpoints", i], Code::InvalidEndpoint,
+                    format!("`{e}` is not a `host:port` address"), "invalid address",
+                    Some("write `host:port`, e.g. `10.0.0.12:8000` or `[fd00::1]:8000`".into()));
+            }
+        }
+        let interval = ck_duration(ck, doc, &fpath!["spec", "metrics", "interval"], s.metrics.as_ref().and_then(|m| m.interval.as_deref()), Duration::from_secs(1));
+        let mut prior = PerformancePrior::default();
+        if let Some(p) = &s.performance {
+            if let Some(v) = p.prefill_tokens_per_second.filter(|v| *v > 0.0) {
+                prior.prefill_tokens_per_second = v;
+            }
+            if let Some(v) = p.decode_tokens_per_second.filter(|v| *v > 0.0) {
+                prior.decode_tokens_per_second = v;
+            }
+            prior.overhead = ck_duration(ck, doc, &fpath!["spec", "performance", "overhead"], p.overhead.as_deref(), prior.overhead);
+        }
+        let mut selector = Vec::new();
+        if let Some(sel) = &s.selector {
+            if let Some(ml) = &sel.match_labels {
+                selector.extend(ml.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+        }
+        let models = s.models.iter().map(|m| {
+            let mut names: Vec<Arc<str>> = vec![m.name.as_str().into()];
+            for a in &m.aliases {
+                if !names.iter().any(|n| **n == **a) {
+                    names.push(a.as_str().into());
+                }
+            }
+            ServedModel { upstream: m.name.as_str().into(), client_names: names }
+        }).collect();
+        let id = DestId(out.destinations.len() as u32);
+        out.destinations.push(Destination {
+            id,
+            namespace: w.namespace.clone(),
+            name: w.name.clone(),
+            backend: BackendType::Local,
+            models,
+            worker_set: Some(WorkerSetInfo {
+                endpoints: s.endpoints.iter().map(|e| Arc::from(e.as_str())).collect(),
+                selector,
+                port: port(s.port.unwrap_or(8000)),
+                kv_events: s.kv_events.as_ref().map(|k| KvEventsInfo {
+                    port: port(k.port),
+                    replay_port: k.replay_port.map(port),
+                    topic: k.topic.as_deref().unwrap_or("kv-events").into(),
+                }),
+                metrics_path: s.metrics.as_ref().and_then(|m| m.path.as_deref()).unwrap_or("/metrics").into(),
+                metrics_interval: interval,
+                block_size: s.block_size,
+                tokenizer: s.tokenizer.as_ref().and_then(|t| t.path.as_deref().or(t.config_map_ref.as_deref())).map(Arc::from),
+                prior,
+            }),
+            provider: None,
+            cost: cost(s.cost.as_ref()),
+            source: source_ref(ck, doc),
+        });
+    }
+    for p in &b.providers {
+        let s = &p.spec;
+        let doc = p.doc;
+        let timeout = ck_duration(ck, doc, &fpath!["spec", "timeout"], s.timeout.as_deref(), Duration::from_secs(60));
+        let expected_ttft = ck_duration(ck, doc, &fpath!["spec", "expectedTtft"], s.expected_ttft.as_deref(), Duration::from_secs(1));
+        let credentials = s.credentials.as_ref().and_then(|c| {
+            let n = usize::from(c.secret_ref.is_some()) + usize::from(c.env.is_some()) + usize::from(c.file.is_some());
+            if n != 1 {
+                ck.report(doc, &fpath!["spec", "credentials"], Code::CredentialSource,
+                    format!("`credentials` of provider `{}` needs exactly one of `secretRef`, `env` and `file`", p.name),
+                    "ambiguous credentials", None);
+            }
+            if let Some(r) = &c.secret_ref {
+                Some(CredentialRef::Secret { name: r.name.as_str().into(), key: r.key.as_deref().unwrap_or("apiKey").into() })
+            } else if let Some(e) = &c.env {
+                Some(CredentialRef::Env(e.as_str().into()))
+            } else {
+                c.file.as_deref().map(|f| CredentialRef::File(f.into()))
+            }
+        });
+        if !(s.url.starts_with("http://") || s.url.starts_with("https://")) {
+            ck.report(doc, &fpath!["spec", "url"], Code::InvalidValue,
+                format!("provider URL `{}` must start with `http://` or `https://`", s.url), "invalid URL", None);
+        }
+        let mut models: Vec<ServedModel> = Vec::new();
+        for m in &s.models {
+            models.push(ServedModel { upstream: m.provider_model.as_str().into(), client_names: vec![m.name.as_str().into()] });
+        }
+        let id = DestId(out.destinations.len() as u32);
+        out.destinations.push(Destination {
+            id,
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            backend: BackendType::Provider,
+            models,
+            worker_set: None,
+            provider: Some(ProviderInfo {
+                protocol: s.type_,
+                url: s.url.as_str().into(),
+                region: s.region.as_deref().map(Arc::from),
+                timeout,
+                max_concurrency: s.max_concurrency,
+                expected_ttft,
+                credentials,
+            }),
+            cost: cost(s.cost.as_ref()),
+            source: source_ref(ck, doc),
+        });
+    }
+}
+
+fn ck_duration(ck: &mut Checker<'_>, doc: usize, path: &crate::path::FieldPath, text: Option<&str>, default: Duration) -> Duration {
+    ck.duration_pub(doc, path, text, default)
+}
+
+fn source_ref(ck: &Checker<'_>, doc: usize) -> SourceRef {
+    ck.source_ref_pub(doc, &fpath!["metadata", "name"])
+}

@@ -1,0 +1,107 @@
+//! Field paths inside a resource document (`spec.rules[0].route.select[1]`).
+
+use std::fmt;
+
+/// One step of a [`FieldPath`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Seg {
+    /// A mapping key.
+    Key(String),
+    /// A sequence index.
+    Index(usize),
+}
+
+impl From<&str> for Seg {
+    fn from(s: &str) -> Self {
+        Seg::Key(s.to_string())
+    }
+}
+
+impl From<usize> for Seg {
+    fn from(i: usize) -> Self {
+        Seg::Index(i)
+    }
+}
+
+/// A path from the document root to a node, written like `spec.rules[0].name`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FieldPath(pub Vec<Seg>);
+
+impl FieldPath {
+    /// The root.
+    pub fn root() -> Self {
+        FieldPath(Vec::new())
+    }
+
+    /// This path extended by one key.
+    pub fn key(&self, k: &str) -> Self {
+        let mut p = self.clone();
+        p.0.push(Seg::Key(k.to_string()));
+        p
+    }
+
+    /// This path extended by one index.
+    pub fn index(&self, i: usize) -> Self {
+        let mut p = self.clone();
+        p.0.push(Seg::Index(i));
+        p
+    }
+
+    /// Parses a JSON pointer (`/spec/rules/0/name`). Numeric segments become indices.
+    pub fn from_json_pointer(ptr: &str) -> Self {
+        let segs = ptr
+            .split('/')
+            .skip(1)
+            .map(|s| {
+                let s = s.replace("~1", "/").replace("~0", "~");
+                match s.parse::<usize>() {
+                    Ok(i) => Seg::Index(i),
+                    Err(_) => Seg::Key(s),
+                }
+            })
+            .collect();
+        FieldPath(segs)
+    }
+
+    /// The last key of the path, if it ends in a key.
+    pub fn last_key(&self) -> Option<&str> {
+        match self.0.last() {
+            Some(Seg::Key(k)) => Some(k),
+            _ => None,
+        }
+    }
+
+    /// The path without its last segment.
+    pub fn parent(&self) -> FieldPath {
+        let mut p = self.clone();
+        p.0.pop();
+        p
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for seg in &self.0 {
+            match seg {
+                Seg::Key(k) => {
+                    if !first {
+                        f.write_str(".")?;
+                    }
+                    f.write_str(k)?;
+                }
+                Seg::Index(i) => write!(f, "[{i}]")?,
+            }
+            first = false;
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`FieldPath`] from keys and indices: `fpath!["spec", "rules", 0, "name"]`.
+#[macro_export]
+macro_rules! fpath {
+    ($($seg:expr),* $(,)?) => {
+        $crate::path::FieldPath(vec![$($crate::path::Seg::from($seg)),*])
+    };
+}

@@ -1,0 +1,298 @@
+//! Validation of each document against the resource's JSON Schema (the `jsonschema` crate),
+//! with errors mapped back to spans and turned into coded diagnostics.
+
+use std::sync::OnceLock;
+
+use jsonschema::error::{TypeKind, ValidationErrorKind};
+use kinf_policy::ResourceKind;
+use serde_json::{Map, Value as J, json};
+
+use crate::codes::Code;
+use crate::diagnostic::Diagnostic;
+use crate::path::{FieldPath, Seg};
+use crate::suggest::help_for;
+use crate::yaml::Node;
+
+/// The schema used by lint: the generated schema of the kind, with nullable wrappers removed,
+/// `oneOf` of constants turned into `enum`, and `apiVersion`/`kind`/`metadata` added.
+pub fn lint_schema(kind: ResourceKind) -> J {
+    let mut schema = kinf_policy::schema::json_schema(kind);
+    simplify(&mut schema);
+    if let J::Object(root) = &mut schema {
+        let props = root
+            .entry("properties")
+            .or_insert_with(|| J::Object(Map::new()));
+        if let J::Object(props) = props {
+            props.insert("apiVersion".into(), json!({"type": "string"}));
+            props.insert("kind".into(), json!({"type": "string"}));
+            props.insert(
+                "metadata".into(),
+                json!({
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string", "maxLength": 253,
+                                 "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+                        "namespace": {"type": "string", "maxLength": 63,
+                                      "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "annotations": {"type": "object", "additionalProperties": {"type": "string"}}
+                    }
+                }),
+            );
+            props.remove("status");
+        }
+        root.insert("additionalProperties".into(), J::Bool(false));
+        root.insert(
+            "required".into(),
+            json!(["apiVersion", "kind", "metadata", "spec"]),
+        );
+    }
+    schema
+}
+
+fn simplify(v: &mut J) {
+    match v {
+        J::Object(map) => {
+            for child in map.values_mut() {
+                simplify(child);
+            }
+            // `type: [T, "null"]` → `type: T`
+            if let Some(J::Array(types)) = map.get("type") {
+                let non_null: Vec<J> = types
+                    .iter()
+                    .filter(|t| t.as_str() != Some("null"))
+                    .cloned()
+                    .collect();
+                if non_null.len() == 1 {
+                    map.insert("type".into(), non_null[0].clone());
+                }
+            }
+            // `anyOf: [X, {type: null}]` → X (keeping the outer description)
+            if let Some(J::Array(any)) = map.get("anyOf") {
+                let non_null: Vec<&J> = any
+                    .iter()
+                    .filter(|s| s.get("type").and_then(J::as_str) != Some("null"))
+                    .collect();
+                if non_null.len() == 1 && any.len() == 2 {
+                    if let J::Object(inner) = non_null[0].clone() {
+                        map.remove("anyOf");
+                        for (k, val) in inner {
+                            map.entry(k).or_insert(val);
+                        }
+                    }
+                }
+            }
+            // `oneOf` of constants → `enum`
+            if let Some(J::Array(one)) = map.get("oneOf") {
+                let consts: Option<Vec<J>> = one.iter().map(|s| s.get("const").cloned()).collect();
+                if let Some(consts) = consts {
+                    map.remove("oneOf");
+                    map.insert("enum".into(), J::Array(consts));
+                    map.insert("type".into(), J::String("string".into()));
+                }
+            }
+        }
+        J::Array(items) => items.iter_mut().for_each(simplify),
+        _ => {}
+    }
+}
+
+struct KindSchema {
+    schema: J,
+    validator: Option<jsonschema::Validator>,
+}
+
+fn schemas() -> &'static [KindSchema] {
+    static SCHEMAS: OnceLock<Vec<KindSchema>> = OnceLock::new();
+    SCHEMAS.get_or_init(|| {
+        ResourceKind::ALL
+            .iter()
+            .map(|k| {
+                let schema = lint_schema(*k);
+                let validator = jsonschema::validator_for(&schema).ok();
+                KindSchema { schema, validator }
+            })
+            .collect()
+    })
+}
+
+fn kind_schema(kind: ResourceKind) -> Option<&'static KindSchema> {
+    let i = ResourceKind::ALL.iter().position(|k| *k == kind)?;
+    schemas().get(i)
+}
+
+/// The subschema describing the value at `path`, following `properties`, `additionalProperties`
+/// and `items`.
+pub fn subschema<'a>(schema: &'a J, path: &FieldPath) -> Option<&'a J> {
+    let mut s = schema;
+    for seg in &path.0 {
+        s = match seg {
+            Seg::Key(k) => s
+                .get("properties")
+                .and_then(|p| p.get(k))
+                .or_else(|| s.get("additionalProperties").filter(|a| a.is_object()))?,
+            Seg::Index(_) => s.get("items")?,
+        };
+    }
+    Some(s)
+}
+
+/// Property names allowed at the object described by `schema`.
+pub fn property_names(schema: &J) -> Vec<&str> {
+    schema
+        .get("properties")
+        .and_then(J::as_object)
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// Validates one document root against the kind's schema. Returns the diagnostics, in
+/// document order.
+pub fn validate(kind: ResourceKind, root: &Node, json: &J) -> Vec<Diagnostic> {
+    let Some(ks) = kind_schema(kind) else {
+        return Vec::new();
+    };
+    let Some(validator) = &ks.validator else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for err in validator.iter_errors(json) {
+        let path = FieldPath::from_json_pointer(err.instance_path().as_str());
+        map_error(&ks.schema, root, &path, err.kind(), &mut out);
+    }
+    out
+}
+
+fn field_name(path: &FieldPath) -> String {
+    match path.0.last() {
+        Some(Seg::Key(k)) => k.clone(),
+        Some(Seg::Index(_)) => {
+            let parent = path.parent();
+            format!("{} item", parent.last_key().unwrap_or("list"))
+        }
+        None => "document".to_string(),
+    }
+}
+
+fn map_error(schema: &J, root: &Node, path: &FieldPath, kind: &ValidationErrorKind, out: &mut Vec<Diagnostic>) {
+    let found = root.lookup(path);
+    let value_span = found.node.span;
+    let field = field_name(path);
+    let diag = match kind {
+        ValidationErrorKind::AdditionalProperties { unexpected } => {
+            let allowed = subschema(schema, path).map(property_names).unwrap_or_default();
+            for key in unexpected {
+                let at = root.lookup(&path.key(key));
+                let span = at.key_span.unwrap_or(value_span);
+                let within = if path.0.is_empty() { "the resource".to_string() } else { format!("`{field}`") };
+                out.push(
+                    Diagnostic::new(Code::UnknownField, format!("unknown field `{key}` in {within}"))
+                        .at(span, "unknown field")
+                        .with_help(help_for(key, allowed.iter().copied(), "fields allowed here"))
+                        .with_path(path.key(key)),
+                );
+            }
+            return;
+        }
+        ValidationErrorKind::Enum { options } => {
+            let opts: Vec<&str> = options
+                .as_array()
+                .map(|a| a.iter().filter_map(J::as_str).collect())
+                .unwrap_or_default();
+            let value = found.node.as_str().map(str::to_string).unwrap_or_else(|| format!("{}", found.node.to_json()));
+            Diagnostic::new(Code::UnknownEnumValue, format!("unknown value `{value}` for `{field}`"))
+                .at(value_span, "not an allowed value")
+                .with_help(help_for(&value, opts.iter().copied(), "allowed values"))
+        }
+        ValidationErrorKind::Type { kind } => {
+            let expected = match kind {
+                TypeKind::Single(t) => type_words(&t.to_string()),
+                TypeKind::Multiple(ts) => {
+                    let words: Vec<String> = ts.iter().map(|t| type_words(&t.to_string())).collect();
+                    words.join(" or ")
+                }
+            };
+            Diagnostic::new(
+                Code::WrongType,
+                format!("`{field}` must be {expected}, found {}", found.node.value.type_name()),
+            )
+            .at(value_span, format!("expected {expected}"))
+            .with_help(type_help(&expected, found.node))
+        }
+        ValidationErrorKind::Required { property } => {
+            let prop = property.as_str().unwrap_or("?");
+            let span = found.key_span.unwrap_or(value_span);
+            let within = if path.0.is_empty() { "the resource".to_string() } else { format!("`{field}`") };
+            Diagnostic::new(Code::MissingField, format!("missing required field `{prop}` in {within}"))
+                .at(span, format!("`{prop}` is required here"))
+                .with_help(format!("add `{prop}:`; see `kinfctl schema` for its type"))
+                .with_path(path.key(prop))
+        }
+        ValidationErrorKind::Minimum { limit } | ValidationErrorKind::ExclusiveMinimum { limit } => {
+            Diagnostic::new(Code::OutOfRange, format!("`{field}` must be at least {limit}, found {}", found.node.to_json()))
+                .at(value_span, "too small")
+        }
+        ValidationErrorKind::Maximum { limit } | ValidationErrorKind::ExclusiveMaximum { limit } => {
+            Diagnostic::new(Code::OutOfRange, format!("`{field}` must be at most {limit}, found {}", found.node.to_json()))
+                .at(value_span, "too large")
+        }
+        ValidationErrorKind::MinItems { limit } => {
+            Diagnostic::new(Code::OutOfRange, format!("`{field}` needs at least {limit} item(s)"))
+                .at(value_span, "too few items")
+        }
+        ValidationErrorKind::MaxItems { limit } => {
+            Diagnostic::new(Code::OutOfRange, format!("`{field}` allows at most {limit} item(s)"))
+                .at(value_span, "too many items")
+        }
+        ValidationErrorKind::Pattern { pattern } => {
+            let help = if path.0.first() == Some(&Seg::Key("metadata".into())) {
+                "names are lowercase letters, digits, `-` and `.`, starting and ending with a letter or digit (RFC 1123)".to_string()
+            } else {
+                format!("the value must match `{pattern}`")
+            };
+            Diagnostic::new(Code::InvalidValue, format!("invalid value for `{field}`"))
+                .at(value_span, "invalid")
+                .with_help(help)
+        }
+        ValidationErrorKind::MinLength { limit } | ValidationErrorKind::MaxLength { limit } => {
+            Diagnostic::new(Code::InvalidValue, format!("`{field}` has the wrong length (limit {limit})"))
+                .at(value_span, "invalid length")
+        }
+        ValidationErrorKind::AnyOf { .. } | ValidationErrorKind::OneOfNotValid { .. } => {
+            Diagnostic::new(
+                Code::WrongType,
+                format!("`{field}` must be a number or a string such as `70%` or `2s`, found {}", found.node.value.type_name()),
+            )
+            .at(value_span, "expected a number or a string")
+        }
+        other => Diagnostic::new(Code::InvalidValue, format!("invalid value for `{field}`: {other:?}"))
+            .at(value_span, "invalid"),
+    };
+    out.push(diag.with_path(path.clone()));
+}
+
+fn type_words(t: &str) -> String {
+    match t {
+        "object" => "a mapping".into(),
+        "array" => "a list".into(),
+        "string" => "a string".into(),
+        "integer" => "an integer".into(),
+        "number" => "a number".into(),
+        "boolean" => "a boolean".into(),
+        "null" => "null".into(),
+        other => other.to_string(),
+    }
+}
+
+fn type_help(expected: &str, node: &Node) -> String {
+    match (expected, &node.value) {
+        ("a list", crate::yaml::Value::Map(_)) => "write the entries as a list: start each with `- `".into(),
+        ("a list", crate::yaml::Value::Str(_)) => "write a list: `[a, b]` or one `- item` per line".into(),
+        ("a string", crate::yaml::Value::Int(_) | crate::yaml::Value::Float(_) | crate::yaml::Value::Bool(_)) => {
+            "quote the value to make it a string".into()
+        }
+        ("a mapping", _) => "write `key: value` pairs, indented under the field".into(),
+        _ => format!("write {expected} here"),
+    }
+}

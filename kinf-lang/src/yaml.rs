@@ -1,0 +1,486 @@
+//! YAML with source spans: a small tree built from `saphyr-parser` events.
+//!
+//! Scalars are resolved with the YAML 1.2 core schema (plain `true`, `2`, `0.7`, `null`, `~`;
+//! quoted scalars are always strings). Duplicate keys are reported, the first one kept.
+
+use std::collections::HashMap;
+
+use saphyr_parser::{Event, Marker, Parser, ScalarStyle};
+
+use crate::codes::Code;
+use crate::diagnostic::Diagnostic;
+use crate::path::{FieldPath, Seg};
+use crate::source::{FileId, SourceFile, Span};
+
+/// How a scalar was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Style {
+    /// Plain scalar, or a collection.
+    Plain,
+    /// `'...'` or `"..."`.
+    Quoted,
+    /// `|` or `>` block scalar.
+    Block,
+}
+
+/// A YAML value with its span.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// The value.
+    pub value: Value,
+    /// Where it was written.
+    pub span: Span,
+    /// How a scalar was written.
+    pub style: Style,
+}
+
+/// The value of a [`Node`].
+#[derive(Clone, Debug)]
+pub enum Value {
+    /// `null`, `~` or nothing.
+    Null,
+    /// `true` / `false`.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A string.
+    Str(String),
+    /// A sequence.
+    Seq(Vec<Node>),
+    /// A mapping, in source order.
+    Map(Vec<Entry>),
+}
+
+/// One key/value pair of a mapping.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The key, as a string.
+    pub key: String,
+    /// Where the key was written.
+    pub key_span: Span,
+    /// The value.
+    pub value: Node,
+}
+
+/// One YAML document of a file.
+#[derive(Clone, Debug)]
+pub struct Document {
+    /// The file it came from.
+    pub file: FileId,
+    /// 0-based index of the document in its file.
+    pub index: usize,
+    /// Its root node.
+    pub root: Node,
+}
+
+impl Value {
+    /// A short name of the value's type for messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Int(_) => "an integer",
+            Value::Float(_) => "a number",
+            Value::Str(_) => "a string",
+            Value::Seq(_) => "a list",
+            Value::Map(_) => "a mapping",
+        }
+    }
+}
+
+impl Node {
+    /// The value of key `k`, if this is a mapping holding it.
+    pub fn get(&self, k: &str) -> Option<&Node> {
+        self.entry(k).map(|e| &e.value)
+    }
+
+    /// The entry of key `k`, if this is a mapping holding it.
+    pub fn entry(&self, k: &str) -> Option<&Entry> {
+        match &self.value {
+            Value::Map(entries) => entries.iter().find(|e| e.key == k),
+            _ => None,
+        }
+    }
+
+    /// The string value, if this is a string scalar.
+    pub fn as_str(&self) -> Option<&str> {
+        match &self.value {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Follows a path. Returns the deepest node reached and whether the path was followed to its
+    /// end, plus the span of the last key when the path ends in a key.
+    pub fn lookup(&self, path: &FieldPath) -> Lookup<'_> {
+        let mut node = self;
+        let mut key_span = None;
+        for seg in &path.0 {
+            let next = match (&node.value, seg) {
+                (Value::Map(entries), Seg::Key(k)) => {
+                    entries.iter().find(|e| &e.key == k).map(|e| {
+                        key_span = Some(e.key_span);
+                        &e.value
+                    })
+                }
+                (Value::Seq(items), Seg::Index(i)) => {
+                    key_span = None;
+                    items.get(*i)
+                }
+                _ => None,
+            };
+            match next {
+                Some(n) => node = n,
+                None => {
+                    return Lookup {
+                        node,
+                        key_span: None,
+                        complete: false,
+                    };
+                }
+            }
+        }
+        Lookup {
+            node,
+            key_span,
+            complete: true,
+        }
+    }
+
+    /// Converts to JSON for schema validation and typed deserialization.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value as J;
+        match &self.value {
+            Value::Null => J::Null,
+            Value::Bool(b) => J::Bool(*b),
+            Value::Int(i) => J::from(*i),
+            Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+            Value::Str(s) => J::String(s.clone()),
+            Value::Seq(items) => J::Array(items.iter().map(Node::to_json).collect()),
+            Value::Map(entries) => J::Object(
+                entries
+                    .iter()
+                    .map(|e| (e.key.clone(), e.value.to_json()))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Byte offset where a scalar's content starts (after an opening quote).
+    pub fn content_start(&self) -> usize {
+        match self.style {
+            Style::Quoted => self.span.start + 1,
+            _ => self.span.start,
+        }
+    }
+}
+
+/// Result of [`Node::lookup`].
+#[derive(Clone, Copy, Debug)]
+pub struct Lookup<'a> {
+    /// The deepest node reached.
+    pub node: &'a Node,
+    /// Span of the last key followed, when the path ends in a key.
+    pub key_span: Option<Span>,
+    /// Whether the whole path was followed.
+    pub complete: bool,
+}
+
+/// Parses every document of a file. Syntax errors are pushed to `diags`; documents that ended
+/// before the error are still returned.
+pub fn parse_documents(id: FileId, file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Vec<Document> {
+    let mut builder = Builder {
+        id,
+        file,
+        stack: Vec::new(),
+        anchors: HashMap::new(),
+        docs: Vec::new(),
+        diags,
+    };
+    let mut parser = Parser::new_from_str(&file.text);
+    loop {
+        match parser.next_event() {
+            None => break,
+            Some(Ok((event, span))) => {
+                let start = builder.byte(span.start);
+                let end = builder.byte(span.end);
+                if builder.event(event, start, end) {
+                    break;
+                }
+            }
+            Some(Err(err)) => {
+                let at = builder.byte(*err.marker());
+                let (msg, help) = describe_scan_error(err.info());
+                builder.diags.push(
+                    Diagnostic::error(Code::YamlSyntax, msg)
+                        .at(Span::new(id, at, at + 1), "here")
+                        .with_help(help),
+                );
+                break;
+            }
+        }
+    }
+    builder.docs
+}
+
+fn describe_scan_error(info: &str) -> (String, String) {
+    let msg = format!("invalid YAML: {info}");
+    let help = if info.contains("tab") {
+        "YAML indentation must use spaces, not tabs".to_string()
+    } else if info.contains("mapping values are not allowed") {
+        "a `key: value` appears where it cannot start; check indentation, or quote a value that contains `: `".to_string()
+    } else if info.contains("did not find expected key") || info.contains("block end") {
+        "check that keys at the same level are indented by the same number of spaces".to_string()
+    } else {
+        "fix the YAML syntax at the marked position".to_string()
+    };
+    (msg, help)
+}
+
+enum Frame {
+    Seq {
+        start: usize,
+        anchor: usize,
+        items: Vec<Node>,
+    },
+    Map {
+        start: usize,
+        anchor: usize,
+        entries: Vec<Entry>,
+        pending_key: Option<(String, Span)>,
+    },
+}
+
+struct Builder<'a> {
+    id: FileId,
+    file: &'a SourceFile,
+    stack: Vec<Frame>,
+    anchors: HashMap<usize, Node>,
+    docs: Vec<Document>,
+    diags: &'a mut Vec<Diagnostic>,
+}
+
+impl Builder<'_> {
+    fn byte(&self, m: Marker) -> usize {
+        self.file.byte_at(m.line(), m.col())
+    }
+
+    fn span(&self, start: usize, end: usize) -> Span {
+        Span::new(self.id, start, end)
+    }
+
+    /// Handles one event; returns true at the end of the stream.
+    fn event(&mut self, event: Event<'_>, start: usize, end: usize) -> bool {
+        match event {
+            Event::StreamEnd => return true,
+            Event::Nothing | Event::StreamStart | Event::DocumentStart(_) | Event::DocumentEnd => {}
+            Event::Alias(id) => {
+                let node = match self.anchors.get(&id) {
+                    Some(n) => Node {
+                        span: self.span(start, end),
+                        ..n.clone()
+                    },
+                    None => Node {
+                        value: Value::Null,
+                        span: self.span(start, end),
+                        style: Style::Plain,
+                    },
+                };
+                self.push(node);
+            }
+            Event::Scalar(text, style, anchor, tag) => {
+                let (value, style) = resolve_scalar(
+                    &text,
+                    style,
+                    tag.as_ref().map(|t| t.suffix.as_str()),
+                );
+                let node = Node {
+                    value,
+                    span: self.span(start, end.max(start + text.len().min(1))),
+                    style,
+                };
+                if anchor > 0 {
+                    self.anchors.insert(anchor, node.clone());
+                }
+                self.push(node);
+            }
+            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
+                start,
+                anchor,
+                items: Vec::new(),
+            }),
+            Event::MappingStart(anchor, _) => self.stack.push(Frame::Map {
+                start,
+                anchor,
+                entries: Vec::new(),
+                pending_key: None,
+            }),
+            Event::SequenceEnd | Event::MappingEnd => {
+                let (value, frame_start, anchor) = match self.stack.pop() {
+                    Some(Frame::Seq {
+                        start,
+                        anchor,
+                        items,
+                    }) => (Value::Seq(items), start, anchor),
+                    Some(Frame::Map {
+                        start,
+                        anchor,
+                        entries,
+                        ..
+                    }) => (Value::Map(entries), start, anchor),
+                    None => return false,
+                };
+                let end = self.collection_end(&value, frame_start, end);
+                let node = Node {
+                    value,
+                    span: self.span(frame_start, end),
+                    style: Style::Plain,
+                };
+                if anchor > 0 {
+                    self.anchors.insert(anchor, node.clone());
+                }
+                self.push(node);
+            }
+        }
+        false
+    }
+
+    /// Block collections end where their last child ends (the parser reports the end marker
+    /// at the start of the next token, which may be lines below).
+    fn collection_end(&self, value: &Value, start: usize, reported: usize) -> usize {
+        let last = match value {
+            Value::Seq(items) => items.last().map(|n| n.span.end),
+            Value::Map(entries) => entries.last().map(|e| e.value.span.end.max(e.key_span.end)),
+            _ => None,
+        };
+        match last {
+            Some(end) if reported > end && self.file.text.get(end..reported).is_some_and(|s| s.trim().is_empty() || s.contains('\n')) => end,
+            _ => reported.max(start),
+        }
+    }
+
+    fn push(&mut self, node: Node) {
+        match self.stack.last_mut() {
+            None => {
+                if !matches!(node.value, Value::Null) {
+                    let index = self.docs.len();
+                    self.docs.push(Document {
+                        file: self.id,
+                        index,
+                        root: node,
+                    });
+                }
+            }
+            Some(Frame::Seq { items, .. }) => items.push(node),
+            Some(Frame::Map {
+                entries,
+                pending_key,
+                ..
+            }) => match pending_key.take() {
+                None => {
+                    let key = match &node.value {
+                        Value::Str(s) => s.clone(),
+                        Value::Null => "null".to_string(),
+                        Value::Bool(b) => b.to_string(),
+                        Value::Int(i) => i.to_string(),
+                        Value::Float(f) => f.to_string(),
+                        Value::Seq(_) | Value::Map(_) => {
+                            self.diags.push(
+                                Diagnostic::error(
+                                    Code::YamlSyntax,
+                                    "a mapping key must be a scalar".to_string(),
+                                )
+                                .at(node.span, "complex key")
+                                .with_help("write keys as plain strings such as `name:`"),
+                            );
+                            String::new()
+                        }
+                    };
+                    *pending_key = Some((key, node.span));
+                }
+                Some((key, key_span)) => {
+                    if let Some(first) = entries.iter().find(|e| e.key == key) {
+                        let first_span = first.key_span;
+                        self.diags.push(
+                            Diagnostic::error(
+                                Code::DuplicateKey,
+                                format!("duplicate key `{key}`"),
+                            )
+                            .at(key_span, "repeated here")
+                            .with_related(first_span, "first written here")
+                            .with_help("remove one of the two keys; only the first would be used"),
+                        );
+                    } else {
+                        entries.push(Entry {
+                            key,
+                            key_span,
+                            value: node,
+                        });
+                    }
+                }
+            },
+        }
+    }
+}
+
+fn resolve_scalar(text: &str, style: ScalarStyle, tag: Option<&str>) -> (Value, Style) {
+    let quoted = match style {
+        ScalarStyle::Plain => Style::Plain,
+        ScalarStyle::SingleQuoted | ScalarStyle::DoubleQuoted => Style::Quoted,
+        ScalarStyle::Literal | ScalarStyle::Folded => Style::Block,
+    };
+    if let Some(tag) = tag {
+        match tag {
+            "str" => return (Value::Str(text.to_string()), quoted),
+            "int" => {
+                if let Ok(i) = text.parse() {
+                    return (Value::Int(i), quoted);
+                }
+            }
+            "float" => {
+                if let Ok(f) = text.parse() {
+                    return (Value::Float(f), quoted);
+                }
+            }
+            _ => {}
+        }
+    }
+    if quoted != Style::Plain {
+        return (Value::Str(text.to_string()), quoted);
+    }
+    let value = match text {
+        "" | "~" | "null" | "Null" | "NULL" => Value::Null,
+        "true" | "True" | "TRUE" => Value::Bool(true),
+        "false" | "False" | "FALSE" => Value::Bool(false),
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => Value::Float(f64::INFINITY),
+        "-.inf" | "-.Inf" | "-.INF" => Value::Float(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => Value::Float(f64::NAN),
+        _ => parse_number(text).unwrap_or_else(|| Value::Str(text.to_string())),
+    };
+    (value, Style::Plain)
+}
+
+fn parse_number(text: &str) -> Option<Value> {
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    if let Some(hex) = text.strip_prefix("0x") {
+        return i64::from_str_radix(hex, 16).ok().map(Value::Int);
+    }
+    if let Some(oct) = text.strip_prefix("0o") {
+        return i64::from_str_radix(oct, 8).ok().map(Value::Int);
+    }
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().ok().map(Value::Int);
+    }
+    let first = digits.bytes().next()?;
+    let looks_numeric = (first.is_ascii_digit() || first == b'.')
+        && digits
+            .bytes()
+            .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'))
+        && digits.bytes().any(|b| b.is_ascii_digit());
+    if looks_numeric {
+        return text.parse::<f64>().ok().map(Value::Float);
+    }
+    None
+}

@@ -1,0 +1,48 @@
+//! JSON Schemas (for offline validation) and CRD manifests (for the API server).
+
+use kube::CustomResourceExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use schemars::generate::SchemaSettings;
+use serde_json::Value;
+
+use crate::{
+    GatewayBackend, InferencePolicy, InferencePool, InferenceProvider, InferenceWorkerSet,
+    ResourceKind,
+};
+
+/// The JSON Schema (draft 2020-12, subschemas inlined) of a whole resource document:
+/// `apiVersion`, `kind`, `metadata`, `spec` and `status`.
+pub fn json_schema(kind: ResourceKind) -> Value {
+    let generator = SchemaSettings::draft2020_12()
+        .with(|s| s.inline_subschemas = true)
+        .into_generator();
+    let schema = match kind {
+        ResourceKind::InferenceWorkerSet => generator.into_root_schema_for::<InferenceWorkerSet>(),
+        ResourceKind::InferenceProvider => generator.into_root_schema_for::<InferenceProvider>(),
+        ResourceKind::InferencePool => generator.into_root_schema_for::<InferencePool>(),
+        ResourceKind::InferencePolicy => generator.into_root_schema_for::<InferencePolicy>(),
+        ResourceKind::GatewayBackend => generator.into_root_schema_for::<GatewayBackend>(),
+    };
+    let mut value = schema.to_value();
+    if let Value::Object(map) = &mut value {
+        map.insert(
+            "$id".into(),
+            Value::String(format!(
+                "https://kinference.ai/schemas/v1alpha1/{}.json",
+                kind.as_str()
+            )),
+        );
+    }
+    value
+}
+
+/// The CRD manifest of a kind, as applied to a cluster.
+pub fn crd(kind: ResourceKind) -> CustomResourceDefinition {
+    match kind {
+        ResourceKind::InferenceWorkerSet => InferenceWorkerSet::crd(),
+        ResourceKind::InferenceProvider => InferenceProvider::crd(),
+        ResourceKind::InferencePool => InferencePool::crd(),
+        ResourceKind::InferencePolicy => InferencePolicy::crd(),
+        ResourceKind::GatewayBackend => GatewayBackend::crd(),
+    }
+}

@@ -1,0 +1,98 @@
+//! `kinfctl lint`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kinf_lang::{Diagnostic, Severity, Sources};
+use miette::{GraphicalReportHandler, GraphicalTheme};
+
+use crate::cli::Format;
+use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
+
+/// One diagnostic as JSON.
+pub fn diagnostic_json(d: &Diagnostic, sources: &Sources) -> serde_json::Value {
+    let loc = d.primary.as_ref().and_then(|(s, _)| {
+        let (f, l, c) = sources.locate(*s)?;
+        let end = sources.get(s.file).map(|file| file.line_col(s.end));
+        Some((f.to_string(), l, c, end))
+    });
+    let related: Vec<serde_json::Value> = d
+        .related
+        .iter()
+        .filter_map(|(s, label)| {
+            let (f, l, c) = sources.locate(*s)?;
+            Some(serde_json::json!({"file": f, "line": l, "column": c, "message": label}))
+        })
+        .collect();
+    serde_json::json!({
+        "code": d.code.as_str(),
+        "severity": d.severity.as_str(),
+        "message": d.message,
+        "file": loc.as_ref().map(|l| l.0.clone()),
+        "line": loc.as_ref().map(|l| l.1),
+        "column": loc.as_ref().map(|l| l.2),
+        "endLine": loc.as_ref().and_then(|l| l.3.map(|e| e.0)),
+        "endColumn": loc.as_ref().and_then(|l| l.3.map(|e| e.1)),
+        "label": d.primary.as_ref().map(|(_, l)| l.clone()),
+        "help": d.help,
+        "path": d.field_path.as_ref().map(|p| p.to_string()),
+        "resource": d.resource,
+        "related": related,
+    })
+}
+
+/// Renders one diagnostic for humans (no colours, stable width).
+pub fn render_human(d: &Diagnostic, sources: &Sources) -> String {
+    let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
+        .with_width(100)
+        .with_links(false);
+    let mut s = String::new();
+    let report = d.to_report(sources);
+    if handler.render_report(&mut s, &report).is_err() {
+        s = d.render_plain(sources);
+    }
+    // Related places in other files are not drawn by miette: list them.
+    let primary_file = d.primary.as_ref().map(|(s, _)| s.file);
+    for (span, label) in &d.related {
+        if Some(span.file) != primary_file {
+            if let Some((f, l, c)) = sources.locate(*span) {
+                s.push_str(&format!("  note: {label} at {f}:{l}:{c}\n"));
+            }
+        }
+    }
+    s
+}
+
+/// `kinfctl lint`.
+pub fn run(paths: &[PathBuf], deny_warnings: bool, format: Format, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    let sources = match crate::load::read_sources(paths) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let c = kinf_lang::compile(&sources);
+    let errors = c.errors();
+    let warnings = c.warnings();
+    match format {
+        Format::Json => {
+            let v = serde_json::json!({
+                "diagnostics": c.diagnostics.iter().map(|d| diagnostic_json(d, &sources)).collect::<Vec<_>>(),
+                "summary": {"errors": errors, "warnings": warnings, "files": sources.len()},
+            });
+            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        }
+        Format::Human => {
+            for d in &c.diagnostics {
+                let _ = write!(out, "{}", render_human(d, &sources));
+                let _ = writeln!(out);
+            }
+            let verdict = if errors > 0 { "not applied" } else { "ok" };
+            let _ = writeln!(out, "{} file(s): {errors} error(s), {warnings} warning(s) — {verdict}", sources.len());
+        }
+    }
+    let failing = errors > 0 || (deny_warnings && warnings > 0);
+    let _ = c.diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
+    if failing { EXIT_FINDINGS } else { EXIT_OK }
+}
