@@ -27,14 +27,21 @@ pub(crate) fn check_pool_rules(ck: &mut Checker<'_>, out: &CompiledPolicy, pi: u
     };
     let dag = RuleDag::build(&view);
     debug_assert!(dag.is_acyclic());
+    // Rules with errors were lowered partially: neither warn about them nor because of them.
+    let sound = |doc: usize, path: &FieldPath| !ck.broken_rules.contains(&(doc, path.clone()));
+    let sound_rules: Vec<bool> = rules.iter().map(|(_, d, p)| sound(*d, p)).collect();
     for (j, (rule, doc, path)) in rules.iter().enumerate() {
+        if !sound_rules[j] {
+            continue;
+        }
         let span = ck.bundle.value_span(*doc, &path.key("name"));
         // Shadowed: unreachable in the DAG (after a catch-all), or every match entry covered by
         // an earlier rule that rejects when empty.
+        let earlier = rules[..j].iter().zip(&sound_rules[..j]).filter(|(_, ok)| **ok).map(|(r, _)| r);
         let shadow = if !dag.rule_reachable(j) {
-            rules[..j].iter().rev().find(|(r, _, _)| r.on_empty == OnEmpty::Reject && (r.matches.is_empty() || r.matches.iter().any(RequestCond::is_unconditional)))
+            earlier.rev().find(|(r, _, _)| r.on_empty == OnEmpty::Reject && (r.matches.is_empty() || r.matches.iter().any(RequestCond::is_unconditional)))
         } else {
-            rules[..j].iter().find(|(r, _, _)| r.on_empty == OnEmpty::Reject && covers_rule(r, rule))
+            earlier.clone().find(|(r, _, _)| r.on_empty == OnEmpty::Reject && covers_rule(r, rule))
         };
         if let Some((earlier, edoc, epath)) = shadow {
             let mut d = Diagnostic::new(Code::ShadowedRule,
@@ -52,7 +59,7 @@ pub(crate) fn check_pool_rules(ck: &mut Checker<'_>, out: &CompiledPolicy, pi: u
             let mut d = Diagnostic::new(Code::EmptyCandidates,
                 format!("rule `{}` never has a candidate in pool `{}`: its consider and unconditional excludes leave no destination", rule.name, pool.name))
                 .with_path(path.key("route"))
-                .with_help("check `consider` (models, type, destination) against the pool's destinations");
+                .with_help(format!("check `consider` (models, type, destination) against the pool's destinations: {}", pool_destinations(out, pool)));
             if let Some(s) = span { d = d.at(s, "always empty"); }
             ck.push(d);
             continue;
@@ -76,6 +83,15 @@ pub(crate) fn check_pool_rules(ck: &mut Checker<'_>, out: &CompiledPolicy, pi: u
             }
         }
     }
+}
+
+fn pool_destinations(out: &CompiledPolicy, pool: &crate::compiled::CompiledPool) -> String {
+    let names: Vec<String> = pool
+        .destinations
+        .iter()
+        .filter_map(|id| out.destination(*id).map(|d| format!("`{}` ({})", d.name, d.backend.as_str())))
+        .collect();
+    if names.is_empty() { "none".into() } else { names.join(", ") }
 }
 
 fn tier_help(out: &CompiledPolicy, possible: &[(DestId, BackendType)]) -> String {

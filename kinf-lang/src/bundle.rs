@@ -48,6 +48,9 @@ pub struct Bundle {
     pub policies: Vec<Res<InferencePolicySpec>>,
     /// Gateway backends.
     pub gateways: Vec<Res<GatewayBackendSpec>>,
+    /// Resources (kind, namespace, name) that were reported as invalid and not loaded.
+    /// References to them are not reported again: the first error is the one to fix.
+    pub failed: Vec<(ResourceKind, Arc<str>, Arc<str>)>,
 }
 
 impl Bundle {
@@ -67,6 +70,18 @@ impl Bundle {
             let l = r.lookup(path);
             l.key_span.unwrap_or(l.node.span)
         })
+    }
+
+    /// Whether a resource of this kind, namespace and name failed to load.
+    pub fn failed(&self, kind: ResourceKind, namespace: &str, name: &str) -> bool {
+        self.failed
+            .iter()
+            .any(|(k, ns, n)| *k == kind && &**ns == namespace && &**n == name)
+    }
+
+    /// Whether any resource of this namespace failed to load.
+    pub fn namespace_failed(&self, namespace: &str) -> bool {
+        self.failed.iter().any(|(_, ns, _)| &**ns == namespace)
     }
 
     /// The node at `path`, when the whole path exists.
@@ -89,16 +104,6 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
         let Some(root) = bundle.root(doc) else {
             continue;
         };
-        let Some(kind) = check_header(root, diags) else {
-            continue;
-        };
-        let json = root.to_json();
-        let errors = schema_check::validate(kind, root, &json);
-        let resource = describe(kind, root);
-        if !errors.is_empty() {
-            diags.extend(errors.into_iter().map(|d| d.with_resource(resource.clone())));
-            continue;
-        }
         let name: Arc<str> = root
             .get("metadata")
             .and_then(|m| m.get("name"))
@@ -111,8 +116,22 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
             .and_then(Node::as_str)
             .unwrap_or(DEFAULT_NAMESPACE)
             .into();
+        let Some(kind) = check_header(root, diags) else {
+            if let Some(kind) = root.get("kind").and_then(Node::as_str).and_then(ResourceKind::parse) {
+                bundle.failed.push((kind, namespace, name));
+            }
+            continue;
+        };
+        let json = root.to_json();
+        let errors = schema_check::validate(kind, root, &json);
+        let resource = describe(kind, root);
+        if !errors.is_empty() {
+            diags.extend(errors.into_iter().map(|d| d.with_resource(resource.clone())));
+            bundle.failed.push((kind, namespace, name));
+            continue;
+        }
         let name_span = bundle
-            .key_span(doc, &crate::fpath!["metadata", "name"])
+            .value_span(doc, &crate::fpath!["metadata", "name"])
             .unwrap_or(root.span);
         if let Some((_, _, _, first)) = seen
             .iter()
@@ -141,6 +160,7 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
             ResourceKind::GatewayBackend => push(&mut bundle.gateways, spec, &name, &namespace, doc),
         };
         if let Err(e) = ok {
+            bundle.failed.push((kind, namespace, name));
             diags.push(
                 Diagnostic::new(Code::InvalidValue, format!("invalid `spec`: {e}"))
                     .at(root_span, "this resource")

@@ -29,6 +29,9 @@ pub(crate) struct Checker<'a> {
     pub diags: &'a mut Vec<Diagnostic>,
     /// Resource label (`Kind/ns/name`) per document.
     labels: AHashMap<usize, String>,
+    /// Rules (document, path) whose lowering reported an error, or whose names could not all be
+    /// resolved: the whole-pool analyses skip them rather than warn about a partial rule.
+    pub(crate) broken_rules: AHashSet<(usize, FieldPath)>,
 }
 
 /// What lowering produced for one policy, before it is attached to pools.
@@ -46,6 +49,7 @@ impl<'a> Checker<'a> {
             sources,
             diags,
             labels: AHashMap::new(),
+            broken_rules: AHashSet::new(),
         }
     }
 
@@ -57,7 +61,7 @@ impl<'a> Checker<'a> {
         self.report_at(doc, path, false, code, msg, label, help);
     }
 
-    fn report_key(&mut self, doc: usize, path: &FieldPath, code: Code, msg: String, label: &str, help: Option<String>) {
+    pub(crate) fn report_key(&mut self, doc: usize, path: &FieldPath, code: Code, msg: String, label: &str, help: Option<String>) {
         self.report_at(doc, path, true, code, msg, label, help);
     }
 
@@ -80,6 +84,17 @@ impl<'a> Checker<'a> {
 
     pub(crate) fn push(&mut self, d: Diagnostic) {
         self.diags.push(d);
+    }
+
+    /// Adds a related span to the diagnostic reported last.
+    fn relate_last(&mut self, span: Option<Span>, label: &str) {
+        if let (Some(span), Some(d)) = (span, self.diags.last_mut()) {
+            d.related.push((span, label.to_string()));
+        }
+    }
+
+    fn error_count(&self) -> usize {
+        self.diags.iter().filter(|d| d.severity == crate::Severity::Error).count()
     }
 
     fn source_ref(&self, doc: usize, path: &FieldPath) -> SourceRef {
@@ -200,6 +215,7 @@ impl<'a> Checker<'a> {
                             dests.push(x.id);
                         }
                     }
+                    None if self.bundle.failed(destination_kind(d.kind), &p.namespace, &d.name) => {}
                     None => {
                         let kind_name = format!("{:?}", d.kind);
                         let same_kind: Vec<&str> = out.destinations.iter()
@@ -248,6 +264,9 @@ impl<'a> Checker<'a> {
         for g in &b.gateways {
             let pool = out.pools.iter().position(|p| p.namespace == g.namespace && *p.name == g.spec.pool);
             let Some(pool) = pool else {
+                if b.failed(kinf_policy::ResourceKind::InferencePool, &g.namespace, &g.spec.pool) {
+                    continue;
+                }
                 let names: Vec<&str> = out.pools.iter().filter(|p| p.namespace == g.namespace).map(|p| &*p.name).collect();
                 self.report(g.doc, &fpath!["spec", "pool"], Code::UnknownPool,
                     format!("InferencePool `{}` not found in namespace `{}`", g.spec.pool, g.namespace),
@@ -284,7 +303,9 @@ impl<'a> Checker<'a> {
             if let Some(k) = &t.api_keys {
                 if k.secret_ref.is_some() == k.file.is_some() {
                     self.report_key(g.doc, &fpath!["spec", "tenants", "apiKeys"], Code::CredentialSource,
-                        "`apiKeys` needs exactly one of `secretRef` and `file`".into(), "here", None);
+                        "`apiKeys` needs exactly one of `secretRef` and `file`".into(),
+                        if k.secret_ref.is_some() { "both sources set" } else { "no source" },
+                        Some("set `secretRef` (a Kubernetes Secret) or `file` (standalone mode), not both".into()));
                 }
             }
         }
@@ -296,20 +317,28 @@ impl<'a> Checker<'a> {
     }
 
     fn lower_policy(&mut self, p: &Res<InferencePolicySpec>, out: &CompiledPolicy) -> Option<LoweredPolicy> {
+        let b = self.bundle;
         let policy_name: Arc<str> = format!("{}/{}", p.namespace, p.name).into();
         // Target pools.
         let mut pools = Vec::new();
         if p.spec.target_refs.is_empty() {
             pools.extend(out.pools.iter().enumerate().filter(|(_, x)| x.namespace == p.namespace).map(|(i, _)| i));
-            if pools.is_empty() {
-                self.report_key(p.doc, &fpath!["metadata", "name"], Code::UnusedPolicy,
+            if pools.is_empty() && !b.namespace_failed(&p.namespace) {
+                let at = if self.bundle.node(p.doc, &fpath!["metadata", "namespace"]).is_some() {
+                    fpath!["metadata", "namespace"]
+                } else {
+                    fpath!["metadata", "name"]
+                };
+                self.report(p.doc, &at, Code::UnusedPolicy,
                     format!("policy `{}` applies to no pool: namespace `{}` has no InferencePool", p.name, p.namespace),
-                    "applies to nothing", Some("add an InferencePool to the namespace, or move the policy".into()));
+                    "no InferencePool in this namespace",
+                    Some(format!("add an InferencePool to namespace `{}`, or move the policy to the namespace of its pool", p.namespace)));
             }
         } else {
             for (i, t) in p.spec.target_refs.iter().enumerate() {
                 match out.pools.iter().position(|x| x.namespace == p.namespace && *x.name == t.name) {
                     Some(pi) => pools.push(pi),
+                    None if b.failed(kinf_policy::ResourceKind::InferencePool, &p.namespace, &t.name) => {}
                     None => {
                         let names: Vec<&str> = out.pools.iter().filter(|x| x.namespace == p.namespace).map(|x| &*x.name).collect();
                         self.report(p.doc, &fpath!["spec", "targetRefs", i, "name"], Code::UnknownPool,
@@ -319,11 +348,15 @@ impl<'a> Checker<'a> {
                 }
             }
         }
-        let scope = Scope::new(out, &pools);
+        let mut scope = Scope::new(out, &pools);
+        // A resource of the namespace failed to load: names it would have defined do not
+        // resolve, and the error to fix is the one already reported.
+        scope.incomplete = b.namespace_failed(&p.namespace);
         let mut rules = Vec::new();
         let mut seen: AHashMap<String, FieldPath> = AHashMap::new();
         for (i, rule) in p.spec.rules.iter().enumerate() {
             let base = fpath!["spec", "rules", i];
+            let errors_before = self.error_count();
             let name: Arc<str> = match &rule.name {
                 Some(n) => {
                     if let Some(first) = seen.get(n) {
@@ -366,15 +399,23 @@ impl<'a> Checker<'a> {
                 on_empty: route.on_empty.unwrap_or(OnEmpty::Reject),
                 source: self.source_ref(p.doc, &base.key("name")),
             };
+            if scope.incomplete || self.error_count() > errors_before {
+                self.broken_rules.insert((p.doc, base.clone()));
+            }
             rules.push((Arc::new(compiled), p.doc, base));
         }
         let mut limits = Vec::new();
-        let mut limit_names = AHashSet::new();
+        let mut limit_names: AHashMap<String, FieldPath> = AHashMap::new();
         for (i, l) in p.spec.limits.iter().enumerate() {
             let base = fpath!["spec", "limits", i];
-            if !limit_names.insert(l.name.clone()) {
+            if let Some(first) = limit_names.get(&l.name) {
+                let first_span = self.bundle.value_span(p.doc, first);
                 self.report(p.doc, &base.key("name"), Code::DuplicateLimitName,
-                    format!("duplicate limit name `{}`", l.name), "used again", Some("make limit names unique within the policy".into()));
+                    format!("duplicate limit name `{}` in policy `{}`", l.name, p.name), "used again",
+                    Some("limit names appear in 429 responses and metrics: make them unique within the policy".into()));
+                self.relate_last(first_span, "first used here");
+            } else {
+                limit_names.insert(l.name.clone(), base.key("name"));
             }
             if l.tokens_per_minute.is_none() && l.requests_per_minute.is_none() && l.concurrent_requests.is_none() {
                 self.report(p.doc, &base, Code::EmptyThreshold,
@@ -407,10 +448,12 @@ impl<'a> Checker<'a> {
             if model.contains(['*', '?', '[']) {
                 match kinf_grammar::Glob::parse(model) {
                     Ok(g) => {
-                        if !scope.model_names.iter().any(|n| g.matches(n)) {
+                        if !scope.incomplete && !scope.model_names.iter().any(|n| g.matches(n)) {
+                            let mut names: Vec<&str> = scope.model_names.iter().map(|s| &**s).collect();
+                            names.sort_unstable();
                             self.report(doc, &mp, Code::UnknownModel,
                                 format!("model glob `{model}` matches no model served by the targeted pools"),
-                                "matches nothing", Some(help_for(model, scope.model_names.iter().map(|s| &**s), "models served")));
+                                "matches nothing", Some(help_for(model, names.iter().copied(), "models served")));
                         }
                         c.model = Some(ModelPattern::Glob(g));
                     }
@@ -460,6 +503,9 @@ impl<'a> Checker<'a> {
     }
 
     pub(crate) fn unknown_tag(&mut self, doc: usize, path: &FieldPath, tag: &str, scope: &Scope) {
+        if scope.incomplete {
+            return;
+        }
         let help = if scope.tags.is_empty() {
             "no GatewayBackend serving the targeted pools configures a classifier; add one under `spec.classifiers` (e.g. `type: Pii`)".to_string()
         } else {
@@ -472,7 +518,7 @@ impl<'a> Checker<'a> {
     }
 
     fn check_model(&mut self, doc: usize, path: &FieldPath, model: &str, scope: &Scope) {
-        if !scope.model_names.contains(model) {
+        if !scope.incomplete && !scope.model_names.contains(model) {
             let mut names: Vec<&str> = scope.model_names.iter().map(|s| &**s).collect();
             names.sort_unstable();
             self.report(doc, path, Code::UnknownModel,
@@ -494,6 +540,7 @@ impl<'a> Checker<'a> {
                 }
                 Some(*id)
             }
+            None if scope.incomplete => None,
             None => {
                 let names: Vec<&str> = scope.dests.iter().map(|(n, _, _)| &**n).collect();
                 self.report(doc, path, Code::UnknownDestination,
@@ -527,10 +574,12 @@ impl<'a> Checker<'a> {
             let fp = path.index(i);
             let name: Arc<str> = match &f.name {
                 Some(n) => {
-                    if names.contains_key(n) {
+                    if let Some(first) = names.get(n) {
+                        let first_span = self.bundle.value_span(doc, first);
                         self.report(doc, &fp.key("name"), Code::FilterName,
                             format!("duplicate exclude filter name `{n}`"), "used again",
                             Some("give each filter of a rule a unique name; traces name the filter that dropped a candidate".into()));
+                        self.relate_last(first_span, "first used here");
                     } else {
                         names.insert(n.clone(), fp.key("name"));
                     }
@@ -545,7 +594,8 @@ impl<'a> Checker<'a> {
             let condition = f.if_.as_ref().and_then(|m| self.request_cond(doc, &fp.key("if"), m, scope));
             let window = self.duration(doc, &fp.key("window"), f.window.as_deref(), DEFAULT_WINDOW);
             let Some(d) = &f.drop else {
-                self.report(doc, &fp, Code::MissingDrop, format!("exclude filter `{name}` has no `drop`"), "no `drop`",
+                let at = if f.name.is_some() { fp.key("name") } else { fp.clone() };
+                self.report(doc, &at, Code::MissingDrop, format!("exclude filter `{name}` has no `drop`"), "no `drop`",
                     Some("add `drop:` with the condition a candidate must meet to be dropped, e.g. `drop: { queuedPrompts: { greaterThan: 2 } }`".into()));
                 continue;
             };
@@ -721,11 +771,21 @@ pub(crate) enum Unit {
     Seconds,
 }
 
+/// The resource kind a pool destination refers to.
+fn destination_kind(k: kinf_policy::DestinationKind) -> kinf_policy::ResourceKind {
+    match k {
+        kinf_policy::DestinationKind::InferenceWorkerSet => kinf_policy::ResourceKind::InferenceWorkerSet,
+        kinf_policy::DestinationKind::InferenceProvider => kinf_policy::ResourceKind::InferenceProvider,
+    }
+}
+
 /// Names visible to a policy: models, destinations and tags of its target pools.
 pub(crate) struct Scope {
     pub model_names: AHashSet<Arc<str>>,
     pub dests: Vec<(Arc<str>, DestId, BackendType)>,
     pub tags: AHashSet<Arc<str>>,
+    /// Some resource that could define names failed to load: unresolved names are not reported.
+    pub incomplete: bool,
 }
 
 impl Scope {
@@ -747,7 +807,7 @@ impl Scope {
                 tags.extend(g.tags.iter().cloned());
             }
         }
-        Scope { model_names, dests, tags }
+        Scope { model_names, dests, tags, incomplete: false }
     }
 }
 

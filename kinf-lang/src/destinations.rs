@@ -119,11 +119,18 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
         let timeout = ck_duration(ck, doc, &fpath!["spec", "timeout"], s.timeout.as_deref(), Duration::from_secs(60));
         let expected_ttft = ck_duration(ck, doc, &fpath!["spec", "expectedTtft"], s.expected_ttft.as_deref(), Duration::from_secs(1));
         let credentials = s.credentials.as_ref().and_then(|c| {
-            let n = usize::from(c.secret_ref.is_some()) + usize::from(c.env.is_some()) + usize::from(c.file.is_some());
-            if n != 1 {
-                ck.report(doc, &fpath!["spec", "credentials"], Code::CredentialSource,
-                    format!("`credentials` of provider `{}` needs exactly one of `secretRef`, `env` and `file`", p.name),
-                    "ambiguous credentials", None);
+            let set: Vec<&str> = [("secretRef", c.secret_ref.is_some()), ("env", c.env.is_some()), ("file", c.file.is_some())]
+                .into_iter()
+                .filter_map(|(k, on)| on.then_some(k))
+                .collect();
+            if set.len() != 1 {
+                let (msg, label) = if set.is_empty() {
+                    (format!("`credentials` of provider `{}` sets no source", p.name), "no source")
+                } else {
+                    (format!("`credentials` of provider `{}` sets {} sources: `{}`", p.name, set.len(), set.join("`, `")), "more than one source")
+                };
+                ck.report_key(doc, &fpath!["spec", "credentials"], Code::CredentialSource, msg, label,
+                    Some("set exactly one of `secretRef` (a Kubernetes Secret), `env` (an environment variable) or `file` (a file path); the last two are for standalone mode".into()));
             }
             if let Some(r) = &c.secret_ref {
                 Some(CredentialRef::Secret { name: r.name.as_str().into(), key: r.key.as_deref().unwrap_or("apiKey").into() })
@@ -135,7 +142,8 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
         });
         if !(s.url.starts_with("http://") || s.url.starts_with("https://")) {
             ck.report(doc, &fpath!["spec", "url"], Code::InvalidValue,
-                format!("provider URL `{}` must start with `http://` or `https://`", s.url), "invalid URL", None);
+                format!("provider URL `{}` must start with `http://` or `https://`", s.url), "invalid URL",
+                Some(format!("write the full base URL with its scheme, e.g. `https://{}`", s.url.split("://").last().unwrap_or(&s.url))));
         }
         let mut models: Vec<ServedModel> = Vec::new();
         for m in &s.models {

@@ -175,7 +175,81 @@ fn field_name(path: &FieldPath) -> String {
     }
 }
 
+/// Help that lists the values a field accepts, when its schema has an `enum`.
+fn allowed_values_help(schema: &J, path: &FieldPath) -> Option<String> {
+    let values: Vec<String> = subschema(schema, path)?
+        .get("enum")?
+        .as_array()?
+        .iter()
+        .filter_map(J::as_str)
+        .map(|v| format!("`{v}`"))
+        .collect();
+    (!values.is_empty()).then(|| values.join(", "))
+}
+
+/// `metadata.name` problems (missing, not a string, not an RFC 1123 name) are KINF0006.
+fn name_error(root: &Node, path: &FieldPath, kind: &ValidationErrorKind) -> Option<Diagnostic> {
+    const NAME_HELP: &str = "a name is at most 253 lowercase letters, digits, `-` and `.`, starting and ending with a letter or digit (RFC 1123), e.g. `llama-workers`";
+    let metadata = FieldPath(vec![Seg::Key("metadata".into())]);
+    let name = metadata.key("name");
+    let missing = match kind {
+        ValidationErrorKind::Required { property } => {
+            let prop = property.as_str().unwrap_or("");
+            (path.0.is_empty() && prop == "metadata") || (*path == metadata && prop == "name")
+        }
+        _ => false,
+    };
+    if missing {
+        // Point at `metadata:` when it is there, else at `kind:`.
+        let span = root
+            .entry("metadata")
+            .or_else(|| root.entry("kind"))
+            .map_or(root.span, |e| e.key_span);
+        return Some(
+            Diagnostic::new(Code::MissingName, "missing `metadata.name`")
+                .at(span, "no name")
+                .with_help(format!("add `metadata: {{ name: ... }}`; {NAME_HELP}"))
+                .with_path(name),
+        );
+    }
+    if *path != name {
+        return None;
+    }
+    let node = root.lookup(path).node;
+    let (message, help) = match &node.value {
+        crate::yaml::Value::Str(s) => (format!("invalid resource name `{s}`"), NAME_HELP.to_string()),
+        v => (
+            format!("`metadata.name` must be a string, found {}", v.type_name()),
+            format!("quote a name that YAML would read as {}; {NAME_HELP}", v.type_name()),
+        ),
+    };
+    Some(
+        Diagnostic::new(Code::MissingName, message)
+            .at(node.span, "invalid name")
+            .with_help(help)
+            .with_path(name),
+    )
+}
+
+/// Help for a number outside its range: the whole allowed range when the schema has both ends.
+fn range_help(schema: &J, path: &FieldPath) -> Option<String> {
+    let s = subschema(schema, path)?;
+    let min = s.get("minimum").or_else(|| s.get("exclusiveMinimum"));
+    let max = s.get("maximum").or_else(|| s.get("exclusiveMaximum"));
+    let field = field_name(path);
+    match (min, max) {
+        (Some(min), Some(max)) => Some(format!("`{field}` takes values from {min} to {max}")),
+        (Some(min), None) => Some(format!("`{field}` takes values of at least {min}")),
+        (None, Some(max)) => Some(format!("`{field}` takes values of at most {max}")),
+        (None, None) => None,
+    }
+}
+
 fn map_error(schema: &J, root: &Node, path: &FieldPath, kind: &ValidationErrorKind, out: &mut Vec<Diagnostic>) {
+    if let Some(d) = name_error(root, path, kind) {
+        out.push(d);
+        return;
+    }
     let found = root.lookup(path);
     let value_span = found.node.span;
     let field = field_name(path);
@@ -218,24 +292,30 @@ fn map_error(schema: &J, root: &Node, path: &FieldPath, kind: &ValidationErrorKi
                 format!("`{field}` must be {expected}, found {}", found.node.value.type_name()),
             )
             .at(value_span, format!("expected {expected}"))
-            .with_help(type_help(&expected, found.node))
+            .with_help(type_help(&expected, found.node, path.last_key()))
         }
         ValidationErrorKind::Required { property } => {
             let prop = property.as_str().unwrap_or("?");
             let span = found.key_span.unwrap_or(value_span);
-            let within = if path.0.is_empty() { "the resource".to_string() } else { format!("`{field}`") };
+            let within = if path.0.is_empty() { "the resource".to_string() } else { format!("`{path}`") };
+            let help = match allowed_values_help(schema, &path.key(prop)) {
+                Some(values) => format!("add `{prop}:` with one of: {values}"),
+                None => format!("add `{prop}:`; see `kinfctl schema` for its type"),
+            };
             Diagnostic::new(Code::MissingField, format!("missing required field `{prop}` in {within}"))
                 .at(span, format!("`{prop}` is required here"))
-                .with_help(format!("add `{prop}:`; see `kinfctl schema` for its type"))
+                .with_help(help)
                 .with_path(path.key(prop))
         }
         ValidationErrorKind::Minimum { limit } | ValidationErrorKind::ExclusiveMinimum { limit } => {
             Diagnostic::new(Code::OutOfRange, format!("`{field}` must be at least {limit}, found {}", found.node.to_json()))
                 .at(value_span, "too small")
+                .with_help_opt(range_help(schema, path))
         }
         ValidationErrorKind::Maximum { limit } | ValidationErrorKind::ExclusiveMaximum { limit } => {
             Diagnostic::new(Code::OutOfRange, format!("`{field}` must be at most {limit}, found {}", found.node.to_json()))
                 .at(value_span, "too large")
+                .with_help_opt(range_help(schema, path))
         }
         ValidationErrorKind::MinItems { limit } => {
             Diagnostic::new(Code::OutOfRange, format!("`{field}` needs at least {limit} item(s)"))
@@ -246,8 +326,8 @@ fn map_error(schema: &J, root: &Node, path: &FieldPath, kind: &ValidationErrorKi
                 .at(value_span, "too many items")
         }
         ValidationErrorKind::Pattern { pattern } => {
-            let help = if path.0.first() == Some(&Seg::Key("metadata".into())) {
-                "names are lowercase letters, digits, `-` and `.`, starting and ending with a letter or digit (RFC 1123)".to_string()
+            let help = if path.0.first() == Some(&Seg::Key("metadata".into())) && path.last_key() == Some("namespace") {
+                "a namespace is at most 63 lowercase letters, digits and `-`, starting and ending with a letter or digit (RFC 1123 label)".to_string()
             } else {
                 format!("the value must match `{pattern}`")
             };
@@ -285,8 +365,15 @@ fn type_words(t: &str) -> String {
     }
 }
 
-fn type_help(expected: &str, node: &Node) -> String {
+/// Fields holding a duration (`30s`); a bare number there is missing its unit.
+const DURATION_FIELDS: &[&str] = &["timeout", "interval", "window", "overhead", "expectedTtft"];
+
+fn type_help(expected: &str, node: &Node, field: Option<&str>) -> String {
+    let is_duration = field.is_some_and(|f| DURATION_FIELDS.contains(&f));
     match (expected, &node.value) {
+        ("a string", crate::yaml::Value::Int(_) | crate::yaml::Value::Float(_)) if is_duration => {
+            format!("a duration needs a unit: write e.g. `{}s`", node.to_json())
+        }
         ("a list", crate::yaml::Value::Map(_)) => "write the entries as a list: start each with `- `".into(),
         ("a list", crate::yaml::Value::Str(_)) => "write a list: `[a, b]` or one `- item` per line".into(),
         ("a string", crate::yaml::Value::Int(_) | crate::yaml::Value::Float(_) | crate::yaml::Value::Bool(_)) => {

@@ -3,10 +3,13 @@
 
 pub mod cli;
 pub mod crds;
+pub mod explain;
 pub mod explain_code;
 pub mod graph;
 pub mod lint;
 pub mod load;
+pub mod scenario;
+pub mod test_cmd;
 pub mod yaml_out;
 
 use std::io::Write;
@@ -28,9 +31,7 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         Command::Crds { format } => crds::run_crds(format, out, err),
         Command::Schema { kind, format } => crds::run_schema(&kind, format, out, err),
         Command::Graph { paths, pool, format } => graph::run(&paths, pool.as_deref(), format, out, err),
-        Command::Explain { .. } | Command::Test { .. } => {
-            let _ = writeln!(err, "error: not available in this build");
-            EXIT_USAGE
-        }
+        Command::Explain { paths, request, state, format } => explain::run(&paths, &request, state.as_deref(), format, out, err),
+        Command::Test { paths, cases, format } => test_cmd::run(&paths, &cases, format, out, err),
     }
 }

@@ -1,0 +1,182 @@
+//! The result of a decision, with its full trace.
+
+use std::sync::Arc;
+
+use kinf_policy::BackendType;
+use serde::Serialize;
+
+use crate::predictor::TtftParts;
+
+/// What to do with the request.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "camelCase")]
+pub enum Outcome {
+    /// Send it to an endpoint.
+    Route(Route),
+    /// Refuse it.
+    Reject(Reject),
+}
+
+/// A routing decision.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Route {
+    /// `host:port` of a local endpoint, or the provider's URL.
+    pub endpoint: Arc<str>,
+    /// Local or Provider.
+    pub backend_type: BackendType,
+    /// The worker set or provider (`namespace/name`).
+    pub destination: Arc<str>,
+    /// The model to send upstream (served name, or provider model id).
+    pub model: Arc<str>,
+    /// Whether the body's `model` must be rewritten (it differs from the requested name).
+    pub rewrite_model: bool,
+    /// Predicted TTFT of the chosen candidate.
+    pub predicted_ttft_s: Option<f64>,
+    /// Prompt tokens the chosen endpoint already holds.
+    pub cached_tokens: u32,
+    /// Headers to set on the upstream request and the response.
+    pub headers: Vec<(String, String)>,
+}
+
+/// A refusal, shaped for an OpenAI/Anthropic error response.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reject {
+    /// HTTP status.
+    pub status: u16,
+    /// Machine-readable code: `policy_rejected`, `no_capacity`, `model_not_found`, `unknown_pool`.
+    pub code: &'static str,
+    /// Human message naming the policy and rule.
+    pub message: String,
+}
+
+/// A decision and why.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// Route or reject.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// The policy whose rule decided (`namespace/name`); `None` for the default route.
+    pub policy: Option<Arc<str>>,
+    /// The rule that decided; `None` for the default route.
+    pub rule: Option<Arc<str>>,
+    /// Every step taken.
+    pub trace: Trace,
+}
+
+impl Decision {
+    /// The route, if routed.
+    pub fn route(&self) -> Option<&Route> {
+        match &self.outcome {
+            Outcome::Route(r) => Some(r),
+            Outcome::Reject(_) => None,
+        }
+    }
+
+    /// The reject, if rejected.
+    pub fn reject(&self) -> Option<&Reject> {
+        match &self.outcome {
+            Outcome::Reject(r) => Some(r),
+            Outcome::Route(_) => None,
+        }
+    }
+}
+
+/// The trace of a decision.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Trace {
+    /// `namespace/name` of the pool.
+    pub pool: String,
+    /// Rules evaluated, in order.
+    pub rules: Vec<RuleTrace>,
+    /// The default route, when it was used.
+    pub default: Option<StagesTrace>,
+}
+
+/// One rule's evaluation.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleTrace {
+    /// Policy.
+    pub policy: Arc<str>,
+    /// Rule.
+    pub rule: Arc<str>,
+    /// Whether its matches held.
+    pub matched: bool,
+    /// Stages, when it matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stages: Option<StagesTrace>,
+}
+
+/// Consider → exclude → select of one rule (or the default route).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StagesTrace {
+    /// Candidates after consider.
+    pub considered: Vec<CandidateTrace>,
+    /// Endpoints of considered destinations that were not candidates (not ready).
+    pub unavailable: Vec<String>,
+    /// Each candidate dropped, by which filter and why.
+    pub dropped: Vec<DropTrace>,
+    /// Candidates after exclude.
+    pub survivors: Vec<String>,
+    /// Select tiers tried.
+    pub tiers: Vec<TierTrace>,
+    /// `route`, or the onEmpty action taken (`Reject`, `NextRule`).
+    pub result: String,
+}
+
+/// A candidate and its measures.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CandidateTrace {
+    /// `destination@endpoint`.
+    pub id: String,
+    /// Destination name.
+    pub destination: Arc<str>,
+    /// Endpoint address or provider URL.
+    pub endpoint: Arc<str>,
+    /// Local or Provider.
+    pub backend_type: BackendType,
+    /// Upstream model.
+    pub model: Arc<str>,
+    /// Average queued prompts (Local).
+    pub queued_prompts: Option<f64>,
+    /// Average running prompts (Local).
+    pub running_prompts: Option<f64>,
+    /// Average KV-cache usage (Local).
+    pub kv_cache_usage: Option<f64>,
+    /// Prompt tokens already cached there.
+    pub cached_prompt_tokens: u32,
+    /// Predicted TTFT and its parts.
+    pub predicted_ttft: TtftParts,
+    /// Estimated cost of the request at its prices.
+    pub cost: f64,
+}
+
+/// A dropped candidate.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DropTrace {
+    /// Filter name.
+    pub filter: Arc<str>,
+    /// Candidate id.
+    pub candidate: String,
+    /// The values that made the drop condition hold.
+    pub reason: String,
+}
+
+/// One select tier.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TierTrace {
+    /// The tier, as text.
+    pub tier: String,
+    /// Candidates it looked at.
+    pub candidates: Vec<String>,
+    /// The one it picked.
+    pub picked: Option<String>,
+}

@@ -1,0 +1,23 @@
+//! The embeddable Kinference decision library.
+//!
+//! Given a [`kinf_lang::CompiledPolicy`], a [`Request`] and the [`ClusterState`],
+//! [`Decider::decide`] returns a [`Decision`] — route (endpoint, backend type, destination, model
+//! to send upstream, header mutations) or reject (HTTP status, code, message naming the policy
+//! and rule) — always with a full trace. Synchronous, no I/O, no async runtime.
+//!
+//! Also here: vLLM KV-event decoding ([`kv_events`]), the KV-cache prefix index
+//! ([`prefix_index`]), the TTFT predictor ([`predictor`]) and token accounting ([`usage`]).
+
+pub mod decide;
+pub mod decision;
+pub mod kv_events;
+pub mod predictor;
+pub mod prefix_index;
+pub mod request;
+pub mod state;
+pub mod usage;
+
+pub use decide::Decider;
+pub use decision::{Decision, Outcome, Reject, Route};
+pub use request::Request;
+pub use state::ClusterState;

@@ -1,0 +1,191 @@
+//! Time-to-first-token prediction with coefficients learned online.
+//!
+//! For a local endpoint and a request:
+//!
+//! ```text
+//! ttft = wait + prefill + overhead
+//! wait     = queued_prompts × per_queued_s
+//! prefill  = uncached_tokens × s_per_token × (1 + interference × running_prompts)
+//! overhead = overhead_s
+//! ```
+//!
+//! `uncached_tokens = prompt_tokens − cached_prefix_tokens` comes from the prefix index. The
+//! three coefficients `[overhead_s, s_per_token, per_queued_s]` start from the worker set's
+//! performance prior and are refined by recursive least squares (forgetting factor 0.98) from
+//! observed TTFTs. A cold idle worker beats a warm worker once the warm one's queue wait exceeds
+//! the prefill it saves — the point of predicting TTFT instead of maximizing cache hits.
+
+use serde::Serialize;
+
+/// Parts of one prediction, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TtftParts {
+    /// Waiting behind queued work.
+    pub wait_s: f64,
+    /// Prefill of the uncached tokens.
+    pub prefill_s: f64,
+    /// Fixed overhead.
+    pub overhead_s: f64,
+    /// The sum.
+    pub total_s: f64,
+}
+
+/// Default slowdown of prefill per running sequence (decode steps share the batch).
+pub const DEFAULT_INTERFERENCE: f64 = 0.01;
+/// Default number of prompt tokens a queued request is assumed to hold, for the wait prior.
+pub const DEFAULT_QUEUED_PROMPT_TOKENS: f64 = 2048.0;
+
+/// The learned TTFT model of one endpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TtftModel {
+    theta: [f64; 3],
+    p: [[f64; 3]; 3],
+    interference: f64,
+    observations: u64,
+    abs_error_ewma_s: f64,
+    rel_error_ewma: f64,
+}
+
+impl TtftModel {
+    /// A model from a prior: prefill tokens per second and fixed overhead.
+    pub fn from_prior(prefill_tokens_per_second: f64, overhead_s: f64) -> Self {
+        let tps = if prefill_tokens_per_second > 0.0 { prefill_tokens_per_second } else { 5000.0 };
+        let s_per_token = 1.0 / tps;
+        TtftModel {
+            theta: [overhead_s.max(0.0), s_per_token, DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token],
+            // Prior confidence: overhead ±50 ms, per-token ±50 %, per-queued ±50 %.
+            p: [
+                [0.05f64.powi(2), 0.0, 0.0],
+                [0.0, (0.5 * s_per_token).powi(2), 0.0],
+                [0.0, 0.0, (0.5 * DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token).powi(2)],
+            ],
+            interference: DEFAULT_INTERFERENCE,
+            observations: 0,
+            abs_error_ewma_s: 0.0,
+            rel_error_ewma: 0.0,
+        }
+    }
+
+    fn features(&self, uncached_tokens: f64, queued: f64, running: f64) -> [f64; 3] {
+        [1.0, uncached_tokens * (1.0 + self.interference * running.max(0.0)), queued.max(0.0)]
+    }
+
+    /// Predicts TTFT for a request with `uncached_tokens` on an endpoint with the given load.
+    pub fn predict(&self, uncached_tokens: f64, queued: f64, running: f64) -> TtftParts {
+        let x = self.features(uncached_tokens.max(0.0), queued, running);
+        let overhead_s = self.theta[0].max(0.0);
+        let prefill_s = (self.theta[1] * x[1]).max(0.0);
+        let wait_s = (self.theta[2] * x[2]).max(0.0);
+        TtftParts { wait_s, prefill_s, overhead_s, total_s: wait_s + prefill_s + overhead_s }
+    }
+
+    /// Learns from one observed TTFT (seconds) of a request whose prediction inputs were these.
+    pub fn observe(&mut self, uncached_tokens: f64, queued: f64, running: f64, observed_s: f64) {
+        if !observed_s.is_finite() || observed_s < 0.0 {
+            return;
+        }
+        let predicted = self.predict(uncached_tokens, queued, running).total_s;
+        let err = observed_s - predicted;
+        let alpha = 0.1;
+        self.abs_error_ewma_s = (1.0 - alpha) * self.abs_error_ewma_s + alpha * err.abs();
+        if observed_s > 0.0 {
+            self.rel_error_ewma = (1.0 - alpha) * self.rel_error_ewma + alpha * (err.abs() / observed_s);
+        }
+        self.observations += 1;
+        // Recursive least squares with forgetting.
+        let lambda = 0.98;
+        let x = self.features(uncached_tokens.max(0.0), queued, running);
+        let px = mat_vec(&self.p, &x);
+        let denom = lambda + dot(&x, &px);
+        if !denom.is_finite() || denom <= 0.0 {
+            return;
+        }
+        let k = [px[0] / denom, px[1] / denom, px[2] / denom];
+        let residual = observed_s - dot(&x, &self.theta);
+        for (t, ki) in self.theta.iter_mut().zip(k) {
+            *t += ki * residual;
+        }
+        let mut p = [[0.0; 3]; 3];
+        for (i, row) in p.iter_mut().enumerate() {
+            for (j, cell) in row.iter_mut().enumerate() {
+                *cell = (self.p[i][j] - k[i] * px[j]) / lambda;
+            }
+        }
+        self.p = p;
+        // Coefficients are physical quantities: keep them non-negative and sane.
+        self.theta[0] = self.theta[0].clamp(0.0, 60.0);
+        self.theta[1] = self.theta[1].clamp(1e-7, 1.0);
+        self.theta[2] = self.theta[2].clamp(0.0, 600.0);
+    }
+
+    /// Observations learned from.
+    pub fn observations(&self) -> u64 {
+        self.observations
+    }
+
+    /// Moving average of |observed − predicted| in seconds.
+    pub fn abs_error_s(&self) -> f64 {
+        self.abs_error_ewma_s
+    }
+
+    /// Moving average of |observed − predicted| / observed.
+    pub fn rel_error(&self) -> f64 {
+        self.rel_error_ewma
+    }
+
+    /// Current prefill throughput estimate (tokens/s).
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        1.0 / self.theta[1]
+    }
+}
+
+fn dot(a: &[f64; 3], b: &[f64; 3]) -> f64 {
+    a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+}
+
+fn mat_vec(m: &[[f64; 3]; 3], v: &[f64; 3]) -> [f64; 3] {
+    [dot(&m[0], v), dot(&m[1], v), dot(&m[2], v)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cold_idle_beats_warm_busy_and_warm_idle_beats_cold() {
+        let m = TtftModel::from_prior(4000.0, 0.02);
+        let prompt = 16_256.0;
+        let warm_uncached = 256.0;
+        let cold_idle = m.predict(prompt, 0.0, 0.0).total_s;
+        let warm_idle = m.predict(warm_uncached, 0.0, 0.0).total_s;
+        let warm_busy = m.predict(warm_uncached, 12.0, 8.0).total_s;
+        assert!(warm_idle < cold_idle, "{warm_idle} < {cold_idle}");
+        assert!(cold_idle < warm_busy, "{cold_idle} < {warm_busy}");
+    }
+
+    #[test]
+    fn learns_a_slower_worker() {
+        let mut m = TtftModel::from_prior(4000.0, 0.02);
+        // The worker is really 2× slower than the prior says.
+        for i in 0..200 {
+            let tokens = 500.0 + (i % 7) as f64 * 1000.0;
+            let queued = (i % 3) as f64;
+            let truth = 0.03 + tokens / 2000.0 + queued * 1.0;
+            m.observe(tokens, queued, 0.0, truth);
+        }
+        let p = m.predict(4000.0, 0.0, 0.0).total_s;
+        assert!((p - (0.03 + 2.0)).abs() < 0.1, "predicted {p}");
+        assert!(m.rel_error() < 0.05);
+        assert!((m.prefill_tokens_per_second() - 2000.0).abs() < 100.0);
+    }
+
+    #[test]
+    fn ignores_garbage_observations() {
+        let mut m = TtftModel::from_prior(4000.0, 0.02);
+        let before = m.clone();
+        m.observe(100.0, 0.0, 0.0, f64::NAN);
+        m.observe(100.0, 0.0, 0.0, -1.0);
+        assert_eq!(m, before);
+    }
+}

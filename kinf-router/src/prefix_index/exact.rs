@@ -1,0 +1,668 @@
+//! The exact prefix index, fed by vLLM KV events.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use smallvec::SmallVec;
+
+use super::holders::{HolderStore, Holders, Removed, View, bit};
+use super::slots::Slots;
+use super::{EndpointId, chain_hash_with, chain_root, chain_root_lora_id};
+use crate::kv_events::{BlockRemoved, BlockStored, KvEvent, Medium};
+
+type Map<K, V> = HashMap<K, V, ahash::RandomState>;
+
+/// Counters of a [`PrefixIndex`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Endpoints known to the index.
+    pub endpoints: usize,
+    /// Distinct blocks held by at least one endpoint.
+    pub blocks: usize,
+    /// `(endpoint, block)` pairs.
+    pub pairs: usize,
+    /// Stored blocks skipped because their parent's engine hash was unknown (e.g. after a
+    /// sequence gap, or when the parent itself was orphaned or rejected).
+    pub orphaned: u64,
+    /// Stored blocks skipped because the event's `block_size` differs from the index's or
+    /// `token_ids` is not `block_hashes × block_size` long.
+    pub rejected: u64,
+    /// Events skipped by the medium/group filter, or of an unknown type.
+    pub ignored_events: u64,
+    /// Removed engine hashes that the endpoint's map did not know.
+    pub unknown_removals: u64,
+}
+
+/// Per-endpoint state: engine hash → own hash of every block the endpoint stored.
+#[derive(Debug, Clone, Default)]
+struct Endpoint {
+    engine: Map<u64, u64>,
+    pairs: usize,
+}
+
+/// Exact index of which endpoint caches which blocks, built from KV events.
+///
+/// Blocks are keyed by our own chained hash of their tokens (see the module docs); each block
+/// records the set of endpoints holding it. Per endpoint an engine-hash → own-hash map resolves
+/// `BlockRemoved` and the `parent_block_hash` of a `BlockStored`.
+///
+/// Semantics of [`apply`](Self::apply):
+/// - `BlockStored`: the first block chains from the prompt root ([`chain_root`] of the event's
+///   LoRA adapter) when `parent` is `None`, otherwise from the own hash the endpoint's map gives
+///   for `parent`. If the parent is **unknown** (typically after a sequence gap, or because the
+///   parent's store was itself skipped) the blocks cannot be placed in the chain: they are
+///   counted as [`IndexStats::orphaned`] and skipped. A replay, or the next request that stores
+///   the prefix again, repairs it.
+/// - `BlockRemoved`: each engine hash is looked up in the endpoint's map and the endpoint is
+///   dropped from that block.
+/// - `AllBlocksCleared` wipes the endpoint.
+/// - Only the primary cache is indexed: events whose `medium` is neither absent nor `"GPU"`, or
+///   whose `group_idx` is neither absent nor the configured group (default 0, see
+///   [`with_kv_group`](Self::with_kv_group)), are ignored.
+///
+/// Blocks with equal tokens but different engine hashes (multimodal inputs or cache salts hash
+/// the same tokens differently in vLLM) share one own hash; removing either removes the block,
+/// so the index can under-estimate in that case, never invent a block an endpoint never stored.
+#[derive(Debug, Clone)]
+pub struct PrefixIndex {
+    block_size: usize,
+    group: Option<u32>,
+    blocks: Map<u64, Holders>,
+    store: HolderStore,
+    endpoints: Slots<Endpoint>,
+    pairs: usize,
+    orphaned: u64,
+    rejected: u64,
+    ignored_events: u64,
+    unknown_removals: u64,
+}
+
+/// Slots kept on the stack while matching; more spill to the heap.
+const INLINE_ACTIVE: usize = 16;
+
+impl PrefixIndex {
+    /// An empty index for engines with `block_size` tokens per block (0 is taken as 1).
+    pub fn new(block_size: usize) -> Self {
+        Self {
+            block_size: block_size.max(1),
+            group: Some(0),
+            blocks: Map::default(),
+            store: HolderStore::default(),
+            endpoints: Slots::default(),
+            pairs: 0,
+            orphaned: 0,
+            rejected: 0,
+            ignored_events: 0,
+            unknown_removals: 0,
+        }
+    }
+
+    /// Indexes only KV-cache group `group` (events without `group_idx` always count);
+    /// `None` indexes every group. The default is group 0.
+    pub fn with_kv_group(mut self, group: Option<u32>) -> Self {
+        self.group = group;
+        self
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn accepts(&self, medium: Option<&Medium>, group: Option<u32>) -> bool {
+        let medium_ok = matches!(medium, None | Some(Medium::Gpu));
+        let group_ok = match (self.group, group) {
+            (None, _) | (_, None) => true,
+            (Some(want), Some(g)) => want == g,
+        };
+        medium_ok && group_ok
+    }
+
+    /// Applies one event published by endpoint `ep` (registering `ep` on first sight).
+    pub fn apply(&mut self, ep: EndpointId, event: &KvEvent) {
+        match event {
+            KvEvent::BlockStored(s) => {
+                if self.accepts(s.medium.as_ref(), s.group_idx) {
+                    self.stored(ep, s);
+                } else {
+                    self.ignored_events += 1;
+                }
+            }
+            KvEvent::BlockRemoved(r) => {
+                if self.accepts(r.medium.as_ref(), r.group_idx) {
+                    self.removed(ep, r);
+                } else {
+                    self.ignored_events += 1;
+                }
+            }
+            KvEvent::AllBlocksCleared => self.clear_endpoint(ep),
+            KvEvent::Unknown(_) => self.ignored_events += 1,
+        }
+    }
+
+    /// Applies every event of a batch, in order.
+    pub fn apply_all(&mut self, ep: EndpointId, events: &[KvEvent]) {
+        for e in events {
+            self.apply(ep, e);
+        }
+    }
+
+    fn stored(&mut self, ep: EndpointId, s: &BlockStored) {
+        let bs = self.block_size;
+        let n = s.block_hashes.len();
+        if s.block_size as usize != bs || Some(s.token_ids.len()) != n.checked_mul(bs) {
+            self.rejected += n as u64;
+            return;
+        }
+        let Some(slot) = self.endpoints.slot_or_insert(ep, Endpoint::default) else {
+            self.ignored_events += 1;
+            return;
+        };
+        let Self {
+            blocks,
+            store,
+            endpoints,
+            pairs,
+            orphaned,
+            ..
+        } = self;
+        let Some(state) = endpoints.get_mut(slot) else {
+            return;
+        };
+        let mut parent = match s.parent {
+            None => match (&s.lora_name, s.lora_id) {
+                (Some(name), _) => chain_root(Some(name)),
+                (None, Some(id)) => chain_root_lora_id(id),
+                (None, None) => chain_root(None),
+            },
+            Some(p) => match state.engine.get(&p) {
+                Some(&own) => own,
+                None => {
+                    *orphaned += n as u64;
+                    return;
+                }
+            },
+        };
+        let mut buf: SmallVec<[u8; 8 + 4 * 128]> = SmallVec::new();
+        for (&engine, tokens) in s.block_hashes.iter().zip(s.token_ids.chunks_exact(bs)) {
+            let own = chain_hash_with(&mut buf, parent, tokens);
+            if let Some(old) = state.engine.insert(engine, own)
+                && old != own
+                && remove_pair(blocks, store, slot, old)
+            {
+                *pairs -= 1;
+                state.pairs -= 1;
+            }
+            let added = match blocks.entry(own) {
+                Entry::Vacant(v) => {
+                    v.insert(Holders::one(slot));
+                    true
+                }
+                Entry::Occupied(mut o) => store.insert(o.get_mut(), slot),
+            };
+            if added {
+                *pairs += 1;
+                state.pairs += 1;
+            }
+            parent = own;
+        }
+    }
+
+    fn removed(&mut self, ep: EndpointId, r: &BlockRemoved) {
+        let Some(slot) = self.endpoints.slot(ep) else {
+            self.unknown_removals += r.block_hashes.len() as u64;
+            return;
+        };
+        let Self {
+            blocks,
+            store,
+            endpoints,
+            pairs,
+            unknown_removals,
+            ..
+        } = self;
+        let Some(state) = endpoints.get_mut(slot) else {
+            return;
+        };
+        for engine in &r.block_hashes {
+            match state.engine.remove(engine) {
+                Some(own) => {
+                    if remove_pair(blocks, store, slot, own) {
+                        *pairs -= 1;
+                        state.pairs -= 1;
+                    }
+                }
+                None => *unknown_removals += 1,
+            }
+        }
+    }
+
+    /// Forgets every block of `ep` but keeps it registered (as `AllBlocksCleared` does).
+    pub fn clear_endpoint(&mut self, ep: EndpointId) {
+        let Some(slot) = self.endpoints.slot(ep) else {
+            return;
+        };
+        let Self {
+            blocks,
+            store,
+            endpoints,
+            pairs,
+            ..
+        } = self;
+        let Some(state) = endpoints.get_mut(slot) else {
+            return;
+        };
+        // Replace the map (rather than clear it) so that its capacity is released.
+        let engine = std::mem::take(&mut state.engine);
+        for (_, own) in engine {
+            if remove_pair(blocks, store, slot, own) {
+                *pairs -= 1;
+            }
+        }
+        state.pairs = 0;
+    }
+
+    /// Forgets `ep` entirely; its slot is reused by later endpoints.
+    pub fn remove_endpoint(&mut self, ep: EndpointId) {
+        self.clear_endpoint(ep);
+        self.endpoints.remove(ep);
+    }
+
+    /// Forgets everything (keeps the configuration and the cumulative counters).
+    pub fn clear(&mut self) {
+        self.blocks = Map::default();
+        self.store.clear();
+        self.endpoints = Slots::default();
+        self.pairs = 0;
+    }
+
+    /// Whether `ep` holds the block with own hash `own`.
+    pub fn contains(&self, ep: EndpointId, own: u64) -> bool {
+        match (self.endpoints.slot(ep), self.blocks.get(&own)) {
+            (Some(slot), Some(h)) => self.store.view(*h).contains(slot),
+            _ => false,
+        }
+    }
+
+    /// Number of blocks `ep` holds (0 if unknown).
+    pub fn endpoint_blocks(&self, ep: EndpointId) -> usize {
+        self.endpoints
+            .slot(ep)
+            .and_then(|s| self.endpoints.get(s))
+            .map_or(0, |e| e.pairs)
+    }
+
+    /// The endpoints the index knows.
+    pub fn endpoints(&self) -> impl Iterator<Item = EndpointId> + '_ {
+        self.endpoints
+            .iter()
+            .map(|(s, _)| self.endpoints.id(s))
+    }
+
+    /// For every endpoint holding at least the request's first block, the number of leading
+    /// request blocks it holds (the longest held prefix, in blocks), written to `out` (cleared
+    /// first; order unspecified).
+    ///
+    /// Walks `request_hashes` (from [`block_hashes`](super::block_hashes)) from the start,
+    /// intersecting the set of endpoints still matching with each block's holders, and stops
+    /// when none is left. Cost: one hash lookup per matched block plus, per block, the size of
+    /// the smaller of the two sets (or a word-wise AND of two bitsets).
+    pub fn match_prefix(&self, request_hashes: &[u64], out: &mut Vec<(EndpointId, u32)>) {
+        out.clear();
+        let Some(first) = request_hashes.first().and_then(|h| self.blocks.get(h)) else {
+            return;
+        };
+        let ids = self.endpoints.ids();
+        let mut active = Active::new(self.store.view(*first));
+        for (depth, h) in request_hashes.iter().enumerate().skip(1) {
+            let depth = depth as u32;
+            match self.blocks.get(h) {
+                None => {
+                    active.drain(depth, ids, out);
+                    return;
+                }
+                Some(holders) => {
+                    active.intersect(self.store.view(*holders), depth, ids, out);
+                    if active.is_empty() {
+                        return;
+                    }
+                }
+            }
+        }
+        active.drain(request_hashes.len() as u32, ids, out);
+    }
+
+    /// Counters and sizes.
+    pub fn stats(&self) -> IndexStats {
+        IndexStats {
+            endpoints: self.endpoints.len(),
+            blocks: self.blocks.len(),
+            pairs: self.pairs,
+            orphaned: self.orphaned,
+            rejected: self.rejected,
+            ignored_events: self.ignored_events,
+            unknown_removals: self.unknown_removals,
+        }
+    }
+
+    /// Estimated heap bytes held by the index (hash tables at their real bucket counts, holder
+    /// sets, per-endpoint maps). Walks the holder arena: O(blocks held by ≥ 3 endpoints).
+    pub fn memory_bytes(&self) -> usize {
+        let entry = std::mem::size_of::<(u64, Holders)>();
+        let per_endpoint: usize = self
+            .endpoints
+            .iter()
+            .map(|(_, e)| table_bytes(e.engine.capacity(), std::mem::size_of::<(u64, u64)>()))
+            .sum();
+        std::mem::size_of::<Self>()
+            + table_bytes(self.blocks.capacity(), entry)
+            + self.store.heap_bytes()
+            + self.endpoints.heap_bytes()
+            + per_endpoint
+    }
+}
+
+/// Removes `slot` from block `own`; returns whether it held it.
+fn remove_pair(blocks: &mut Map<u64, Holders>, store: &mut HolderStore, slot: u32, own: u64) -> bool {
+    let Entry::Occupied(mut o) = blocks.entry(own) else {
+        return false;
+    };
+    match store.remove(o.get_mut(), slot) {
+        Removed::NotHeld => false,
+        Removed::Held => true,
+        Removed::Empty => {
+            o.remove();
+            true
+        }
+    }
+}
+
+/// Heap bytes of a hashbrown table with `capacity` usable entries of `entry` bytes: buckets
+/// (a power of two, 8/7 of the capacity from 8 on) plus one control byte each and a group.
+pub(crate) fn table_bytes(capacity: usize, entry: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = if capacity < 8 {
+        capacity + 1
+    } else {
+        (capacity / 7 * 8).next_power_of_two()
+    };
+    buckets * (entry + 1) + 16
+}
+
+/// The endpoints still matching during a walk: a sorted slot list while small, else a bitset.
+enum Active {
+    List(SmallVec<[u32; INLINE_ACTIVE]>),
+    Bits(SmallVec<[u64; INLINE_ACTIVE]>),
+}
+
+impl Active {
+    fn new(v: View<'_>) -> Self {
+        match v {
+            View::Bits(w) => Active::Bits(SmallVec::from_slice(w)),
+            View::List(l) if l.len() > INLINE_ACTIVE => {
+                let max = l.last().copied().unwrap_or(0);
+                let mut w: SmallVec<[u64; INLINE_ACTIVE]> = SmallVec::new();
+                w.resize(max as usize / 64 + 1, 0);
+                for &s in l {
+                    if let Some(x) = w.get_mut((s / 64) as usize) {
+                        *x |= 1 << (s % 64);
+                    }
+                }
+                Active::Bits(w)
+            }
+            v => {
+                let mut l = SmallVec::new();
+                v.for_each(|s| l.push(s));
+                Active::List(l)
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Active::List(l) => l.is_empty(),
+            Active::Bits(w) => w.iter().all(|&x| x == 0),
+        }
+    }
+
+    /// Keeps the slots also in `h`; the others matched `depth` blocks.
+    #[inline]
+    fn intersect(
+        &mut self,
+        h: View<'_>,
+        depth: u32,
+        ids: &[EndpointId],
+        out: &mut Vec<(EndpointId, u32)>,
+    ) {
+        match self {
+            Active::List(l) => l.retain(|s| {
+                let keep = h.contains(*s);
+                if !keep {
+                    out.push((id_of(ids, *s), depth));
+                }
+                keep
+            }),
+            Active::Bits(words) => match h {
+                View::Bits(hw) => {
+                    for (wi, w) in words.iter_mut().enumerate() {
+                        let keep = *w & hw.get(wi).copied().unwrap_or(0);
+                        push_bits(*w & !keep, wi, depth, ids, out);
+                        *w = keep;
+                    }
+                }
+                small => {
+                    // Few holders: the survivors are those of `h` present in the bitset.
+                    let mut kept: SmallVec<[u32; INLINE_ACTIVE]> = SmallVec::new();
+                    small.for_each(|s| {
+                        if bit(words, s) {
+                            kept.push(s);
+                        }
+                    });
+                    for (wi, w) in words.iter().enumerate() {
+                        let mut dropped = *w;
+                        for &s in &kept {
+                            if (s / 64) as usize == wi {
+                                dropped &= !(1 << (s % 64));
+                            }
+                        }
+                        push_bits(dropped, wi, depth, ids, out);
+                    }
+                    *self = Active::List(kept);
+                }
+            },
+        }
+    }
+
+    /// Every remaining slot matched `depth` blocks.
+    fn drain(&mut self, depth: u32, ids: &[EndpointId], out: &mut Vec<(EndpointId, u32)>) {
+        match self {
+            Active::List(l) => out.extend(l.drain(..).map(|s| (id_of(ids, s), depth))),
+            Active::Bits(words) => {
+                for (wi, w) in words.iter_mut().enumerate() {
+                    push_bits(*w, wi, depth, ids, out);
+                    *w = 0;
+                }
+            }
+        }
+    }
+}
+
+#[inline]
+fn id_of(ids: &[EndpointId], s: u32) -> EndpointId {
+    ids.get(s as usize).copied().unwrap_or(EndpointId(u32::MAX))
+}
+
+#[inline]
+fn push_bits(
+    mut w: u64,
+    wi: usize,
+    depth: u32,
+    ids: &[EndpointId],
+    out: &mut Vec<(EndpointId, u32)>,
+) {
+    while w != 0 {
+        out.push((id_of(ids, wi as u32 * 64 + w.trailing_zeros()), depth));
+        w &= w - 1;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::kv_events::BlockStored;
+    use crate::prefix_index::block_hashes;
+
+    fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: u32) -> KvEvent {
+        KvEvent::BlockStored(BlockStored {
+            block_hashes: hashes.iter().copied().collect(),
+            parent,
+            token_ids: tokens.to_vec(),
+            block_size: bs,
+            medium: Some(Medium::Gpu),
+            ..Default::default()
+        })
+    }
+
+    fn removed(hashes: &[u64]) -> KvEvent {
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: hashes.iter().copied().collect(),
+            medium: Some(Medium::Gpu),
+            group_idx: Some(0),
+        })
+    }
+
+    fn sorted(mut v: Vec<(EndpointId, u32)>) -> Vec<(EndpointId, u32)> {
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn store_chain_match_remove_clear() {
+        let toks: Vec<u32> = (0..16).collect();
+        let mut ix = PrefixIndex::new(4);
+        let a = EndpointId(7);
+        let b = EndpointId(9);
+        // a stores 4 blocks in two events chained by engine hash.
+        ix.apply(a, &store(&[100, 101], None, &toks[..8], 4));
+        ix.apply(a, &store(&[102, 103], Some(101), &toks[8..], 4));
+        // b stores 2 blocks with different engine hashes (other seed).
+        ix.apply(b, &store(&[200, 201], None, &toks[..8], 4));
+        let req = block_hashes(&toks, 4);
+        let mut out = Vec::new();
+        ix.match_prefix(&req, &mut out);
+        assert_eq!(sorted(out.clone()), vec![(a, 4), (b, 2)]);
+        assert_eq!(ix.stats().blocks, 4);
+        assert_eq!(ix.stats().pairs, 6);
+
+        // Evicting a's second block cuts its match at 1.
+        ix.apply(a, &removed(&[101]));
+        ix.match_prefix(&req, &mut out);
+        assert_eq!(sorted(out.clone()), vec![(a, 1), (b, 2)]);
+
+        // Unknown parent: orphaned.
+        ix.apply(b, &store(&[202], Some(999), &toks[8..12], 4));
+        assert_eq!(ix.stats().orphaned, 1);
+
+        ix.apply(a, &KvEvent::AllBlocksCleared);
+        ix.match_prefix(&req, &mut out);
+        assert_eq!(out, vec![(b, 2)]);
+        ix.remove_endpoint(b);
+        ix.match_prefix(&req, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(ix.stats().pairs, 0);
+        assert_eq!(ix.stats().blocks, 0);
+    }
+
+    #[test]
+    fn filters_and_rejections() {
+        let toks: Vec<u32> = (0..8).collect();
+        let mut ix = PrefixIndex::new(4);
+        let a = EndpointId(1);
+        // Wrong block size and wrong token count are rejected.
+        ix.apply(a, &store(&[1, 2], None, &toks, 8));
+        ix.apply(a, &store(&[1, 2], None, &toks[..7], 4));
+        assert_eq!(ix.stats().rejected, 4);
+        // CPU medium and other groups are ignored.
+        let mut e = store(&[1, 2], None, &toks, 4);
+        if let KvEvent::BlockStored(s) = &mut e {
+            s.medium = Some(Medium::Cpu);
+        }
+        ix.apply(a, &e);
+        if let KvEvent::BlockStored(s) = &mut e {
+            s.medium = Some(Medium::Gpu);
+            s.group_idx = Some(1);
+        }
+        ix.apply(a, &e);
+        assert_eq!(ix.stats().ignored_events, 2);
+        assert_eq!(ix.stats().pairs, 0);
+        let mut ix = ix.with_kv_group(None);
+        ix.apply(a, &e);
+        assert_eq!(ix.stats().pairs, 2);
+    }
+
+    #[test]
+    fn lora_blocks_do_not_match_base_requests() {
+        let toks: Vec<u32> = (0..8).collect();
+        let mut ix = PrefixIndex::new(4);
+        let mut e = store(&[1, 2], None, &toks, 4);
+        if let KvEvent::BlockStored(s) = &mut e {
+            s.lora_name = Some("adapter".into());
+        }
+        ix.apply(EndpointId(1), &e);
+        let mut out = Vec::new();
+        ix.match_prefix(&block_hashes(&toks, 4), &mut out);
+        assert!(out.is_empty());
+        let req = crate::prefix_index::block_hashes_from(chain_root(Some("adapter")), &toks, 4);
+        ix.match_prefix(&req, &mut out);
+        assert_eq!(out, vec![(EndpointId(1), 2)]);
+    }
+
+    #[test]
+    fn many_endpoints_use_bitsets_and_match_exactly() {
+        let toks: Vec<u32> = (0..64).collect();
+        let req = block_hashes(&toks, 4); // 16 blocks
+        let mut ix = PrefixIndex::new(4);
+        // Endpoint i holds the first (i % 17) blocks.
+        for i in 0..300u32 {
+            let n = (i % 17) as usize;
+            if n == 0 {
+                continue;
+            }
+            let engine: Vec<u64> = (0..n as u64).map(|b| u64::from(i) * 1000 + b).collect();
+            ix.apply(EndpointId(i), &store(&engine, None, &toks[..n * 4], 4));
+        }
+        let mut out = Vec::new();
+        ix.match_prefix(&req, &mut out);
+        let got = sorted(out);
+        let want: Vec<(EndpointId, u32)> = (0..300u32)
+            .filter(|i| i % 17 != 0)
+            .map(|i| (EndpointId(i), i % 17))
+            .collect();
+        assert_eq!(got, want);
+        // Remove half of the endpoints; sets shrink back.
+        for i in (0..300u32).step_by(2) {
+            ix.remove_endpoint(EndpointId(i));
+        }
+        let mut out = Vec::new();
+        ix.match_prefix(&req, &mut out);
+        let want: Vec<(EndpointId, u32)> = (0..300u32)
+            .filter(|i| i % 17 != 0 && i % 2 == 1)
+            .map(|i| (EndpointId(i), i % 17))
+            .collect();
+        assert_eq!(sorted(out), want);
+        assert!(ix.memory_bytes() > 0);
+    }
+
+    #[test]
+    fn table_bytes_matches_hashbrown_growth() {
+        let mut m: Map<u64, u64> = Map::default();
+        for i in 0..1000 {
+            m.insert(i, i);
+        }
+        // 1000 entries → 1024 buckets would exceed 7/8 load; hashbrown uses 2048.
+        assert_eq!(table_bytes(m.capacity(), 16), 2048 * 17 + 16);
+    }
+}

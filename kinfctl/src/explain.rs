@@ -1,0 +1,181 @@
+//! `kinfctl explain`: decide one request and say why, like the seeds' "Reading the policy".
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use kinf_router::decision::{StagesTrace, Trace};
+use kinf_router::{Decider, Decision, Outcome};
+
+use crate::cli::Format;
+use crate::scenario::{RequestFile, StateFile, read_yaml};
+use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
+
+/// The JSON form of a decision (also what `kinfctl test` compares against).
+pub fn decision_json(d: &Decision) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "outcome": match d.outcome { Outcome::Route(_) => "route", Outcome::Reject(_) => "reject" },
+        "policy": d.policy,
+        "rule": d.rule,
+        "backendType": null, "endpoint": null, "destination": null, "model": null,
+        "status": null, "code": null, "message": null,
+        "stages": d.trace,
+    });
+    match &d.outcome {
+        Outcome::Route(r) => {
+            v["backendType"] = serde_json::json!(r.backend_type.as_str());
+            v["endpoint"] = serde_json::json!(r.endpoint);
+            v["destination"] = serde_json::json!(r.destination);
+            v["model"] = serde_json::json!(r.model);
+            v["rewriteModel"] = serde_json::json!(r.rewrite_model);
+            v["predictedTtftSeconds"] = serde_json::json!(r.predicted_ttft_s);
+            v["cachedTokens"] = serde_json::json!(r.cached_tokens);
+        }
+        Outcome::Reject(r) => {
+            v["status"] = serde_json::json!(r.status);
+            v["code"] = serde_json::json!(r.code);
+            v["message"] = serde_json::json!(r.message);
+        }
+    }
+    v
+}
+
+fn stages_text(out: &mut String, s: &StagesTrace) {
+    let _ = writeln!(out, "  consider: {} candidate(s)", s.considered.len());
+    for c in &s.considered {
+        let load = match (c.queued_prompts, c.running_prompts, c.kv_cache_usage) {
+            (Some(q), Some(r), Some(k)) => format!("queued {q:.1}, running {r:.1}, KV {:.0}%, ", k * 100.0),
+            _ => String::new(),
+        };
+        let p = &c.predicted_ttft;
+        let _ = writeln!(
+            out,
+            "    {} ({}, model {}): {load}cached {} tokens, predicted TTFT {:.3}s = wait {:.3} + prefill {:.3} + overhead {:.3}",
+            c.id, c.backend_type.as_str(), c.model, c.cached_prompt_tokens, p.total_s, p.wait_s, p.prefill_s, p.overhead_s
+        );
+    }
+    for u in &s.unavailable {
+        let _ = writeln!(out, "    not a candidate: {u}");
+    }
+    for d in &s.dropped {
+        let _ = writeln!(out, "  exclude `{}` dropped {} ({})", d.filter, d.candidate, d.reason);
+    }
+    for (i, t) in s.tiers.iter().enumerate() {
+        match &t.picked {
+            Some(p) => {
+                let _ = writeln!(out, "  select tier {} ({}): picked {} of [{}]", i + 1, t.tier, p, t.candidates.join(", "));
+            }
+            None => {
+                let _ = writeln!(out, "  select tier {} ({}): no candidate", i + 1, t.tier);
+            }
+        }
+    }
+    if s.result != "route" {
+        let _ = writeln!(out, "  on empty: {}", s.result);
+    }
+}
+
+/// The human form of a decision.
+pub fn decision_text(d: &Decision) -> String {
+    let mut out = String::new();
+    match &d.outcome {
+        Outcome::Route(r) => {
+            let rewrite = if r.rewrite_model { " (body `model` rewritten)" } else { "" };
+            let _ = writeln!(out, "route → {} ({}, {}), model `{}`{rewrite}", r.endpoint, r.destination, r.backend_type.as_str(), r.model);
+        }
+        Outcome::Reject(r) => {
+            let _ = writeln!(out, "reject → HTTP {} `{}`: {}", r.status, r.code, r.message);
+        }
+    }
+    match (&d.policy, &d.rule) {
+        (Some(p), Some(r)) => {
+            let _ = writeln!(out, "decided by rule `{r}` of policy `{p}`");
+        }
+        _ => {
+            let _ = writeln!(out, "decided by the default route (no rule decided)");
+        }
+    }
+    trace_text(&mut out, &d.trace);
+    out
+}
+
+fn trace_text(out: &mut String, t: &Trace) {
+    let _ = writeln!(out, "\npool {}", t.pool);
+    for r in &t.rules {
+        if !r.matched {
+            let _ = writeln!(out, "rule `{}` ({}): matches do not hold, next rule", r.rule, r.policy);
+            continue;
+        }
+        let _ = writeln!(out, "rule `{}` ({}): matches", r.rule, r.policy);
+        if let Some(s) = &r.stages {
+            stages_text(out, s);
+        }
+    }
+    if let Some(s) = &t.default {
+        let _ = writeln!(out, "default route: requested model, Local by PredictedTTFT, then Provider by PredictedTTFT");
+        stages_text(out, s);
+    }
+}
+
+/// Compiles the policies; errors are reported on `err`.
+pub fn load_policy(paths: &[PathBuf], err: &mut dyn Write) -> Result<std::sync::Arc<kinf_lang::CompiledPolicy>, i32> {
+    let sources = crate::load::read_sources(paths).map_err(|e| {
+        let _ = writeln!(err, "error: {e}");
+        EXIT_USAGE
+    })?;
+    let c = kinf_lang::compile(&sources);
+    match c.policy {
+        Some(p) => Ok(p),
+        None => {
+            for d in &c.diagnostics {
+                let _ = writeln!(err, "{}", d.render_plain(&sources));
+            }
+            let _ = writeln!(err, "error: the policies do not compile; fix them first (`kinfctl lint`)");
+            Err(EXIT_FINDINGS)
+        }
+    }
+}
+
+/// Decides one scenario.
+pub fn decide_files(policy: &kinf_lang::CompiledPolicy, request: &RequestFile, state: &StateFile) -> Result<Decision, String> {
+    let st = state.to_state(policy)?;
+    Ok(Decider::decide(policy, &request.to_request(), &st))
+}
+
+/// `kinfctl explain`.
+pub fn run(paths: &[PathBuf], request: &Path, state: Option<&Path>, format: Format, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    let policy = match load_policy(paths, err) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let req: RequestFile = match read_yaml(request) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let st: StateFile = match state.map(read_yaml).transpose() {
+        Ok(s) => s.unwrap_or_default(),
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let d = match decide_files(&policy, &req, &st) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    match format {
+        Format::Json => {
+            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&decision_json(&d)).unwrap_or_default());
+        }
+        Format::Human => {
+            let _ = write!(out, "{}", decision_text(&d));
+        }
+    }
+    EXIT_OK
+}
