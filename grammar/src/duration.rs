@@ -23,7 +23,8 @@ const UNITS: [(&str, u128); 6] = [
     ("ns", 1),
 ];
 
-const UNITS_HELP: &str = "valid units are `h`, `m`, `s`, `ms`, `us` and `ns`, e.g. `30s` or `1m30s`";
+const UNITS_HELP: &str =
+    "valid units are `h`, `m`, `s`, `ms`, `us` and `ns`, e.g. `30s` or `1m30s`";
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
@@ -118,8 +119,10 @@ fn unit_index(unit: &str, span: Span) -> Result<usize, SyntaxError> {
 fn check_order(previous: usize, index: usize, span: Span) -> Result<(), SyntaxError> {
     let name = UNITS.get(index).map_or("", |(n, _)| *n);
     if index == previous {
-        Err(SyntaxError::new(span, format!("duration unit `{name}` is repeated"))
-            .with_help("give each unit once, e.g. `1m30s`"))
+        Err(
+            SyntaxError::new(span, format!("duration unit `{name}` is repeated"))
+                .with_help("give each unit once, e.g. `1m30s`"),
+        )
     } else if index < previous {
         Err(
             SyntaxError::new(span, "duration units must go from largest to smallest")
@@ -230,7 +233,10 @@ mod tests {
         assert!(err.help.unwrap().contains("`24h`"));
 
         let err = parse_duration("30s1m").unwrap_err();
-        assert_eq!(err.message, "duration units must go from largest to smallest");
+        assert_eq!(
+            err.message,
+            "duration units must go from largest to smallest"
+        );
         assert_eq!(err.span, Span::new(3, 5));
 
         let err = parse_duration("1s1s").unwrap_err();
@@ -251,7 +257,15 @@ mod tests {
 
     #[test]
     fn format_round_trips() {
-        for text in ["0s", "1m30s", "1s500ms", "1h", "100us", "7ns", "2h3m4s5ms6us7ns"] {
+        for text in [
+            "0s",
+            "1m30s",
+            "1s500ms",
+            "1h",
+            "100us",
+            "7ns",
+            "2h3m4s5ms6us7ns",
+        ] {
             let d = parse_duration(text).unwrap();
             assert_eq!(format_duration(d), text);
         }

@@ -166,10 +166,16 @@ pub(crate) fn join_or(words: &[&str]) -> String {
 pub(crate) fn found_at(input: &str, pos: usize) -> (Span, String) {
     let rest = input.get(pos..).unwrap_or("");
     let Some(first) = rest.chars().next() else {
-        return (Span::new(input.len(), input.len()), "end of input".to_owned());
+        return (
+            Span::new(input.len(), input.len()),
+            "end of input".to_owned(),
+        );
     };
     let len = if first.is_whitespace() {
-        return (Span::new(pos, pos + first.len_utf8()), "whitespace".to_owned());
+        return (
+            Span::new(pos, pos + first.len_utf8()),
+            "whitespace".to_owned(),
+        );
     } else if first.is_alphanumeric() || first == '_' {
         rest.find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '.' | '%')))
             .unwrap_or(rest.len())

@@ -207,10 +207,15 @@ fn class(pair: Pair<'_, Rule>) -> Result<Token, SyntaxError> {
                 let range_span = Span::of(item.as_span());
                 let text = item.as_str();
                 let mut ends = item.into_inner().map(|p| escaped_char(p.as_str()));
-                let (lo, hi) = (ends.next().unwrap_or_default(), ends.next().unwrap_or_default());
+                let (lo, hi) = (
+                    ends.next().unwrap_or_default(),
+                    ends.next().unwrap_or_default(),
+                );
                 if lo > hi {
-                    return Err(SyntaxError::new(range_span, format!("invalid range `{text}`"))
-                        .with_help(format!("write the smaller character first: `{hi}-{lo}`")));
+                    return Err(
+                        SyntaxError::new(range_span, format!("invalid range `{text}`"))
+                            .with_help(format!("write the smaller character first: `{hi}-{lo}`")),
+                    );
                 }
                 ranges.push((lo, hi));
             }
@@ -218,8 +223,9 @@ fn class(pair: Pair<'_, Rule>) -> Result<Token, SyntaxError> {
         }
     }
     if ranges.is_empty() {
-        return Err(SyntaxError::new(span, "empty character class")
-            .with_help("list at least one character, e.g. `[0-9]`, or write `\\[` for a literal `[`"));
+        return Err(SyntaxError::new(span, "empty character class").with_help(
+            "list at least one character, e.g. `[0-9]`, or write `\\[` for a literal `[`",
+        ));
     }
     Ok(Token::Class {
         negated,
@@ -228,9 +234,8 @@ fn class(pair: Pair<'_, Rule>) -> Result<Token, SyntaxError> {
 }
 
 fn pest_error(err: &pest::error::Error<Rule>, input: &str) -> SyntaxError {
-    lexical_error(input).unwrap_or_else(|| {
-        render_failure(&Failure::from_pest(err), input, |_| "a character")
-    })
+    lexical_error(input)
+        .unwrap_or_else(|| render_failure(&Failure::from_pest(err), input, |_| "a character"))
 }
 
 /// The first unclosed `[`, stray `]` or trailing `\`, which are the ways a
@@ -347,7 +352,10 @@ mod tests {
         assert_eq!(err.span, Span::new(1, 3));
         let err = Glob::parse("[z-a]").unwrap_err();
         assert_eq!(err.message, "invalid range `z-a`");
-        assert_eq!(err.help.as_deref(), Some("write the smaller character first: `a-z`"));
+        assert_eq!(
+            err.help.as_deref(),
+            Some("write the smaller character first: `a-z`")
+        );
         assert_eq!(err.span, Span::new(1, 4));
         let err = Glob::parse("a]").unwrap_err();
         assert_eq!(err.message, "unmatched `]`");

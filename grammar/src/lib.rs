@@ -20,6 +20,9 @@ mod suggest;
 
 pub use duration::{format_duration, parse_duration};
 pub use error::{Span, SyntaxError};
-pub use expr::{Env, EvalContext, Expr, FnSig, Type, TypeError, TypedExpr, Value, parse_expr, typecheck};
+pub use expr::{
+    Env, EvalContext, Expr, FnSig, Type, TypeError, TypeErrorKind, TypedExpr, Value, parse_expr,
+    typecheck,
+};
 pub use glob::Glob;
 pub use quantity::{parse_quantity, parse_ratio};

@@ -52,7 +52,12 @@ pub fn parse_ratio(input: &str) -> Result<f64, SyntaxError> {
     number
         .and_then(|n| decimal::to_f64(n, shift))
         .filter(|r| r.is_finite())
-        .ok_or_else(|| SyntaxError::new(Span::new(0, input.len()), format!("invalid ratio `{input}`")))
+        .ok_or_else(|| {
+            SyntaxError::new(
+                Span::new(0, input.len()),
+                format!("invalid ratio `{input}`"),
+            )
+        })
 }
 
 /// Parses a quantity: a whole number with an optional suffix, as in
@@ -79,7 +84,10 @@ pub fn parse_quantity(input: &str) -> Result<u64, SyntaxError> {
             .with_help(format!("the largest quantity is {}", u64::MAX))
     };
     let Some(number) = number else {
-        return Err(SyntaxError::new(whole_span, format!("invalid quantity `{input}`")));
+        return Err(SyntaxError::new(
+            whole_span,
+            format!("invalid quantity `{input}`"),
+        ));
     };
     match decimal::scaled_exact(number.as_str(), multiplier) {
         Exact::Whole(value) => u64::try_from(value).map_err(|_| too_large()),
@@ -130,7 +138,10 @@ fn suffix_multiplier(pair: &Pair<'_, Rule>) -> Result<u128, SyntaxError> {
         _ => {
             let mut chars = text.chars();
             let fixed: String = chars.next().map_or(String::new(), |first| {
-                first.to_uppercase().chain(chars.flat_map(char::to_lowercase)).collect()
+                first
+                    .to_uppercase()
+                    .chain(chars.flat_map(char::to_lowercase))
+                    .collect()
             });
             if SUFFIXES.iter().any(|(name, _)| *name == fixed) {
                 format!("did you mean `{fixed}`? ")
@@ -183,7 +194,10 @@ mod tests {
         assert_eq!(err.message, "ratios cannot be negative");
         assert_eq!(err.span, Span::new(0, 1));
         let err = parse_ratio("70 %").unwrap_err();
-        assert_eq!(err.message, "expected `%` or end of input, found whitespace");
+        assert_eq!(
+            err.message,
+            "expected `%` or end of input, found whitespace"
+        );
         assert_eq!(err.span, Span::new(2, 3));
         let err = parse_ratio("high").unwrap_err();
         assert_eq!(err.message, "expected a number, found `high`");
@@ -203,6 +217,7 @@ mod tests {
         assert_eq!(parse_quantity("2M").unwrap(), 2_000_000);
         assert_eq!(parse_quantity("1G").unwrap(), 1_000_000_000);
         assert_eq!(parse_quantity("1.5Ki").unwrap(), 1536);
+        assert_eq!(parse_quantity("0.5k").unwrap(), 500);
         assert_eq!(parse_quantity("15Ei").unwrap(), 15 << 60);
         assert_eq!(parse_quantity("18446744073709551615").unwrap(), u64::MAX);
         assert_eq!(parse_quantity("0").unwrap(), 0);
@@ -213,11 +228,17 @@ mod tests {
         let err = parse_quantity("16K").unwrap_err();
         assert_eq!(err.message, "unknown quantity suffix `K`");
         assert_eq!(err.span, Span::new(2, 3));
-        assert!(err.help.unwrap().starts_with("did you mean `k` (1000) or `Ki` (1024)?"));
+        assert!(
+            err.help
+                .unwrap()
+                .starts_with("did you mean `k` (1000) or `Ki` (1024)?")
+        );
         let err = parse_quantity("16ki").unwrap_err();
         assert!(err.help.unwrap().starts_with("did you mean `Ki`?"));
         let err = parse_quantity("500m").unwrap_err();
         assert!(err.help.unwrap().starts_with("fractional quantities"));
+        let err = parse_quantity("1.0001k").unwrap_err();
+        assert_eq!(err.message, "quantity `1.0001k` is not a whole number");
         let err = parse_quantity("1.5").unwrap_err();
         assert_eq!(err.message, "quantity `1.5` is not a whole number");
         let err = parse_quantity("16Ei").unwrap_err();
@@ -227,7 +248,10 @@ mod tests {
         let err = parse_quantity("-1").unwrap_err();
         assert_eq!(err.message, "quantities cannot be negative");
         let err = parse_quantity("1 Gi").unwrap_err();
-        assert_eq!(err.message, "expected a suffix or end of input, found whitespace");
+        assert_eq!(
+            err.message,
+            "expected a suffix or end of input, found whitespace"
+        );
         assert_eq!(parse_quantity(" ").unwrap_err().message, "empty quantity");
     }
 }

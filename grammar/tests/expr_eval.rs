@@ -16,7 +16,11 @@ fn env() -> Env {
         .var("tags", Type::list(Type::String)) // 5
         .func("tag", [Type::String], Type::Bool) // 0
         .func("scaled", [Type::Float], Type::Float) // 1
-        .func("sum", [Type::Int, Type::Int, Type::Int, Type::Int, Type::Int], Type::Int) // 2
+        .func(
+            "sum",
+            [Type::Int, Type::Int, Type::Int, Type::Int, Type::Int],
+            Type::Int,
+        ) // 2
         .func("header", [Type::String], Type::String) // 3
 }
 

@@ -90,7 +90,9 @@ fn unknown_names() {
     let e = one_error("model == \"x\"");
     assert_eq!(
         e.help.as_deref(),
-        Some("the variables are `promptTokens`, `kvCacheUsage`, `tenant`, `streaming`, `waited`, `tags`")
+        Some(
+            "the variables are `promptTokens`, `kvCacheUsage`, `tenant`, `streaming`, `waited`, `tags`"
+        )
     );
 
     let e = one_error("tga(\"x\")");
@@ -106,7 +108,10 @@ fn unknown_names() {
     );
 
     let e = one_error("tag");
-    assert_eq!(e.help.as_deref(), Some("`tag` is a function; call it, e.g. `tag(…)`"));
+    assert_eq!(
+        e.help.as_deref(),
+        Some("`tag` is a function; call it, e.g. `tag(…)`")
+    );
     let e = one_error("tenant()");
     assert_eq!(
         e.help.as_deref(),
@@ -114,27 +119,42 @@ fn unknown_names() {
     );
 
     let e = typecheck(&parse_expr("x").unwrap(), &Env::new()).unwrap_err();
-    assert_eq!(e[0].help.as_deref(), Some("no variables are available here"));
+    assert_eq!(
+        e[0].help.as_deref(),
+        Some("no variables are available here")
+    );
 }
 
 #[test]
 fn calls() {
     let e = one_error("tag(1)");
     assert_eq!(e.kind, TypeErrorKind::WrongArgumentType);
-    assert_eq!(e.message, "argument 1 of `tag` must be `String`, found `Int`");
+    assert_eq!(
+        e.message,
+        "argument 1 of `tag` must be `String`, found `Int`"
+    );
     assert_eq!(e.span, Span::new(4, 5));
-    assert_eq!(e.help.as_deref(), Some("the signature is `tag(String) -> Bool`"));
+    assert_eq!(
+        e.help.as_deref(),
+        Some("the signature is `tag(String) -> Bool`")
+    );
 
     let e = one_error(r#"tag("a", "b")"#);
     assert_eq!(e.kind, TypeErrorKind::WrongArgumentCount);
     assert_eq!(e.message, "`tag` takes 1 argument, found 2");
     let e = one_error("now(1) > 1s");
     assert_eq!(e.message, "`now` takes 0 arguments, found 1");
-    assert_eq!(e.help.as_deref(), Some("the signature is `now() -> Duration`"));
+    assert_eq!(
+        e.help.as_deref(),
+        Some("the signature is `now() -> Duration`")
+    );
 
     // A Float parameter does not take a Duration.
     let e = one_error("scaled(1s) > 1");
-    assert_eq!(e.message, "argument 1 of `scaled` must be `Float`, found `Duration`");
+    assert_eq!(
+        e.message,
+        "argument 1 of `scaled` must be `Float`, found `Duration`"
+    );
 }
 
 #[test]
@@ -151,7 +171,10 @@ fn comparisons() {
     let e = one_error(r#"tenant < "b""#);
     assert_eq!(e.message, "`<` cannot compare `String` values");
     let e = one_error("streaming < true");
-    assert_eq!(e.help.as_deref(), Some("`Bool` values support only `==` and `!=`"));
+    assert_eq!(
+        e.help.as_deref(),
+        Some("`Bool` values support only `==` and `!=`")
+    );
     let e = one_error("waited > 5");
     assert_eq!(e.message, "cannot compare `Duration` with `Int`");
     assert!(e.help.unwrap().contains("`5s`"));
@@ -174,7 +197,10 @@ fn membership() {
     assert_eq!(e.kind, TypeErrorKind::EmptyList);
     let e = one_error(r#"tenant in ["a", 1, "b"]"#);
     assert_eq!(e.kind, TypeErrorKind::MixedList);
-    assert_eq!(e.message, "list elements must have one type: found `Int` after `String`");
+    assert_eq!(
+        e.message,
+        "list elements must have one type: found `Int` after `String`"
+    );
     assert_eq!(e.span, Span::new(16, 17));
 }
 
@@ -186,12 +212,21 @@ fn conditions_must_be_bool() {
     let e = one_error("promptTokens");
     assert_eq!(e.kind, TypeErrorKind::NotBool);
     assert_eq!(e.message, "a condition must be `Bool`, found `Int`");
-    assert_eq!(e.help.as_deref(), Some("compare it with a value, e.g. `promptTokens > 0`"));
+    assert_eq!(
+        e.help.as_deref(),
+        Some("compare it with a value, e.g. `promptTokens > 0`")
+    );
     let e = one_error("!tenant");
     assert_eq!(e.message, "`!` needs `Bool` operands, found `String`");
-    assert_eq!(e.help.as_deref(), Some("compare it with a value, e.g. `tenant == \"a\"`"));
+    assert_eq!(
+        e.help.as_deref(),
+        Some("compare it with a value, e.g. `tenant == \"a\"`")
+    );
     let e = one_error("tags || streaming");
-    assert_eq!(e.help.as_deref(), Some("compare it with a value, e.g. `\"a\" in tags`"));
+    assert_eq!(
+        e.help.as_deref(),
+        Some("compare it with a value, e.g. `\"a\" in tags`")
+    );
     let e = one_error("[1]");
     assert_eq!(e.message, "a condition must be `Bool`, found `List<Int>`");
 }

@@ -13,8 +13,15 @@ use crate::dag::RuleDag;
 use crate::diagnostic::Diagnostic;
 use crate::path::FieldPath;
 
-pub(crate) fn check_pool_rules(ck: &mut Checker<'_>, out: &CompiledPolicy, pi: usize, rules: &[(Arc<CompiledRule>, usize, FieldPath)]) {
-    let Some(pool) = out.pools.get(pi) else { return };
+pub(crate) fn check_pool_rules(
+    ck: &mut Checker<'_>,
+    out: &CompiledPolicy,
+    pi: usize,
+    rules: &[(Arc<CompiledRule>, usize, FieldPath)],
+) {
+    let Some(pool) = out.pools.get(pi) else {
+        return;
+    };
     // The DAG over the rules as they will be evaluated.
     let view = crate::compiled::CompiledPool {
         namespace: pool.namespace.clone(),
@@ -30,6 +37,7 @@ pub(crate) fn check_pool_rules(ck: &mut Checker<'_>, out: &CompiledPolicy, pi: u
     // Rules with errors were lowered partially: neither warn about them nor because of them.
     let sound = |doc: usize, path: &FieldPath| !ck.broken_rules.contains(&(doc, path.clone()));
     let sound_rules: Vec<bool> = rules.iter().map(|(_, d, p)| sound(*d, p)).collect();
+    let reachable = dag.reachable_rules();
     for (j, (rule, doc, path)) in rules.iter().enumerate() {
         if !sound_rules[j] {
             continue;
@@ -37,11 +45,20 @@ pub(crate) fn check_pool_rules(ck: &mut Checker<'_>, out: &CompiledPolicy, pi: u
         let span = ck.bundle.value_span(*doc, &path.key("name"));
         // Shadowed: unreachable in the DAG (after a catch-all), or every match entry covered by
         // an earlier rule that rejects when empty.
-        let earlier = rules[..j].iter().zip(&sound_rules[..j]).filter(|(_, ok)| **ok).map(|(r, _)| r);
-        let shadow = if !dag.rule_reachable(j) {
-            earlier.rev().find(|(r, _, _)| r.on_empty == OnEmpty::Reject && (r.matches.is_empty() || r.matches.iter().any(RequestCond::is_unconditional)))
+        let earlier = rules[..j]
+            .iter()
+            .zip(&sound_rules[..j])
+            .filter(|(_, ok)| **ok)
+            .map(|(r, _)| r);
+        let shadow = if !reachable.get(j).copied().unwrap_or(true) {
+            earlier.rev().find(|(r, _, _)| {
+                r.on_empty == OnEmpty::Reject
+                    && (r.matches.is_empty() || r.matches.iter().any(RequestCond::is_unconditional))
+            })
         } else {
-            earlier.clone().find(|(r, _, _)| r.on_empty == OnEmpty::Reject && covers_rule(r, rule))
+            earlier
+                .clone()
+                .find(|(r, _, _)| r.on_empty == OnEmpty::Reject && covers_rule(r, rule))
         };
         if let Some((earlier, edoc, epath)) = shadow {
             let mut d = Diagnostic::new(Code::ShadowedRule,
@@ -49,8 +66,12 @@ pub(crate) fn check_pool_rules(ck: &mut Checker<'_>, out: &CompiledPolicy, pi: u
                     rule.name, pool.name, earlier.name, earlier.policy))
                 .with_path(path.key("name"))
                 .with_help(format!("move `{}` before `{}`, narrow `{}`'s matches, or set `onEmpty: NextRule` on `{}`", rule.name, earlier.name, earlier.name, earlier.name));
-            if let Some(s) = span { d = d.at(s, "never applies"); }
-            if let Some(s) = ck.bundle.value_span(*edoc, &epath.key("name")) { d = d.with_related(s, "shadowed by this rule"); }
+            if let Some(s) = span {
+                d = d.at(s, "never applies");
+            }
+            if let Some(s) = ck.bundle.value_span(*edoc, &epath.key("name")) {
+                d = d.with_related(s, "shadowed by this rule");
+            }
             ck.push(d);
         }
         // Candidate analysis.
@@ -60,25 +81,37 @@ pub(crate) fn check_pool_rules(ck: &mut Checker<'_>, out: &CompiledPolicy, pi: u
                 format!("rule `{}` never has a candidate in pool `{}`: its consider and unconditional excludes leave no destination", rule.name, pool.name))
                 .with_path(path.key("route"))
                 .with_help(format!("check `consider` (models, type, destination) against the pool's destinations: {}", pool_destinations(out, pool)));
-            if let Some(s) = span { d = d.at(s, "always empty"); }
+            if let Some(s) = span {
+                d = d.at(s, "always empty");
+            }
             ck.push(d);
             continue;
         }
         for (t, tier) in rule.select.iter().enumerate() {
             let reachable = possible.iter().any(|(id, b)| {
-                tier.backend.is_none_or(|tb| tb == *b) && match &tier.pick {
-                    Pick::Minimize(_) => true,
-                    Pick::Order(ids) => ids.contains(id),
-                }
+                tier.backend.is_none_or(|tb| tb == *b)
+                    && match &tier.pick {
+                        Pick::Minimize(_) => true,
+                        Pick::Order(ids) => ids.contains(id),
+                    }
             });
             if !reachable {
                 let tpath = path.key("route").key("select").index(t);
                 let tspan = ck.bundle.value_span(*doc, &tpath);
-                let mut d = Diagnostic::new(Code::UnreachableTier,
-                    format!("select tier {} of rule `{}` can never have a candidate in pool `{}`", t + 1, rule.name, pool.name))
-                    .with_path(tpath)
-                    .with_help(tier_help(out, &possible));
-                if let Some(s) = tspan { d = d.at(s, "never has a candidate"); }
+                let mut d = Diagnostic::new(
+                    Code::UnreachableTier,
+                    format!(
+                        "select tier {} of rule `{}` can never have a candidate in pool `{}`",
+                        t + 1,
+                        rule.name,
+                        pool.name
+                    ),
+                )
+                .with_path(tpath)
+                .with_help(tier_help(out, &possible));
+                if let Some(s) = tspan {
+                    d = d.at(s, "never has a candidate");
+                }
                 ck.push(d);
             }
         }
@@ -89,27 +122,54 @@ fn pool_destinations(out: &CompiledPolicy, pool: &crate::compiled::CompiledPool)
     let names: Vec<String> = pool
         .destinations
         .iter()
-        .filter_map(|id| out.destination(*id).map(|d| format!("`{}` ({})", d.name, d.backend.as_str())))
+        .filter_map(|id| {
+            out.destination(*id)
+                .map(|d| format!("`{}` ({})", d.name, d.backend.as_str()))
+        })
         .collect();
-    if names.is_empty() { "none".into() } else { names.join(", ") }
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
 }
 
 fn tier_help(out: &CompiledPolicy, possible: &[(DestId, BackendType)]) -> String {
     let names: Vec<String> = possible
         .iter()
-        .filter_map(|(id, b)| out.destination(*id).map(|d| format!("`{}` ({})", d.name, b.as_str())))
+        .filter_map(|(id, b)| {
+            out.destination(*id)
+                .map(|d| format!("`{}` ({})", d.name, b.as_str()))
+        })
         .collect();
-    format!("after consider and exclude, only these destinations can be candidates: {}", names.join(", "))
+    format!(
+        "after consider and exclude, only these destinations can be candidates: {}",
+        names.join(", ")
+    )
 }
 
 /// Destinations that can be candidates of a rule in a pool, ignoring load (so: consider, and
 /// filters that drop by backend type or name unconditionally).
-fn possible_destinations(out: &CompiledPolicy, pi: usize, rule: &CompiledRule) -> Vec<(DestId, BackendType)> {
-    let Some(pool) = out.pools.get(pi) else { return Vec::new() };
+fn possible_destinations(
+    out: &CompiledPolicy,
+    pi: usize,
+    rule: &CompiledRule,
+) -> Vec<(DestId, BackendType)> {
+    let Some(pool) = out.pools.get(pi) else {
+        return Vec::new();
+    };
     let mut set: Vec<(DestId, BackendType)> = Vec::new();
-    let serves = |id: DestId, names: &[Arc<str>]| names.iter().any(|n| pool.models.get(n).is_some_and(|v| v.iter().any(|(d, _)| *d == id)));
+    let serves = |id: DestId, names: &[Arc<str>]| {
+        names.iter().any(|n| {
+            pool.models
+                .get(n)
+                .is_some_and(|v| v.iter().any(|(d, _)| *d == id))
+        })
+    };
     for &id in &pool.destinations {
-        let Some(d) = out.destination(id) else { continue };
+        let Some(d) = out.destination(id) else {
+            continue;
+        };
         let considered = rule.consider.is_empty()
             || rule.consider.iter().any(|c| {
                 c.backend.is_none_or(|b| b == d.backend)
@@ -146,11 +206,16 @@ fn covers_rule(earlier: &CompiledRule, later: &CompiledRule) -> bool {
     if later_entries.is_empty() {
         return earlier.matches.iter().any(RequestCond::is_unconditional);
     }
-    later_entries.iter().all(|b| earlier.matches.iter().any(|a| covers(a, b)))
+    later_entries
+        .iter()
+        .all(|b| earlier.matches.iter().any(|a| covers(a, b)))
 }
 
 /// Whether every request matching `b` also matches `a`.
 fn covers(a: &RequestCond, b: &RequestCond) -> bool {
+    if !(a.model.is_none() || b.model.is_some()) {
+        return false;
+    }
     let model = match (&a.model, &b.model) {
         (None, _) => true,
         (Some(ModelPattern::Exact(x)), Some(ModelPattern::Exact(y))) => x == y,
@@ -163,13 +228,17 @@ fn covers(a: &RequestCond, b: &RequestCond) -> bool {
         (None, _) => true,
         (Some(_), None) => false,
         (Some(ra), Some(rb)) => {
-            ra.greater_than.is_none_or(|g| rb.greater_than.is_some_and(|h| h >= g))
-                && ra.less_than.is_none_or(|l| rb.less_than.is_some_and(|m| m <= l))
+            ra.greater_than
+                .is_none_or(|g| rb.greater_than.is_some_and(|h| h >= g))
+                && ra
+                    .less_than
+                    .is_none_or(|l| rb.less_than.is_some_and(|m| m <= l))
         }
     };
-    let when = match (&a.when, &b.when) {
+    // Cheap comparisons first; the `when` texts only when everything else already covers.
+    let when = || match (&a.when, &b.when) {
         (None, _) => true,
-        (Some(x), Some(y)) => x.to_string() == y.to_string(),
+        (Some(x), Some(y)) => x.expr() == y.expr(),
         _ => false,
     };
     model
@@ -178,5 +247,5 @@ fn covers(a: &RequestCond, b: &RequestCond) -> bool {
         && (a.qos.is_none() || a.qos == b.qos)
         && range
         && (a.header.is_none() || a.header == b.header)
-        && when
+        && when()
 }

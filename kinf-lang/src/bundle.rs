@@ -117,7 +117,11 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
             .unwrap_or(DEFAULT_NAMESPACE)
             .into();
         let Some(kind) = check_header(root, diags) else {
-            if let Some(kind) = root.get("kind").and_then(Node::as_str).and_then(ResourceKind::parse) {
+            if let Some(kind) = root
+                .get("kind")
+                .and_then(Node::as_str)
+                .and_then(ResourceKind::parse)
+            {
                 bundle.failed.push((kind, namespace, name));
             }
             continue;
@@ -126,7 +130,11 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
         let errors = schema_check::validate(kind, root, &json);
         let resource = describe(kind, root);
         if !errors.is_empty() {
-            diags.extend(errors.into_iter().map(|d| d.with_resource(resource.clone())));
+            diags.extend(
+                errors
+                    .into_iter()
+                    .map(|d| d.with_resource(resource.clone())),
+            );
             bundle.failed.push((kind, namespace, name));
             continue;
         }
@@ -153,11 +161,19 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
         let spec = json.get("spec").cloned().unwrap_or(serde_json::Value::Null);
         let root_span = root.span;
         let ok = match kind {
-            ResourceKind::InferenceWorkerSet => push(&mut bundle.worker_sets, spec, &name, &namespace, doc),
-            ResourceKind::InferenceProvider => push(&mut bundle.providers, spec, &name, &namespace, doc),
+            ResourceKind::InferenceWorkerSet => {
+                push(&mut bundle.worker_sets, spec, &name, &namespace, doc)
+            }
+            ResourceKind::InferenceProvider => {
+                push(&mut bundle.providers, spec, &name, &namespace, doc)
+            }
             ResourceKind::InferencePool => push(&mut bundle.pools, spec, &name, &namespace, doc),
-            ResourceKind::InferencePolicy => push(&mut bundle.policies, spec, &name, &namespace, doc),
-            ResourceKind::GatewayBackend => push(&mut bundle.gateways, spec, &name, &namespace, doc),
+            ResourceKind::InferencePolicy => {
+                push(&mut bundle.policies, spec, &name, &namespace, doc)
+            }
+            ResourceKind::GatewayBackend => {
+                push(&mut bundle.gateways, spec, &name, &namespace, doc)
+            }
         };
         if let Err(e) = ok {
             bundle.failed.push((kind, namespace, name));
@@ -191,7 +207,10 @@ fn push<T: DeserializeOwned>(
 /// `Kind/namespace/name` for messages and status.
 pub fn describe(kind: ResourceKind, root: &Node) -> String {
     let meta = root.get("metadata");
-    let name = meta.and_then(|m| m.get("name")).and_then(Node::as_str).unwrap_or("?");
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(Node::as_str)
+        .unwrap_or("?");
     let ns = meta
         .and_then(|m| m.get("namespace"))
         .and_then(Node::as_str)
@@ -205,10 +224,15 @@ fn check_header(root: &Node, diags: &mut Vec<Diagnostic>) -> Option<ResourceKind
         diags.push(
             Diagnostic::new(
                 Code::NotAMapping,
-                format!("a resource must be a mapping, found {}", root.value.type_name()),
+                format!(
+                    "a resource must be a mapping, found {}",
+                    root.value.type_name()
+                ),
             )
             .at(root.span, "not a mapping")
-            .with_help("each YAML document holds one resource: `apiVersion`, `kind`, `metadata`, `spec`"),
+            .with_help(
+                "each YAML document holds one resource: `apiVersion`, `kind`, `metadata`, `spec`",
+            ),
         );
         return None;
     }
@@ -218,7 +242,7 @@ fn check_header(root: &Node, diags: &mut Vec<Diagnostic>) -> Option<ResourceKind
             diags.push(
                 Diagnostic::new(Code::UnknownKind, "missing `kind`")
                     .at(root.span, "this document")
-                    .with_help(format!("add `kind:` with one of: {}", kinds.join(", "))),
+                    .with_help(format!("add `kind:` with one of: `{}`", kinds.join("`, `"))),
             );
             None
         }
@@ -227,9 +251,12 @@ fn check_header(root: &Node, diags: &mut Vec<Diagnostic>) -> Option<ResourceKind
             None => {
                 let text = e.value.as_str().unwrap_or("");
                 diags.push(
-                    Diagnostic::new(Code::UnknownKind, format!("`{text}` is not a Kinference resource kind"))
-                        .at(e.value.span, "unknown kind")
-                        .with_help(help_for(text, kinds.iter().copied(), "kinds")),
+                    Diagnostic::new(
+                        Code::UnknownKind,
+                        format!("`{text}` is not a Kinference resource kind"),
+                    )
+                    .at(e.value.span, "unknown kind")
+                    .with_help(help_for(text, kinds.iter().copied(), "kinds")),
                 );
                 None
             }
@@ -239,7 +266,10 @@ fn check_header(root: &Node, diags: &mut Vec<Diagnostic>) -> Option<ResourceKind
         None => {
             diags.push(
                 Diagnostic::new(Code::UnsupportedApiVersion, "missing `apiVersion`")
-                    .at(root.entry("kind").map_or(root.span, |e| e.key_span), "in this resource")
+                    .at(
+                        root.entry("kind").map_or(root.span, |e| e.key_span),
+                        "in this resource",
+                    )
                     .with_help(format!("add `apiVersion: {API_VERSION}`")),
             );
             None
@@ -253,9 +283,12 @@ fn check_header(root: &Node, diags: &mut Vec<Diagnostic>) -> Option<ResourceKind
                 format!("Kinference resources use `apiVersion: {API_VERSION}`")
             };
             diags.push(
-                Diagnostic::new(Code::UnsupportedApiVersion, format!("unsupported apiVersion `{text}`"))
-                    .at(e.value.span, "not supported")
-                    .with_help(help),
+                Diagnostic::new(
+                    Code::UnsupportedApiVersion,
+                    format!("unsupported apiVersion `{text}`"),
+                )
+                .at(e.value.span, "not supported")
+                .with_help(help),
             );
             None
         }

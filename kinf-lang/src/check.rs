@@ -8,7 +8,6 @@ use kinf_policy::{
     BackendType, ClassifierType, GatewayBackendSpec, InferencePolicySpec, OnEmpty, PiiEntity,
     Quantity, RequestMatch, Threshold, TokenCount,
 };
-use smallvec::SmallVec;
 
 use crate::bundle::{Bundle, Res};
 use crate::codes::Code;
@@ -57,22 +56,72 @@ impl<'a> Checker<'a> {
         self.labels.insert(doc, format!("{kind}/{ns}/{name}"));
     }
 
-    pub fn report(&mut self, doc: usize, path: &FieldPath, code: Code, msg: String, label: &str, help: Option<String>) {
+    pub fn report(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        code: Code,
+        msg: String,
+        label: &str,
+        help: Option<String>,
+    ) {
         self.report_at(doc, path, false, code, msg, label, help);
     }
 
-    pub(crate) fn report_key(&mut self, doc: usize, path: &FieldPath, code: Code, msg: String, label: &str, help: Option<String>) {
+    pub(crate) fn report_key(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        code: Code,
+        msg: String,
+        label: &str,
+        help: Option<String>,
+    ) {
         self.report_at(doc, path, true, code, msg, label, help);
     }
 
+    /// Reports on a list item that lacks a field: at the item's first key (one line), not over
+    /// the whole item.
+    fn report_item(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        code: Code,
+        msg: String,
+        label: &str,
+        help: Option<String>,
+    ) {
+        let first_key = self.bundle.node(doc, path).and_then(|n| match &n.value {
+            crate::yaml::Value::Map(entries) => entries.first().map(|e| e.key_span),
+            _ => None,
+        });
+        self.report_at(doc, path, false, code, msg, label, help);
+        if let (Some(span), Some(d)) = (first_key, self.diags.last_mut())
+            && let Some((s, _)) = &mut d.primary
+        {
+            *s = span;
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
-    fn report_at(&mut self, doc: usize, path: &FieldPath, key: bool, code: Code, msg: String, label: &str, help: Option<String>) {
+    fn report_at(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        key: bool,
+        code: Code,
+        msg: String,
+        label: &str,
+        help: Option<String>,
+    ) {
         let span = if key {
             self.bundle.key_span(doc, path)
         } else {
             self.bundle.value_span(doc, path)
         };
-        let mut d = Diagnostic::new(code, msg).with_path(path.clone()).with_help_opt(help);
+        let mut d = Diagnostic::new(code, msg)
+            .with_path(path.clone())
+            .with_help_opt(help);
         if let Some(span) = span {
             d = d.at(span, label);
         }
@@ -94,7 +143,10 @@ impl<'a> Checker<'a> {
     }
 
     fn error_count(&self) -> usize {
-        self.diags.iter().filter(|d| d.severity == crate::Severity::Error).count()
+        self.diags
+            .iter()
+            .filter(|d| d.severity == crate::Severity::Error)
+            .count()
     }
 
     fn source_ref(&self, doc: usize, path: &FieldPath) -> SourceRef {
@@ -111,7 +163,13 @@ impl<'a> Checker<'a> {
         }
     }
 
-    pub(crate) fn duration_pub(&mut self, doc: usize, path: &FieldPath, text: Option<&str>, default: Duration) -> Duration {
+    pub(crate) fn duration_pub(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        text: Option<&str>,
+        default: Duration,
+    ) -> Duration {
         self.duration(doc, path, text, default)
     }
 
@@ -119,7 +177,13 @@ impl<'a> Checker<'a> {
         self.source_ref(doc, path)
     }
 
-    fn duration(&mut self, doc: usize, path: &FieldPath, text: Option<&str>, default: Duration) -> Duration {
+    fn duration(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        text: Option<&str>,
+        default: Duration,
+    ) -> Duration {
         let Some(text) = text else {
             return default;
         };
@@ -128,11 +192,21 @@ impl<'a> Checker<'a> {
             Err(e) => {
                 let span = self.bundle.node(doc, path).map(|n| {
                     let s = n.content_start();
-                    Span::new(n.span.file, s + e.span.start, s + e.span.end.max(e.span.start + 1))
+                    Span::new(
+                        n.span.file,
+                        s + e.span.start,
+                        s + e.span.end.max(e.span.start + 1),
+                    )
                 });
-                let mut d = Diagnostic::new(Code::InvalidDuration, format!("invalid duration `{text}`: {}", e.message))
+                let mut d =
+                    Diagnostic::new(
+                        Code::InvalidDuration,
+                        format!("invalid duration `{text}`: {}", e.message),
+                    )
                     .with_path(path.clone())
-                    .with_help(e.help.unwrap_or_else(|| "write a duration such as `500ms`, `30s` or `1m30s`".into()));
+                    .with_help(e.help.unwrap_or_else(|| {
+                        "write a duration such as `500ms`, `30s` or `1m30s`".into()
+                    }));
                 if let Some(s) = span {
                     d = d.at(s, "here");
                 }
@@ -172,7 +246,8 @@ impl<'a> Checker<'a> {
             }
         }
         lowered.sort_by(|a, b| a.key.cmp(&b.key));
-        let mut per_pool: Vec<Vec<(Arc<CompiledRule>, usize, FieldPath)>> = vec![Vec::new(); out.pools.len()];
+        let mut per_pool: Vec<Vec<(Arc<CompiledRule>, usize, FieldPath)>> =
+            vec![Vec::new(); out.pools.len()];
         for l in lowered {
             for &pi in &l.pools {
                 if let Some(pool) = out.pools.get_mut(pi) {
@@ -208,33 +283,69 @@ impl<'a> Checker<'a> {
                 match found {
                     Some(x) => {
                         if dests.contains(&x.id) {
-                            self.report(p.doc, &path, Code::UnknownDestination,
-                                format!("destination `{}` is listed twice", d.name), "listed again",
-                                Some("remove the duplicate entry".into()));
+                            self.report(
+                                p.doc,
+                                &path,
+                                Code::UnknownDestination,
+                                format!("destination `{}` is listed twice", d.name),
+                                "listed again",
+                                Some("remove the duplicate entry".into()),
+                            );
                         } else {
                             dests.push(x.id);
                         }
                     }
-                    None if self.bundle.failed(destination_kind(d.kind), &p.namespace, &d.name) => {}
+                    None if self
+                        .bundle
+                        .failed(destination_kind(d.kind), &p.namespace, &d.name) => {}
                     None => {
                         let kind_name = format!("{:?}", d.kind);
-                        let same_kind: Vec<&str> = out.destinations.iter()
+                        let same_kind: Vec<&str> = out
+                            .destinations
+                            .iter()
                             .filter(|x| x.namespace == p.namespace && x.backend == backend)
-                            .map(|x| &*x.name).collect();
-                        let other = out.destinations.iter().find(|x| x.namespace == p.namespace && *x.name == d.name);
+                            .map(|x| &*x.name)
+                            .collect();
+                        let other = out
+                            .destinations
+                            .iter()
+                            .find(|x| x.namespace == p.namespace && *x.name == d.name);
                         let help = match other {
-                            Some(o) => format!("`{}` is an {}; set `kind: {}`", d.name,
-                                if o.backend == BackendType::Local { "InferenceWorkerSet" } else { "InferenceProvider" },
-                                if o.backend == BackendType::Local { "InferenceWorkerSet" } else { "InferenceProvider" }),
-                            None => help_for(&d.name, same_kind.iter().copied(), &format!("{kind_name}s in namespace `{}`", p.namespace)),
+                            Some(o) => format!(
+                                "`{}` is an {}; set `kind: {}`",
+                                d.name,
+                                if o.backend == BackendType::Local {
+                                    "InferenceWorkerSet"
+                                } else {
+                                    "InferenceProvider"
+                                },
+                                if o.backend == BackendType::Local {
+                                    "InferenceWorkerSet"
+                                } else {
+                                    "InferenceProvider"
+                                }
+                            ),
+                            None => help_for(
+                                &d.name,
+                                same_kind.iter().copied(),
+                                &format!("{kind_name}s in namespace `{}`", p.namespace),
+                            ),
                         };
-                        self.report(p.doc, &path, Code::UnknownDestination,
-                            format!("{kind_name} `{}` not found in namespace `{}`", d.name, p.namespace),
-                            "does not resolve", Some(help));
+                        self.report(
+                            p.doc,
+                            &path,
+                            Code::UnknownDestination,
+                            format!(
+                                "{kind_name} `{}` not found in namespace `{}`",
+                                d.name, p.namespace
+                            ),
+                            "does not resolve",
+                            Some(help),
+                        );
                     }
                 }
             }
-            let mut models: AHashMap<Arc<str>, SmallVec<[(DestId, Arc<str>); 4]>> = AHashMap::new();
+            let mut models: AHashMap<Arc<str>, ModelTargets> = AHashMap::new();
             for &id in &dests {
                 if let Some(d) = out.destination(id) {
                     for m in &d.models {
@@ -262,15 +373,35 @@ impl<'a> Checker<'a> {
     fn lower_gateways(&mut self, out: &mut CompiledPolicy) {
         let b = self.bundle;
         for g in &b.gateways {
-            let pool = out.pools.iter().position(|p| p.namespace == g.namespace && *p.name == g.spec.pool);
+            let pool = out
+                .pools
+                .iter()
+                .position(|p| p.namespace == g.namespace && *p.name == g.spec.pool);
             let Some(pool) = pool else {
-                if b.failed(kinf_policy::ResourceKind::InferencePool, &g.namespace, &g.spec.pool) {
+                if b.failed(
+                    kinf_policy::ResourceKind::InferencePool,
+                    &g.namespace,
+                    &g.spec.pool,
+                ) {
                     continue;
                 }
-                let names: Vec<&str> = out.pools.iter().filter(|p| p.namespace == g.namespace).map(|p| &*p.name).collect();
-                self.report(g.doc, &fpath!["spec", "pool"], Code::UnknownPool,
-                    format!("InferencePool `{}` not found in namespace `{}`", g.spec.pool, g.namespace),
-                    "does not resolve", Some(help_for(&g.spec.pool, names.iter().copied(), "pools")));
+                let names: Vec<&str> = out
+                    .pools
+                    .iter()
+                    .filter(|p| p.namespace == g.namespace)
+                    .map(|p| &*p.name)
+                    .collect();
+                self.report(
+                    g.doc,
+                    &fpath!["spec", "pool"],
+                    Code::UnknownPool,
+                    format!(
+                        "InferencePool `{}` not found in namespace `{}`",
+                        g.spec.pool, g.namespace
+                    ),
+                    "does not resolve",
+                    Some(help_for(&g.spec.pool, names.iter().copied(), "pools")),
+                );
                 continue;
             };
             self.check_gateway(g);
@@ -289,42 +420,87 @@ impl<'a> Checker<'a> {
         for (i, c) in g.spec.classifiers.iter().enumerate() {
             let base = fpath!["spec", "classifiers", i];
             if !names.insert(c.name.clone()) {
-                self.report(g.doc, &base.key("name"), Code::InvalidValue,
-                    format!("duplicate classifier name `{}`", c.name), "repeated", Some("give each classifier a unique name".into()));
+                self.report(
+                    g.doc,
+                    &base.key("name"),
+                    Code::InvalidValue,
+                    format!("duplicate classifier name `{}`", c.name),
+                    "repeated",
+                    Some("give each classifier a unique name".into()),
+                );
             }
             if c.type_ == ClassifierType::External && c.url.is_none() {
-                self.report_key(g.doc, &base.key("type"), Code::MissingField,
-                    format!("classifier `{}` of type `External` needs `url`", c.name), "external classifier",
-                    Some("add `url:` with the classifier's HTTP endpoint".into()));
+                self.report_key(
+                    g.doc,
+                    &base.key("type"),
+                    Code::MissingField,
+                    format!("classifier `{}` of type `External` needs `url`", c.name),
+                    "external classifier",
+                    Some("add `url:` with the classifier's HTTP endpoint".into()),
+                );
             }
-            self.duration(g.doc, &base.key("timeout"), c.timeout.as_deref(), Duration::from_millis(50));
+            self.duration(
+                g.doc,
+                &base.key("timeout"),
+                c.timeout.as_deref(),
+                Duration::from_millis(50),
+            );
         }
-        if let Some(t) = &g.spec.tenants {
-            if let Some(k) = &t.api_keys {
-                if k.secret_ref.is_some() == k.file.is_some() {
-                    self.report_key(g.doc, &fpath!["spec", "tenants", "apiKeys"], Code::CredentialSource,
-                        "`apiKeys` needs exactly one of `secretRef` and `file`".into(),
-                        if k.secret_ref.is_some() { "both sources set" } else { "no source" },
-                        Some("set `secretRef` (a Kubernetes Secret) or `file` (standalone mode), not both".into()));
-                }
-            }
+        if let Some(t) = &g.spec.tenants
+            && let Some(k) = &t.api_keys
+            && k.secret_ref.is_some() == k.file.is_some()
+        {
+            self.report_key(
+                g.doc,
+                &fpath!["spec", "tenants", "apiKeys"],
+                Code::CredentialSource,
+                "`apiKeys` needs exactly one of `secretRef` and `file`".into(),
+                if k.secret_ref.is_some() {
+                    "both sources set"
+                } else {
+                    "no source"
+                },
+                Some(
+                    "set `secretRef` (a Kubernetes Secret) or `file` (standalone mode), not both"
+                        .into(),
+                ),
+            );
         }
-        if let Some(l) = &g.spec.limits {
-            if let Some(q) = &l.max_body_bytes {
-                let _ = self.quantity(g.doc, &fpath!["spec", "limits", "maxBodyBytes"], q, Unit::Count);
-            }
+        if let Some(l) = &g.spec.limits
+            && let Some(q) = &l.max_body_bytes
+        {
+            let _ = self.quantity(
+                g.doc,
+                &fpath!["spec", "limits", "maxBodyBytes"],
+                q,
+                Unit::Count,
+            );
         }
     }
 
-    fn lower_policy(&mut self, p: &Res<InferencePolicySpec>, out: &CompiledPolicy) -> Option<LoweredPolicy> {
+    fn lower_policy(
+        &mut self,
+        p: &Res<InferencePolicySpec>,
+        out: &CompiledPolicy,
+    ) -> Option<LoweredPolicy> {
         let b = self.bundle;
         let policy_name: Arc<str> = format!("{}/{}", p.namespace, p.name).into();
         // Target pools.
         let mut pools = Vec::new();
         if p.spec.target_refs.is_empty() {
-            pools.extend(out.pools.iter().enumerate().filter(|(_, x)| x.namespace == p.namespace).map(|(i, _)| i));
+            pools.extend(
+                out.pools
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.namespace == p.namespace)
+                    .map(|(i, _)| i),
+            );
             if pools.is_empty() && !b.namespace_failed(&p.namespace) {
-                let at = if self.bundle.node(p.doc, &fpath!["metadata", "namespace"]).is_some() {
+                let at = if self
+                    .bundle
+                    .node(p.doc, &fpath!["metadata", "namespace"])
+                    .is_some()
+                {
                     fpath!["metadata", "namespace"]
                 } else {
                     fpath!["metadata", "name"]
@@ -336,14 +512,35 @@ impl<'a> Checker<'a> {
             }
         } else {
             for (i, t) in p.spec.target_refs.iter().enumerate() {
-                match out.pools.iter().position(|x| x.namespace == p.namespace && *x.name == t.name) {
+                match out
+                    .pools
+                    .iter()
+                    .position(|x| x.namespace == p.namespace && *x.name == t.name)
+                {
                     Some(pi) => pools.push(pi),
-                    None if b.failed(kinf_policy::ResourceKind::InferencePool, &p.namespace, &t.name) => {}
+                    None if b.failed(
+                        kinf_policy::ResourceKind::InferencePool,
+                        &p.namespace,
+                        &t.name,
+                    ) => {}
                     None => {
-                        let names: Vec<&str> = out.pools.iter().filter(|x| x.namespace == p.namespace).map(|x| &*x.name).collect();
-                        self.report(p.doc, &fpath!["spec", "targetRefs", i, "name"], Code::UnknownPool,
-                            format!("InferencePool `{}` not found in namespace `{}`", t.name, p.namespace),
-                            "does not resolve", Some(help_for(&t.name, names.iter().copied(), "pools")));
+                        let names: Vec<&str> = out
+                            .pools
+                            .iter()
+                            .filter(|x| x.namespace == p.namespace)
+                            .map(|x| &*x.name)
+                            .collect();
+                        self.report(
+                            p.doc,
+                            &fpath!["spec", "targetRefs", i, "name"],
+                            Code::UnknownPool,
+                            format!(
+                                "InferencePool `{}` not found in namespace `{}`",
+                                t.name, p.namespace
+                            ),
+                            "does not resolve",
+                            Some(help_for(&t.name, names.iter().copied(), "pools")),
+                        );
                     }
                 }
             }
@@ -351,7 +548,8 @@ impl<'a> Checker<'a> {
         let mut scope = Scope::new(out, &pools);
         // A resource of the namespace failed to load: names it would have defined do not
         // resolve, and the error to fix is the one already reported.
-        scope.incomplete = b.namespace_failed(&p.namespace);
+        // The same holds when the policy targets no pool at all (already reported).
+        scope.incomplete = b.namespace_failed(&p.namespace) || pools.is_empty();
         let mut rules = Vec::new();
         let mut seen: AHashMap<String, FieldPath> = AHashMap::new();
         for (i, rule) in p.spec.rules.iter().enumerate() {
@@ -365,8 +563,12 @@ impl<'a> Checker<'a> {
                         let mut d = Diagnostic::new(Code::DuplicateRuleName, format!("duplicate rule name `{n}` in policy `{}`", p.name))
                             .with_path(base.key("name"))
                             .with_help("rule names identify decisions in traces, metrics and reject messages: make them unique");
-                        if let Some(s) = span { d = d.at(s, "used again here"); }
-                        if let Some(s) = first_span { d = d.with_related(s, "first used here"); }
+                        if let Some(s) = span {
+                            d = d.at(s, "used again here");
+                        }
+                        if let Some(s) = first_span {
+                            d = d.with_related(s, "first used here");
+                        }
                         self.push(d);
                     } else {
                         seen.insert(n.clone(), base.key("name"));
@@ -374,21 +576,46 @@ impl<'a> Checker<'a> {
                     n.as_str().into()
                 }
                 None => {
-                    self.report(p.doc, &base, Code::MissingRuleName,
-                        format!("rule {} of policy `{}` has no name", i + 1, p.name), "this rule",
+                    self.report_item(p.doc, &base, Code::MissingRuleName,
+                        format!("rule {} of policy `{}` has no name", i + 1, p.name), "rule without `name`",
                         Some("add `name:`; rule names appear in decisions, metrics and reject messages".into()));
                     format!("rule-{}", i + 1).into()
                 }
             };
-            let matches = rule.matches.iter().enumerate()
-                .filter_map(|(j, m)| self.request_cond(p.doc, &base.key("matches").index(j), m, &scope))
+            let matches = rule
+                .matches
+                .iter()
+                .enumerate()
+                .filter_map(|(j, m)| {
+                    self.request_cond(p.doc, &base.key("matches").index(j), m, &scope)
+                })
                 .collect();
             let route = &rule.route;
-            let consider = route.consider.iter().enumerate()
-                .map(|(j, c)| self.consider(p.doc, &base.key("route").key("consider").index(j), c, &scope))
+            let consider = route
+                .consider
+                .iter()
+                .enumerate()
+                .map(|(j, c)| {
+                    self.consider(
+                        p.doc,
+                        &base.key("route").key("consider").index(j),
+                        c,
+                        &scope,
+                    )
+                })
                 .collect();
-            let exclude = self.filters(p.doc, &base.key("route").key("exclude"), &route.exclude, &scope);
-            let select = self.tiers(p.doc, &base.key("route").key("select"), &route.select, &scope);
+            let exclude = self.filters(
+                p.doc,
+                &base.key("route").key("exclude"),
+                &route.exclude,
+                &scope,
+            );
+            let select = self.tiers(
+                p.doc,
+                &base.key("route").key("select"),
+                &route.select,
+                &scope,
+            );
             let compiled = CompiledRule {
                 policy: policy_name.clone(),
                 name,
@@ -417,12 +644,25 @@ impl<'a> Checker<'a> {
             } else {
                 limit_names.insert(l.name.clone(), base.key("name"));
             }
-            if l.tokens_per_minute.is_none() && l.requests_per_minute.is_none() && l.concurrent_requests.is_none() {
-                self.report(p.doc, &base, Code::EmptyThreshold,
-                    format!("limit `{}` sets no bound", l.name), "no bound",
-                    Some("set `tokensPerMinute`, `requestsPerMinute` or `concurrentRequests`".into()));
+            if l.tokens_per_minute.is_none()
+                && l.requests_per_minute.is_none()
+                && l.concurrent_requests.is_none()
+            {
+                self.report(
+                    p.doc,
+                    &base,
+                    Code::EmptyThreshold,
+                    format!("limit `{}` sets no bound", l.name),
+                    "no bound",
+                    Some(
+                        "set `tokensPerMinute`, `requestsPerMinute` or `concurrentRequests`".into(),
+                    ),
+                );
             }
-            let condition = l.matches.as_ref().and_then(|m| self.request_cond(p.doc, &base.key("matches"), m, &scope));
+            let condition = l
+                .matches
+                .as_ref()
+                .and_then(|m| self.request_cond(p.doc, &base.key("matches"), m, &scope));
             limits.push(Arc::new(CompiledLimit {
                 name: format!("{}/{}", p.name, l.name).into(),
                 condition,
@@ -440,7 +680,13 @@ impl<'a> Checker<'a> {
         })
     }
 
-    pub(crate) fn request_cond(&mut self, doc: usize, path: &FieldPath, m: &RequestMatch, scope: &Scope) -> Option<RequestCond> {
+    pub(crate) fn request_cond(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        m: &RequestMatch,
+        scope: &Scope,
+    ) -> Option<RequestCond> {
         let mut c = RequestCond::default();
         let mut text = Vec::new();
         if let Some(model) = &m.model {
@@ -449,7 +695,8 @@ impl<'a> Checker<'a> {
                 match kinf_grammar::Glob::parse(model) {
                     Ok(g) => {
                         if !scope.incomplete && !scope.model_names.iter().any(|n| g.matches(n)) {
-                            let mut names: Vec<&str> = scope.model_names.iter().map(|s| &**s).collect();
+                            let mut names: Vec<&str> =
+                                scope.model_names.iter().map(|s| &**s).collect();
                             names.sort_unstable();
                             self.report(doc, &mp, Code::UnknownModel,
                                 format!("model glob `{model}` matches no model served by the targeted pools"),
@@ -458,7 +705,15 @@ impl<'a> Checker<'a> {
                         c.model = Some(ModelPattern::Glob(g));
                     }
                     Err(e) => {
-                        self.sub_error(doc, &mp, Code::InvalidGlob, format!("invalid model glob `{model}`: {}", e.message), e.span.start, e.span.end, e.help);
+                        self.sub_error(
+                            doc,
+                            &mp,
+                            Code::InvalidGlob,
+                            format!("invalid model glob `{model}`: {}", e.message),
+                            e.span.start,
+                            e.span.end,
+                            e.help,
+                        );
                     }
                 }
             } else {
@@ -490,7 +745,11 @@ impl<'a> Checker<'a> {
         }
         if let Some(h) = &m.header {
             c.header = Some((h.name.to_ascii_lowercase().into(), h.value.as_str().into()));
-            text.push(format!("header {}: {}", h.name.to_ascii_lowercase(), h.value));
+            text.push(format!(
+                "header {}: {}",
+                h.name.to_ascii_lowercase(),
+                h.value
+            ));
         }
         if let Some(w) = &m.when {
             c.when = expr::check(self, doc, &path.key("when"), w, &env::request_env(), scope);
@@ -498,7 +757,11 @@ impl<'a> Checker<'a> {
                 text.push(format!("when {e}"));
             }
         }
-        c.text = if text.is_empty() { "any request".into() } else { text.join(" and ").into() };
+        c.text = if text.is_empty() {
+            "any request".into()
+        } else {
+            text.join(" and ").into()
+        };
         Some(c)
     }
 
@@ -513,46 +776,90 @@ impl<'a> Checker<'a> {
             known.sort_unstable();
             help_for(tag, known.iter().copied(), "tags produced")
         };
-        self.report(doc, path, Code::UnknownTag,
-            format!("no configured classifier produces tag `{tag}`"), "never set", Some(help));
+        self.report(
+            doc,
+            path,
+            Code::UnknownTag,
+            format!("no configured classifier produces tag `{tag}`"),
+            "never set",
+            Some(help),
+        );
     }
 
     fn check_model(&mut self, doc: usize, path: &FieldPath, model: &str, scope: &Scope) {
         if !scope.incomplete && !scope.model_names.contains(model) {
             let mut names: Vec<&str> = scope.model_names.iter().map(|s| &**s).collect();
             names.sort_unstable();
-            self.report(doc, path, Code::UnknownModel,
+            self.report(
+                doc,
+                path,
+                Code::UnknownModel,
                 format!("no destination of the targeted pools serves model `{model}`"),
-                "unknown model", Some(help_for(model, names.iter().copied(), "models served")));
+                "unknown model",
+                Some(help_for(model, names.iter().copied(), "models served")),
+            );
         }
     }
 
-    fn destination(&mut self, doc: usize, path: &FieldPath, name: &str, scope: &Scope, backend: Option<BackendType>) -> Option<DestId> {
+    fn destination(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        name: &str,
+        scope: &Scope,
+        backend: Option<BackendType>,
+    ) -> Option<DestId> {
         let found = scope.dests.iter().find(|(n, _, _)| &**n == name);
         match found {
             Some((_, id, b)) => {
-                if let Some(want) = backend {
-                    if *b != want {
-                        self.report(doc, path, Code::UnreachableTier,
-                            format!("`{name}` is a {} destination, not {}", b.as_str(), want.as_str()),
-                            "never selected here", Some(format!("remove `{name}`, or change `type` to `{}`", b.as_str())));
-                    }
+                if let Some(want) = backend
+                    && *b != want
+                {
+                    self.report(
+                        doc,
+                        path,
+                        Code::UnreachableTier,
+                        format!(
+                            "`{name}` is a {} destination, not {}",
+                            b.as_str(),
+                            want.as_str()
+                        ),
+                        "never selected here",
+                        Some(format!(
+                            "remove `{name}`, or change `type` to `{}`",
+                            b.as_str()
+                        )),
+                    );
                 }
                 Some(*id)
             }
             None if scope.incomplete => None,
             None => {
                 let names: Vec<&str> = scope.dests.iter().map(|(n, _, _)| &**n).collect();
-                self.report(doc, path, Code::UnknownDestination,
+                self.report(
+                    doc,
+                    path,
+                    Code::UnknownDestination,
                     format!("no destination named `{name}` in the targeted pools"),
-                    "does not resolve", Some(help_for(name, names.iter().copied(), "destinations")));
+                    "does not resolve",
+                    Some(help_for(name, names.iter().copied(), "destinations")),
+                );
                 None
             }
         }
     }
 
-    fn consider(&mut self, doc: usize, path: &FieldPath, c: &kinf_policy::Consider, scope: &Scope) -> ConsiderEntry {
-        let mut e = ConsiderEntry { backend: c.type_, ..Default::default() };
+    fn consider(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        c: &kinf_policy::Consider,
+        scope: &Scope,
+    ) -> ConsiderEntry {
+        let mut e = ConsiderEntry {
+            backend: c.type_,
+            ..Default::default()
+        };
         if let Some(ms) = &c.models {
             let mut v = Vec::new();
             for (i, n) in ms.names.iter().enumerate() {
@@ -567,7 +874,13 @@ impl<'a> Checker<'a> {
         e
     }
 
-    fn filters(&mut self, doc: usize, path: &FieldPath, filters: &[kinf_policy::ExcludeFilter], scope: &Scope) -> Vec<ExcludeFilter> {
+    fn filters(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        filters: &[kinf_policy::ExcludeFilter],
+        scope: &Scope,
+    ) -> Vec<ExcludeFilter> {
         let mut out = Vec::new();
         let mut names: AHashMap<String, FieldPath> = AHashMap::new();
         for (i, f) in filters.iter().enumerate() {
@@ -586,15 +899,28 @@ impl<'a> Checker<'a> {
                     n.as_str().into()
                 }
                 None => {
-                    self.report(doc, &fp, Code::FilterName, format!("exclude filter {} has no name", i + 1), "unnamed filter",
-                        Some("add `name:`; traces name the filter that dropped a candidate".into()));
+                    self.report_item(
+                        doc,
+                        &fp,
+                        Code::FilterName,
+                        format!("exclude filter {} has no name", i + 1),
+                        "filter without `name`",
+                        Some("add `name:`; traces name the filter that dropped a candidate".into()),
+                    );
                     format!("filter-{}", i + 1).into()
                 }
             };
-            let condition = f.if_.as_ref().and_then(|m| self.request_cond(doc, &fp.key("if"), m, scope));
+            let condition = f
+                .if_
+                .as_ref()
+                .and_then(|m| self.request_cond(doc, &fp.key("if"), m, scope));
             let window = self.duration(doc, &fp.key("window"), f.window.as_deref(), DEFAULT_WINDOW);
             let Some(d) = &f.drop else {
-                let at = if f.name.is_some() { fp.key("name") } else { fp.clone() };
+                let at = if f.name.is_some() {
+                    fp.key("name")
+                } else {
+                    fp.clone()
+                };
                 self.report(doc, &at, Code::MissingDrop, format!("exclude filter `{name}` has no `drop`"), "no `drop`",
                     Some("add `drop:` with the condition a candidate must meet to be dropped, e.g. `drop: { queuedPrompts: { greaterThan: 2 } }`".into()));
                 continue;
@@ -608,52 +934,89 @@ impl<'a> Checker<'a> {
                     text.push(format!("backend {}", t.as_str()));
                 }
                 if let Some(n) = &b.name {
-                    drop.destination = self.destination(doc, &dp.key("backend").key("name"), n, scope, None);
+                    drop.destination =
+                        self.destination(doc, &dp.key("backend").key("name"), n, scope, None);
                     text.push(format!("destination {n}"));
                 }
                 if b.type_.is_none() && b.name.is_none() {
-                    self.report(doc, &dp.key("backend"), Code::EmptyDrop, "`backend` sets neither `type` nor `name`".into(), "empty", None);
+                    self.report(doc, &dp.key("backend"), Code::EmptyDrop, "`backend` sets neither `type` nor `name`".into(), "empty",
+                        Some("set `type: Local`, `type: Provider` or the `name` of a destination, or remove `backend`".into()));
                 }
             }
             if let Some(t) = &d.queued_prompts {
                 drop.queued_prompts = self.range(doc, &dp.key("queuedPrompts"), t, Unit::Count);
-                if let Some(r) = drop.queued_prompts { text.push(format!("queuedPrompts {r}")); }
+                if let Some(r) = drop.queued_prompts {
+                    text.push(format!("queuedPrompts {r}"));
+                }
             }
             if let Some(t) = &d.running_prompts {
                 drop.running_prompts = self.range(doc, &dp.key("runningPrompts"), t, Unit::Count);
-                if let Some(r) = drop.running_prompts { text.push(format!("runningPrompts {r}")); }
+                if let Some(r) = drop.running_prompts {
+                    text.push(format!("runningPrompts {r}"));
+                }
             }
             if let Some(t) = &d.kv_cache_usage {
                 drop.kv_cache_usage = self.range(doc, &dp.key("kvCacheUsage"), t, Unit::Ratio);
-                if let Some(r) = drop.kv_cache_usage { text.push(format!("kvCacheUsage {r}")); }
+                if let Some(r) = drop.kv_cache_usage {
+                    text.push(format!("kvCacheUsage {r}"));
+                }
             }
             if let Some(t) = &d.predicted_ttft {
                 drop.predicted_ttft = self.range(doc, &dp.key("predictedTTFT"), t, Unit::Seconds);
-                if let Some(r) = drop.predicted_ttft { text.push(format!("predictedTTFT {r}s")); }
+                if let Some(r) = drop.predicted_ttft {
+                    text.push(format!("predictedTTFT {r}s"));
+                }
             }
             if let Some(w) = &d.when {
                 drop.when = expr::check(self, doc, &dp.key("when"), w, &env::endpoint_env(), scope);
-                if let Some(e) = &drop.when { text.push(format!("when {e}")); }
+                if let Some(e) = &drop.when {
+                    text.push(format!("when {e}"));
+                }
             }
-            let has_load = d.queued_prompts.is_some() || d.running_prompts.is_some() || d.kv_cache_usage.is_some();
+            let has_load = d.queued_prompts.is_some()
+                || d.running_prompts.is_some()
+                || d.kv_cache_usage.is_some();
             if has_load && drop.backend == Some(BackendType::Provider) {
-                self.report(doc, &dp, Code::MeasureUnavailable,
+                let measure = if d.queued_prompts.is_some() {
+                    "queuedPrompts"
+                } else if d.running_prompts.is_some() {
+                    "runningPrompts"
+                } else {
+                    "kvCacheUsage"
+                };
+                self.report_key(doc, &dp.key(measure), Code::MeasureUnavailable,
                     format!("filter `{name}` tests queue or KV-cache load on `Provider` backends, which report none; it never drops anything"),
-                    "never holds", Some("load measures exist for `Local` workers only; use `predictedTTFT` for providers".into()));
+                    "providers do not report this", Some("load measures exist for `Local` workers only; use `predictedTTFT` for providers".into()));
             }
-            if d.backend.is_none() && d.queued_prompts.is_none() && d.running_prompts.is_none()
-                && d.kv_cache_usage.is_none() && d.predicted_ttft.is_none() && d.when.is_none() {
+            if d.backend.is_none()
+                && d.queued_prompts.is_none()
+                && d.running_prompts.is_none()
+                && d.kv_cache_usage.is_none()
+                && d.predicted_ttft.is_none()
+                && d.when.is_none()
+            {
                 self.report(doc, &dp, Code::EmptyDrop, format!("`drop` of filter `{name}` has no condition: it would drop every candidate"),
                     "empty", Some("add a condition such as `backend: { type: Provider }` or `queuedPrompts: { greaterThan: 2 }`".into()));
                 continue;
             }
             drop.text = text.join(" and ").into();
-            out.push(ExcludeFilter { name, condition, drop, window });
+            out.push(ExcludeFilter {
+                name,
+                condition,
+                drop,
+                window,
+            });
         }
         out
     }
 
-    fn tiers(&mut self, doc: usize, path: &FieldPath, tiers: &[kinf_policy::SelectTier], scope: &Scope) -> Vec<SelectTier> {
+    fn tiers(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        tiers: &[kinf_policy::SelectTier],
+        scope: &Scope,
+    ) -> Vec<SelectTier> {
         let mut out = Vec::new();
         for (i, t) in tiers.iter().enumerate() {
             let tp = path.index(i);
@@ -667,7 +1030,9 @@ impl<'a> Checker<'a> {
                 (Some(order), None) => {
                     let mut ids = Vec::new();
                     for (j, n) in order.iter().enumerate() {
-                        if let Some(id) = self.destination(doc, &tp.key("order").index(j), n, scope, t.type_) {
+                        if let Some(id) =
+                            self.destination(doc, &tp.key("order").index(j), n, scope, t.type_)
+                        {
                             ids.push(id);
                         }
                     }
@@ -675,20 +1040,47 @@ impl<'a> Checker<'a> {
                 }
                 (None, m) => Pick::Minimize(m.unwrap_or(kinf_policy::Measure::PredictedTtft)),
             };
-            out.push(SelectTier { backend: t.type_, pick });
+            out.push(SelectTier {
+                backend: t.type_,
+                pick,
+            });
         }
         if out.is_empty() && tiers.is_empty() {
-            out.push(SelectTier { backend: None, pick: Pick::Minimize(kinf_policy::Measure::PredictedTtft) });
+            out.push(SelectTier {
+                backend: None,
+                pick: Pick::Minimize(kinf_policy::Measure::PredictedTtft),
+            });
         }
         out
     }
 
-    fn sub_error(&mut self, doc: usize, path: &FieldPath, code: Code, msg: String, start: usize, end: usize, help: Option<String>) {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the span inside the value comes as start and end"
+    )]
+    fn sub_error(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        code: Code,
+        msg: String,
+        start: usize,
+        end: usize,
+        help: Option<String>,
+    ) {
         let span = self.bundle.node(doc, path).map(|n| {
             let s = n.content_start();
-            Span::new(n.span.file, s + start, (s + end).max(s + start + 1).min(n.span.end.max(s + start + 1)))
+            Span::new(
+                n.span.file,
+                s + start,
+                (s + end)
+                    .max(s + start + 1)
+                    .min(n.span.end.max(s + start + 1)),
+            )
         });
-        let mut d = Diagnostic::new(code, msg).with_path(path.clone()).with_help_opt(help);
+        let mut d = Diagnostic::new(code, msg)
+            .with_path(path.clone())
+            .with_help_opt(help);
         if let Some(s) = span {
             d = d.at(s, "here");
         }
@@ -715,48 +1107,114 @@ impl<'a> Checker<'a> {
                             Unit::Ratio => "a ratio such as `0.7` or `70%`",
                             Unit::Seconds => "a duration such as `2s` or `500ms`",
                         };
-                        self.sub_error(doc, path, Code::InvalidQuantity, format!("invalid value `{t}`: {}", e.message), e.span.start, e.span.end,
-                            Some(e.help.unwrap_or_else(|| format!("write {what}"))));
+                        let noun = match unit {
+                            Unit::Count => "count",
+                            Unit::Ratio => "ratio",
+                            Unit::Seconds => "duration",
+                        };
+                        self.sub_error(
+                            doc,
+                            path,
+                            Code::InvalidQuantity,
+                            format!("invalid {noun} `{t}`: {}", e.message),
+                            e.span.start,
+                            e.span.end,
+                            Some(e.help.unwrap_or_else(|| format!("write {what}"))),
+                        );
                         return None;
                     }
                 }
             }
         };
         if !v.is_finite() || v < 0.0 {
-            self.report(doc, path, Code::OutOfRange, format!("`{}` must be a non-negative number, found {v}", path.last_key().unwrap_or("value")),
-                "out of range", None);
+            self.report(
+                doc,
+                path,
+                Code::OutOfRange,
+                format!(
+                    "`{}` must be a non-negative number, found {v}",
+                    path.last_key().unwrap_or("value")
+                ),
+                "out of range",
+                Some(
+                    "thresholds are counts, ratios or durations: write a value of 0 or more".into(),
+                ),
+            );
             return None;
         }
         if unit == Unit::Ratio && v > 1.0 {
-            self.report(doc, path, Code::OutOfRange,
-                format!("`{}` is a fraction between 0 and 1, found {v}", path.parent().last_key().unwrap_or("value")),
-                "must be within 0..1", Some(format!("write `{}` or `{}%`", v / 100.0, v)));
+            self.report(
+                doc,
+                path,
+                Code::OutOfRange,
+                format!(
+                    "`{}` is a fraction between 0 and 1, found {v}",
+                    path.parent().last_key().unwrap_or("value")
+                ),
+                "must be within 0..1",
+                Some(format!("write `{}` or `{}%`", v / 100.0, v)),
+            );
             return None;
         }
         Some(v)
     }
 
-    pub(crate) fn range(&mut self, doc: usize, path: &FieldPath, t: &Threshold, unit: Unit) -> Option<Range> {
+    pub(crate) fn range(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        t: &Threshold,
+        unit: Unit,
+    ) -> Option<Range> {
         let field = path.last_key().unwrap_or("threshold").to_string();
         if t.greater_than.is_none() && t.less_than.is_none() {
-            self.report(doc, path, Code::EmptyThreshold, format!("`{field}` sets neither `greaterThan` nor `lessThan`"), "no bound",
-                Some("write e.g. `{ greaterThan: 2 }`".into()));
+            self.report(
+                doc,
+                path,
+                Code::EmptyThreshold,
+                format!("`{field}` sets neither `greaterThan` nor `lessThan`"),
+                "no bound",
+                Some("write e.g. `{ greaterThan: 2 }`".into()),
+            );
             return None;
         }
-        let gt = match &t.greater_than { Some(q) => Some(self.quantity(doc, &path.key("greaterThan"), q, unit)?), None => None };
-        let lt = match &t.less_than { Some(q) => Some(self.quantity(doc, &path.key("lessThan"), q, unit)?), None => None };
-        if let (Some(g), Some(l)) = (gt, lt) {
-            if g >= l {
-                self.report(doc, path, Code::EmptyThreshold,
-                    format!("`{field}` can never hold: greater than {g} and less than {l}"), "empty interval",
-                    Some("`greaterThan` must be below `lessThan`".into()));
-                return None;
-            }
+        let gt = match &t.greater_than {
+            Some(q) => Some(self.quantity(doc, &path.key("greaterThan"), q, unit)?),
+            None => None,
+        };
+        let lt = match &t.less_than {
+            Some(q) => Some(self.quantity(doc, &path.key("lessThan"), q, unit)?),
+            None => None,
+        };
+        if let (Some(g), Some(l)) = (gt, lt)
+            && g >= l
+        {
+            self.report(
+                doc,
+                path,
+                Code::EmptyThreshold,
+                format!("`{field}` can never hold: greater than {g} and less than {l}"),
+                "empty interval",
+                Some("`greaterThan` must be below `lessThan`".into()),
+            );
+            return None;
         }
         if unit == Unit::Ratio && gt == Some(1.0) {
-            self.report(doc, path, Code::EmptyThreshold, format!("`{field}` can never be greater than 1"), "never holds", None);
+            self.report(
+                doc,
+                path,
+                Code::EmptyThreshold,
+                format!("`{field}` can never be greater than 1"),
+                "never holds",
+                Some(format!(
+                    "`{field}` is at most 1 (100%): use a lower bound, e.g. `0.9` or `90%`"
+                )),
+            );
         }
-        Some(Range { greater_than: gt, less_than: lt })
+        Some(Range {
+            greater_than: gt,
+            less_than: lt,
+        })
     }
 }
 
@@ -774,8 +1232,12 @@ pub(crate) enum Unit {
 /// The resource kind a pool destination refers to.
 fn destination_kind(k: kinf_policy::DestinationKind) -> kinf_policy::ResourceKind {
     match k {
-        kinf_policy::DestinationKind::InferenceWorkerSet => kinf_policy::ResourceKind::InferenceWorkerSet,
-        kinf_policy::DestinationKind::InferenceProvider => kinf_policy::ResourceKind::InferenceProvider,
+        kinf_policy::DestinationKind::InferenceWorkerSet => {
+            kinf_policy::ResourceKind::InferenceWorkerSet
+        }
+        kinf_policy::DestinationKind::InferenceProvider => {
+            kinf_policy::ResourceKind::InferenceProvider
+        }
     }
 }
 
@@ -794,20 +1256,27 @@ impl Scope {
         let mut dests: Vec<(Arc<str>, DestId, BackendType)> = Vec::new();
         let mut tags = AHashSet::new();
         for &pi in pools {
-            let Some(pool) = out.pools.get(pi) else { continue };
+            let Some(pool) = out.pools.get(pi) else {
+                continue;
+            };
             model_names.extend(pool.models.keys().cloned());
             for &id in &pool.destinations {
-                if let Some(d) = out.destination(id) {
-                    if !dests.iter().any(|(_, x, _)| *x == id) {
-                        dests.push((d.name.clone(), id, d.backend));
-                    }
+                if let Some(d) = out.destination(id)
+                    && !dests.iter().any(|(_, x, _)| *x == id)
+                {
+                    dests.push((d.name.clone(), id, d.backend));
                 }
             }
             for g in out.gateways.iter().filter(|g| g.pool == pi) {
                 tags.extend(g.tags.iter().cloned());
             }
         }
-        Scope { model_names, dests, tags, incomplete: false }
+        Scope {
+            model_names,
+            dests,
+            tags,
+            incomplete: false,
+        }
     }
 }
 
@@ -818,11 +1287,21 @@ pub fn classifier_tags(spec: &GatewayBackendSpec) -> Vec<Arc<str>> {
         match c.type_ {
             ClassifierType::Pii => {
                 tags.push("pii-detected".into());
-                let entities: Vec<PiiEntity> = if c.entities.is_empty() { PiiEntity::ALL.to_vec() } else { c.entities.clone() };
-                tags.extend(entities.iter().map(|e| Arc::from(format!("pii-{}", e.as_str()))));
+                let entities: Vec<PiiEntity> = if c.entities.is_empty() {
+                    PiiEntity::ALL.to_vec()
+                } else {
+                    c.entities.clone()
+                };
+                tags.extend(
+                    entities
+                        .iter()
+                        .map(|e| Arc::from(format!("pii-{}", e.as_str()))),
+                );
             }
             ClassifierType::Complexity => {
-                tags.extend(["complexity-low", "complexity-medium", "complexity-high"].map(Arc::from));
+                tags.extend(
+                    ["complexity-low", "complexity-medium", "complexity-high"].map(Arc::from),
+                );
             }
             ClassifierType::External => tags.extend(c.tags.iter().map(|t| Arc::from(t.as_str()))),
         }

@@ -12,6 +12,9 @@ use kinf_grammar::{Glob, TypedExpr};
 use kinf_policy::{BackendType, Measure, OnEmpty, ProviderType, Qos, TokenCount};
 use smallvec::SmallVec;
 
+/// The destinations serving one client-facing model name, each with the upstream model name.
+pub type ModelTargets = SmallVec<[(DestId, Arc<str>); 4]>;
+
 /// Index of a destination in [`CompiledPolicy::destinations`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DestId(pub u32);
@@ -64,9 +67,10 @@ impl CompiledPolicy {
                 [only] => Some(only),
                 _ => None,
             },
-            Some(n) => self.pools.iter().find(|p| {
-                &*p.name == n || format!("{}/{}", p.namespace, p.name) == n
-            }),
+            Some(n) => self
+                .pools
+                .iter()
+                .find(|p| &*p.name == n || format!("{}/{}", p.namespace, p.name) == n),
         }
     }
 }
@@ -219,7 +223,7 @@ pub struct CompiledPool {
     /// Destinations, in the pool's order.
     pub destinations: Vec<DestId>,
     /// Client-facing model name or alias → (destination, upstream model) pairs, in pool order.
-    pub models: AHashMap<Arc<str>, SmallVec<[(DestId, Arc<str>); 4]>>,
+    pub models: AHashMap<Arc<str>, ModelTargets>,
     /// Rules of every policy targeting the pool, in evaluation order.
     pub rules: Vec<Arc<CompiledRule>>,
     /// Token limits of every policy targeting the pool.

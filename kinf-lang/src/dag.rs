@@ -70,12 +70,19 @@ impl RuleDag {
         let default = g.add_node(Stage::Default);
         g.add_edge(default, route, Edge::Picked);
         g.add_edge(default, reject, Edge::Empty);
-        let matches: Vec<NodeIndex> = (0..pool.rules.len()).map(|i| g.add_node(Stage::Match(i))).collect();
-        g.add_edge(entry, matches.first().copied().unwrap_or(default), Edge::Next);
+        let matches: Vec<NodeIndex> = (0..pool.rules.len())
+            .map(|i| g.add_node(Stage::Match(i)))
+            .collect();
+        g.add_edge(
+            entry,
+            matches.first().copied().unwrap_or(default),
+            Edge::Next,
+        );
         for (i, rule) in pool.rules.iter().enumerate() {
             let next_rule = matches.get(i + 1).copied().unwrap_or(default);
             let m = matches[i];
-            let catch_all = rule.matches.is_empty() || rule.matches.iter().any(|c| c.is_unconditional());
+            let catch_all =
+                rule.matches.is_empty() || rule.matches.iter().any(|c| c.is_unconditional());
             if !catch_all {
                 g.add_edge(m, next_rule, Edge::NoMatch);
             }
@@ -94,13 +101,25 @@ impl RuleDag {
                 prev = s;
             }
             let on_empty = g.add_node(Stage::OnEmpty(i));
-            g.add_edge(prev, on_empty, if rule.select.is_empty() { Edge::Next } else { Edge::Empty });
+            g.add_edge(
+                prev,
+                on_empty,
+                if rule.select.is_empty() {
+                    Edge::Next
+                } else {
+                    Edge::Empty
+                },
+            );
             match rule.on_empty {
                 OnEmpty::Reject => g.add_edge(on_empty, reject, Edge::Next),
                 OnEmpty::NextRule => g.add_edge(on_empty, next_rule, Edge::Next),
             };
         }
-        RuleDag { graph: g, entry, matches }
+        RuleDag {
+            graph: g,
+            entry,
+            matches,
+        }
     }
 
     /// Whether the graph is acyclic (always true for graphs built by [`RuleDag::build`]).
@@ -115,11 +134,29 @@ impl RuleDag {
             .is_some_and(|&m| has_path_connecting(&self.graph, self.entry, m, None))
     }
 
+    /// For every rule, whether it can be reached from the entry (one traversal).
+    pub fn reachable_rules(&self) -> Vec<bool> {
+        let mut seen = vec![false; self.graph.node_count()];
+        let mut dfs = petgraph::visit::Dfs::new(&self.graph, self.entry);
+        while let Some(n) = dfs.next(&self.graph) {
+            if let Some(s) = seen.get_mut(n.index()) {
+                *s = true;
+            }
+        }
+        self.matches
+            .iter()
+            .map(|m| seen.get(m.index()).copied().unwrap_or(false))
+            .collect()
+    }
+
     /// Graphviz rendering.
     pub fn to_dot(&self, pool: &CompiledPool, policy: &CompiledPolicy) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "digraph \"{}/{}\" {{", pool.namespace, pool.name);
-        let _ = writeln!(out, "  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\"];");
+        let _ = writeln!(
+            out,
+            "  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\"];"
+        );
         for idx in self.graph.node_indices() {
             let label = stage_label(&self.graph[idx], pool, policy).replace('"', "\\\"");
             let shape = match self.graph[idx] {
@@ -127,7 +164,13 @@ impl RuleDag {
                 Stage::Match(_) => "diamond",
                 _ => "box",
             };
-            let _ = writeln!(out, "  n{} [label=\"{}\", shape={}];", idx.index(), label, shape);
+            let _ = writeln!(
+                out,
+                "  n{} [label=\"{}\", shape={}];",
+                idx.index(),
+                label,
+                shape
+            );
         }
         for e in self.graph.edge_references() {
             let label = match e.weight() {
@@ -137,7 +180,13 @@ impl RuleDag {
                 Edge::Picked => "picked",
                 Edge::Empty => "empty",
             };
-            let _ = writeln!(out, "  n{} -> n{} [label=\"{}\"];", e.source().index(), e.target().index(), label);
+            let _ = writeln!(
+                out,
+                "  n{} -> n{} [label=\"{}\"];",
+                e.source().index(),
+                e.target().index(),
+                label
+            );
         }
         out.push_str("}\n");
         out
@@ -151,14 +200,23 @@ fn stage_label(stage: &Stage, pool: &CompiledPool, policy: &CompiledPolicy) -> S
         Stage::Route => "route".into(),
         Stage::Reject => "reject".into(),
         Stage::Default => "default route".into(),
-        Stage::Match(i) => rule(*i).map(|r| format!("{}: {}", r.name, match_text(r))).unwrap_or_default(),
-        Stage::Consider(i) => rule(*i).map(|r| format!("consider {}", consider_text(&r.consider, policy))).unwrap_or_default(),
+        Stage::Match(i) => rule(*i)
+            .map(|r| format!("{}: {}", r.name, match_text(r)))
+            .unwrap_or_default(),
+        Stage::Consider(i) => rule(*i)
+            .map(|r| format!("consider {}", consider_text(&r.consider, policy)))
+            .unwrap_or_default(),
         Stage::Exclude(i, k) => rule(*i)
             .and_then(|r| r.exclude.get(*k))
             .map(|f| format!("exclude {}: drop {}", f.name, f.drop.text))
             .unwrap_or_default(),
-        Stage::Select(i, t) => rule(*i).and_then(|r| r.select.get(*t)).map(|s| format!("select {}", tier_text(s, policy))).unwrap_or_default(),
-        Stage::OnEmpty(i) => rule(*i).map(|r| format!("on empty: {:?}", r.on_empty)).unwrap_or_default(),
+        Stage::Select(i, t) => rule(*i)
+            .and_then(|r| r.select.get(*t))
+            .map(|s| format!("select {}", tier_text(s, policy)))
+            .unwrap_or_default(),
+        Stage::OnEmpty(i) => rule(*i)
+            .map(|r| format!("on empty: {:?}", r.on_empty))
+            .unwrap_or_default(),
     }
 }
 
@@ -166,7 +224,11 @@ fn match_text(r: &crate::compiled::CompiledRule) -> String {
     if r.matches.is_empty() {
         "any request".into()
     } else {
-        r.matches.iter().map(|m| format!("({})", m.text)).collect::<Vec<_>>().join(" or ")
+        r.matches
+            .iter()
+            .map(|m| format!("({})", m.text))
+            .collect::<Vec<_>>()
+            .join(" or ")
     }
 }
 
@@ -179,7 +241,10 @@ pub fn consider_text(c: &[ConsiderEntry], policy: &CompiledPolicy) -> String {
         .map(|e| {
             let mut parts = Vec::new();
             match &e.models {
-                Some(m) => parts.push(format!("models [{}]", m.iter().map(|s| &**s).collect::<Vec<_>>().join(", "))),
+                Some(m) => parts.push(format!(
+                    "models [{}]",
+                    m.iter().map(|s| &**s).collect::<Vec<_>>().join(", ")
+                )),
                 None => parts.push("requested model".into()),
             }
             if let Some(b) = e.backend {
@@ -196,12 +261,19 @@ pub fn consider_text(c: &[ConsiderEntry], policy: &CompiledPolicy) -> String {
 
 /// Text of a select tier.
 pub fn tier_text(s: &SelectTier, policy: &CompiledPolicy) -> String {
-    let scope = s.backend.map(|b| format!("{} ", b.as_str())).unwrap_or_else(|| "any ".into());
+    let scope = s
+        .backend
+        .map(|b| format!("{} ", b.as_str()))
+        .unwrap_or_else(|| "any ".into());
     match &s.pick {
         Pick::Minimize(m) => format!("{scope}minimize {}", m.as_str()),
         Pick::Order(ids) => format!(
             "{scope}order [{}]",
-            ids.iter().filter_map(|d| policy.destination(*d)).map(|d| &*d.name).collect::<Vec<_>>().join(", ")
+            ids.iter()
+                .filter_map(|d| policy.destination(*d))
+                .map(|d| &*d.name)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }
@@ -217,11 +289,22 @@ pub fn render_pool(pool: &CompiledPool, policy: &CompiledPolicy) -> String {
             let extra = match (&d.worker_set, &d.provider) {
                 (Some(w), _) => {
                     let eps = if w.endpoints.is_empty() {
-                        format!("selector {}", w.selector.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
+                        format!(
+                            "selector {}",
+                            w.selector
+                                .iter()
+                                .map(|(k, v)| format!("{k}={v}"))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        )
                     } else {
                         format!("{} endpoint(s)", w.endpoints.len())
                     };
-                    let kv = if w.kv_events.is_some() { "kv events" } else { "approximate prefix tracking" };
+                    let kv = if w.kv_events.is_some() {
+                        "kv events"
+                    } else {
+                        "approximate prefix tracking"
+                    };
                     format!("{eps}, {kv}")
                 }
                 (None, Some(p)) => format!("{:?} {}", p.protocol, p.url),
@@ -245,8 +328,19 @@ pub fn render_pool(pool: &CompiledPool, policy: &CompiledPolicy) -> String {
         let _ = writeln!(out, "    match    {}", match_text(r));
         let _ = writeln!(out, "    consider {}", consider_text(&r.consider, policy));
         for f in &r.exclude {
-            let cond = f.condition.as_ref().map(|c| format!(" if {}", c.text)).unwrap_or_default();
-            let _ = writeln!(out, "    exclude  {}:{} drop {} (window {}s)", f.name, cond, f.drop.text, f.window.as_secs_f64());
+            let cond = f
+                .condition
+                .as_ref()
+                .map(|c| format!(" if {}", c.text))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "    exclude  {}:{} drop {} (window {}s)",
+                f.name,
+                cond,
+                f.drop.text,
+                f.window.as_secs_f64()
+            );
         }
         for (t, s) in r.select.iter().enumerate() {
             let _ = writeln!(out, "    select {} {}", t + 1, tier_text(s, policy));

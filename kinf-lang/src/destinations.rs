@@ -55,12 +55,23 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
         }
         for (i, e) in s.endpoints.iter().enumerate() {
             if !valid_endpoint(e) {
-                ck.report(doc, &fpath!["spec", "endpoints", i], Code::InvalidEndpoint,
-                    format!("`{e}` is not a `host:port` address"), "invalid address",
-                    Some("write `host:port`, e.g. `10.0.0.12:8000` or `[fd00::1]:8000`".into()));
+                ck.report(
+                    doc,
+                    &fpath!["spec", "endpoints", i],
+                    Code::InvalidEndpoint,
+                    format!("`{e}` is not a `host:port` address"),
+                    "invalid address",
+                    Some("write `host:port`, e.g. `10.0.0.12:8000` or `[fd00::1]:8000`".into()),
+                );
             }
         }
-        let interval = ck_duration(ck, doc, &fpath!["spec", "metrics", "interval"], s.metrics.as_ref().and_then(|m| m.interval.as_deref()), Duration::from_secs(1));
+        let interval = ck_duration(
+            ck,
+            doc,
+            &fpath!["spec", "metrics", "interval"],
+            s.metrics.as_ref().and_then(|m| m.interval.as_deref()),
+            Duration::from_secs(1),
+        );
         let mut prior = PerformancePrior::default();
         if let Some(p) = &s.performance {
             if let Some(v) = p.prefill_tokens_per_second.filter(|v| *v > 0.0) {
@@ -69,23 +80,36 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
             if let Some(v) = p.decode_tokens_per_second.filter(|v| *v > 0.0) {
                 prior.decode_tokens_per_second = v;
             }
-            prior.overhead = ck_duration(ck, doc, &fpath!["spec", "performance", "overhead"], p.overhead.as_deref(), prior.overhead);
+            prior.overhead = ck_duration(
+                ck,
+                doc,
+                &fpath!["spec", "performance", "overhead"],
+                p.overhead.as_deref(),
+                prior.overhead,
+            );
         }
         let mut selector = Vec::new();
-        if let Some(sel) = &s.selector {
-            if let Some(ml) = &sel.match_labels {
-                selector.extend(ml.iter().map(|(k, v)| (k.clone(), v.clone())));
-            }
+        if let Some(sel) = &s.selector
+            && let Some(ml) = &sel.match_labels
+        {
+            selector.extend(ml.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
-        let models = s.models.iter().map(|m| {
-            let mut names: Vec<Arc<str>> = vec![m.name.as_str().into()];
-            for a in &m.aliases {
-                if !names.iter().any(|n| **n == **a) {
-                    names.push(a.as_str().into());
+        let models = s
+            .models
+            .iter()
+            .map(|m| {
+                let mut names: Vec<Arc<str>> = vec![m.name.as_str().into()];
+                for a in &m.aliases {
+                    if !names.iter().any(|n| **n == **a) {
+                        names.push(a.as_str().into());
+                    }
                 }
-            }
-            ServedModel { upstream: m.name.as_str().into(), client_names: names }
-        }).collect();
+                ServedModel {
+                    upstream: m.name.as_str().into(),
+                    client_names: names,
+                }
+            })
+            .collect();
         let id = DestId(out.destinations.len() as u32);
         out.destinations.push(Destination {
             id,
@@ -102,10 +126,19 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                     replay_port: k.replay_port.map(port),
                     topic: k.topic.as_deref().unwrap_or("kv-events").into(),
                 }),
-                metrics_path: s.metrics.as_ref().and_then(|m| m.path.as_deref()).unwrap_or("/metrics").into(),
+                metrics_path: s
+                    .metrics
+                    .as_ref()
+                    .and_then(|m| m.path.as_deref())
+                    .unwrap_or("/metrics")
+                    .into(),
                 metrics_interval: interval,
                 block_size: s.block_size,
-                tokenizer: s.tokenizer.as_ref().and_then(|t| t.path.as_deref().or(t.config_map_ref.as_deref())).map(Arc::from),
+                tokenizer: s
+                    .tokenizer
+                    .as_ref()
+                    .and_then(|t| t.path.as_deref().or(t.config_map_ref.as_deref()))
+                    .map(Arc::from),
                 prior,
             }),
             provider: None,
@@ -116,8 +149,20 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
     for p in &b.providers {
         let s = &p.spec;
         let doc = p.doc;
-        let timeout = ck_duration(ck, doc, &fpath!["spec", "timeout"], s.timeout.as_deref(), Duration::from_secs(60));
-        let expected_ttft = ck_duration(ck, doc, &fpath!["spec", "expectedTtft"], s.expected_ttft.as_deref(), Duration::from_secs(1));
+        let timeout = ck_duration(
+            ck,
+            doc,
+            &fpath!["spec", "timeout"],
+            s.timeout.as_deref(),
+            Duration::from_secs(60),
+        );
+        let expected_ttft = ck_duration(
+            ck,
+            doc,
+            &fpath!["spec", "expectedTtft"],
+            s.expected_ttft.as_deref(),
+            Duration::from_secs(1),
+        );
         let credentials = s.credentials.as_ref().and_then(|c| {
             let set: Vec<&str> = [("secretRef", c.secret_ref.is_some()), ("env", c.env.is_some()), ("file", c.file.is_some())]
                 .into_iter()
@@ -141,13 +186,27 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
             }
         });
         if !(s.url.starts_with("http://") || s.url.starts_with("https://")) {
-            ck.report(doc, &fpath!["spec", "url"], Code::InvalidValue,
-                format!("provider URL `{}` must start with `http://` or `https://`", s.url), "invalid URL",
-                Some(format!("write the full base URL with its scheme, e.g. `https://{}`", s.url.split("://").last().unwrap_or(&s.url))));
+            ck.report(
+                doc,
+                &fpath!["spec", "url"],
+                Code::InvalidValue,
+                format!(
+                    "provider URL `{}` must start with `http://` or `https://`",
+                    s.url
+                ),
+                "invalid URL",
+                Some(format!(
+                    "write the full base URL with its scheme, e.g. `https://{}`",
+                    s.url.split("://").last().unwrap_or(&s.url)
+                )),
+            );
         }
         let mut models: Vec<ServedModel> = Vec::new();
         for m in &s.models {
-            models.push(ServedModel { upstream: m.provider_model.as_str().into(), client_names: vec![m.name.as_str().into()] });
+            models.push(ServedModel {
+                upstream: m.provider_model.as_str().into(),
+                client_names: vec![m.name.as_str().into()],
+            });
         }
         let id = DestId(out.destinations.len() as u32);
         out.destinations.push(Destination {
@@ -172,7 +231,13 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
     }
 }
 
-fn ck_duration(ck: &mut Checker<'_>, doc: usize, path: &crate::path::FieldPath, text: Option<&str>, default: Duration) -> Duration {
+fn ck_duration(
+    ck: &mut Checker<'_>,
+    doc: usize,
+    path: &crate::path::FieldPath,
+    text: Option<&str>,
+    default: Duration,
+) -> Duration {
     ck.duration_pub(doc, path, text, default)
 }
 

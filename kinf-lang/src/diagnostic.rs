@@ -124,10 +124,7 @@ impl Diagnostic {
         Report {
             diag: self.clone(),
             source: file.map(|f| NamedSource::new(f.name.clone(), f.text.clone())),
-            same_file: self
-                .primary
-                .as_ref()
-                .map(|(s, _)| s.file),
+            same_file: self.primary.as_ref().map(|(s, _)| s.file),
         }
     }
 
@@ -204,9 +201,10 @@ impl miette::Diagnostic for Report {
     }
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
-        let primary = self.diag.primary.as_ref().map(|(s, l)| {
-            LabeledSpan::new_primary_with_span(Some(l.clone()), to_source_span(*s))
-        });
+        let primary =
+            self.diag.primary.as_ref().map(|(s, l)| {
+                LabeledSpan::new_primary_with_span(Some(l.clone()), to_source_span(*s))
+            });
         // miette renders labels of one source only; related spans in other files are
         // mentioned in the plain and JSON renderings.
         let related = self
@@ -225,6 +223,6 @@ fn to_source_span(span: Span) -> SourceSpan {
 
 /// Sorts diagnostics by position and removes exact duplicates.
 pub fn sort_and_dedup(diags: &mut Vec<Diagnostic>) {
-    diags.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    diags.sort_by_key(|a| a.sort_key());
     diags.dedup();
 }

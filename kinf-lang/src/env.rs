@@ -82,7 +82,10 @@ fn funcs() -> Vec<FnSig> {
 /// The environment of `matches[].when` and `exclude[].if.when`.
 pub fn request_env() -> Env {
     Env {
-        vars: REQUEST_VARS.iter().map(|(n, t)| (n.to_string(), t.clone())).collect(),
+        vars: REQUEST_VARS
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect(),
         funcs: funcs(),
     }
 }

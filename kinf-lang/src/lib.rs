@@ -31,6 +31,7 @@ pub mod path;
 pub mod schema_check;
 pub mod source;
 pub mod suggest;
+pub mod synthetic;
 pub mod yaml;
 
 use std::hash::{Hash, Hasher};
@@ -53,12 +54,18 @@ pub struct Compilation {
 impl Compilation {
     /// Number of errors.
     pub fn errors(&self) -> usize {
-        self.diagnostics.iter().filter(|d| d.severity == Severity::Error).count()
+        self.diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .count()
     }
 
     /// Number of warnings.
     pub fn warnings(&self) -> usize {
-        self.diagnostics.iter().filter(|d| d.severity == Severity::Warning).count()
+        self.diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Warning)
+            .count()
     }
 }
 

@@ -74,12 +74,13 @@ fn simplify(v: &mut J) {
                     .iter()
                     .filter(|s| s.get("type").and_then(J::as_str) != Some("null"))
                     .collect();
-                if non_null.len() == 1 && any.len() == 2 {
-                    if let J::Object(inner) = non_null[0].clone() {
-                        map.remove("anyOf");
-                        for (k, val) in inner {
-                            map.entry(k).or_insert(val);
-                        }
+                if non_null.len() == 1
+                    && any.len() == 2
+                    && let J::Object(inner) = non_null[0].clone()
+                {
+                    map.remove("anyOf");
+                    for (k, val) in inner {
+                        map.entry(k).or_insert(val);
                     }
                 }
             }
@@ -217,10 +218,16 @@ fn name_error(root: &Node, path: &FieldPath, kind: &ValidationErrorKind) -> Opti
     }
     let node = root.lookup(path).node;
     let (message, help) = match &node.value {
-        crate::yaml::Value::Str(s) => (format!("invalid resource name `{s}`"), NAME_HELP.to_string()),
+        crate::yaml::Value::Str(s) => (
+            format!("invalid resource name `{s}`"),
+            NAME_HELP.to_string(),
+        ),
         v => (
             format!("`metadata.name` must be a string, found {}", v.type_name()),
-            format!("quote a name that YAML would read as {}; {NAME_HELP}", v.type_name()),
+            format!(
+                "quote a name that YAML would read as {}; {NAME_HELP}",
+                v.type_name()
+            ),
         ),
     };
     Some(
@@ -245,7 +252,13 @@ fn range_help(schema: &J, path: &FieldPath) -> Option<String> {
     }
 }
 
-fn map_error(schema: &J, root: &Node, path: &FieldPath, kind: &ValidationErrorKind, out: &mut Vec<Diagnostic>) {
+fn map_error(
+    schema: &J,
+    root: &Node,
+    path: &FieldPath,
+    kind: &ValidationErrorKind,
+    out: &mut Vec<Diagnostic>,
+) {
     if let Some(d) = name_error(root, path, kind) {
         out.push(d);
         return;
@@ -255,16 +268,29 @@ fn map_error(schema: &J, root: &Node, path: &FieldPath, kind: &ValidationErrorKi
     let field = field_name(path);
     let diag = match kind {
         ValidationErrorKind::AdditionalProperties { unexpected } => {
-            let allowed = subschema(schema, path).map(property_names).unwrap_or_default();
+            let allowed = subschema(schema, path)
+                .map(property_names)
+                .unwrap_or_default();
             for key in unexpected {
                 let at = root.lookup(&path.key(key));
                 let span = at.key_span.unwrap_or(value_span);
-                let within = if path.0.is_empty() { "the resource".to_string() } else { format!("`{field}`") };
+                let within = if path.0.is_empty() {
+                    "the resource".to_string()
+                } else {
+                    format!("`{field}`")
+                };
                 out.push(
-                    Diagnostic::new(Code::UnknownField, format!("unknown field `{key}` in {within}"))
-                        .at(span, "unknown field")
-                        .with_help(help_for(key, allowed.iter().copied(), "fields allowed here"))
-                        .with_path(path.key(key)),
+                    Diagnostic::new(
+                        Code::UnknownField,
+                        format!("unknown field `{key}` in {within}"),
+                    )
+                    .at(span, "unknown field")
+                    .with_help(help_for(
+                        key,
+                        allowed.iter().copied(),
+                        "fields allowed here",
+                    ))
+                    .with_path(path.key(key)),
                 );
             }
             return;
@@ -274,22 +300,33 @@ fn map_error(schema: &J, root: &Node, path: &FieldPath, kind: &ValidationErrorKi
                 .as_array()
                 .map(|a| a.iter().filter_map(J::as_str).collect())
                 .unwrap_or_default();
-            let value = found.node.as_str().map(str::to_string).unwrap_or_else(|| format!("{}", found.node.to_json()));
-            Diagnostic::new(Code::UnknownEnumValue, format!("unknown value `{value}` for `{field}`"))
-                .at(value_span, "not an allowed value")
-                .with_help(help_for(&value, opts.iter().copied(), "allowed values"))
+            let value = found
+                .node
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{}", found.node.to_json()));
+            Diagnostic::new(
+                Code::UnknownEnumValue,
+                format!("unknown value `{value}` for `{field}`"),
+            )
+            .at(value_span, "not an allowed value")
+            .with_help(help_for(&value, opts.iter().copied(), "allowed values"))
         }
         ValidationErrorKind::Type { kind } => {
             let expected = match kind {
                 TypeKind::Single(t) => type_words(&t.to_string()),
                 TypeKind::Multiple(ts) => {
-                    let words: Vec<String> = ts.iter().map(|t| type_words(&t.to_string())).collect();
+                    let words: Vec<String> =
+                        ts.iter().map(|t| type_words(&t.to_string())).collect();
                     words.join(" or ")
                 }
             };
             Diagnostic::new(
                 Code::WrongType,
-                format!("`{field}` must be {expected}, found {}", found.node.value.type_name()),
+                format!(
+                    "`{field}` must be {expected}, found {}",
+                    found.node.value.type_name()
+                ),
             )
             .at(value_span, format!("expected {expected}"))
             .with_help(type_help(&expected, found.node, path.last_key()))
@@ -297,36 +334,57 @@ fn map_error(schema: &J, root: &Node, path: &FieldPath, kind: &ValidationErrorKi
         ValidationErrorKind::Required { property } => {
             let prop = property.as_str().unwrap_or("?");
             let span = found.key_span.unwrap_or(value_span);
-            let within = if path.0.is_empty() { "the resource".to_string() } else { format!("`{path}`") };
+            let within = if path.0.is_empty() {
+                "the resource".to_string()
+            } else {
+                format!("`{path}`")
+            };
             let help = match allowed_values_help(schema, &path.key(prop)) {
                 Some(values) => format!("add `{prop}:` with one of: {values}"),
                 None => format!("add `{prop}:`; see `kinfctl schema` for its type"),
             };
-            Diagnostic::new(Code::MissingField, format!("missing required field `{prop}` in {within}"))
-                .at(span, format!("`{prop}` is required here"))
-                .with_help(help)
-                .with_path(path.key(prop))
+            Diagnostic::new(
+                Code::MissingField,
+                format!("missing required field `{prop}` in {within}"),
+            )
+            .at(span, format!("`{prop}` is required here"))
+            .with_help(help)
+            .with_path(path.key(prop))
         }
-        ValidationErrorKind::Minimum { limit } | ValidationErrorKind::ExclusiveMinimum { limit } => {
-            Diagnostic::new(Code::OutOfRange, format!("`{field}` must be at least {limit}, found {}", found.node.to_json()))
-                .at(value_span, "too small")
-                .with_help_opt(range_help(schema, path))
-        }
-        ValidationErrorKind::Maximum { limit } | ValidationErrorKind::ExclusiveMaximum { limit } => {
-            Diagnostic::new(Code::OutOfRange, format!("`{field}` must be at most {limit}, found {}", found.node.to_json()))
-                .at(value_span, "too large")
-                .with_help_opt(range_help(schema, path))
-        }
-        ValidationErrorKind::MinItems { limit } => {
-            Diagnostic::new(Code::OutOfRange, format!("`{field}` needs at least {limit} item(s)"))
-                .at(value_span, "too few items")
-        }
-        ValidationErrorKind::MaxItems { limit } => {
-            Diagnostic::new(Code::OutOfRange, format!("`{field}` allows at most {limit} item(s)"))
-                .at(value_span, "too many items")
-        }
+        ValidationErrorKind::Minimum { limit }
+        | ValidationErrorKind::ExclusiveMinimum { limit } => Diagnostic::new(
+            Code::OutOfRange,
+            format!(
+                "`{field}` must be at least {limit}, found {}",
+                found.node.to_json()
+            ),
+        )
+        .at(value_span, "too small")
+        .with_help_opt(range_help(schema, path)),
+        ValidationErrorKind::Maximum { limit }
+        | ValidationErrorKind::ExclusiveMaximum { limit } => Diagnostic::new(
+            Code::OutOfRange,
+            format!(
+                "`{field}` must be at most {limit}, found {}",
+                found.node.to_json()
+            ),
+        )
+        .at(value_span, "too large")
+        .with_help_opt(range_help(schema, path)),
+        ValidationErrorKind::MinItems { limit } => Diagnostic::new(
+            Code::OutOfRange,
+            format!("`{field}` needs at least {limit} item(s)"),
+        )
+        .at(value_span, "too few items"),
+        ValidationErrorKind::MaxItems { limit } => Diagnostic::new(
+            Code::OutOfRange,
+            format!("`{field}` allows at most {limit} item(s)"),
+        )
+        .at(value_span, "too many items"),
         ValidationErrorKind::Pattern { pattern } => {
-            let help = if path.0.first() == Some(&Seg::Key("metadata".into())) && path.last_key() == Some("namespace") {
+            let help = if path.0.first() == Some(&Seg::Key("metadata".into()))
+                && path.last_key() == Some("namespace")
+            {
                 "a namespace is at most 63 lowercase letters, digits and `-`, starting and ending with a letter or digit (RFC 1123 label)".to_string()
             } else {
                 format!("the value must match `{pattern}`")
@@ -336,18 +394,30 @@ fn map_error(schema: &J, root: &Node, path: &FieldPath, kind: &ValidationErrorKi
                 .with_help(help)
         }
         ValidationErrorKind::MinLength { limit } | ValidationErrorKind::MaxLength { limit } => {
-            Diagnostic::new(Code::InvalidValue, format!("`{field}` has the wrong length (limit {limit})"))
-                .at(value_span, "invalid length")
+            Diagnostic::new(
+                Code::InvalidValue,
+                format!("`{field}` has the wrong length (limit {limit})"),
+            )
+            .at(value_span, "invalid length")
         }
         ValidationErrorKind::AnyOf { .. } | ValidationErrorKind::OneOfNotValid { .. } => {
             Diagnostic::new(
                 Code::WrongType,
-                format!("`{field}` must be a number or a string such as `70%` or `2s`, found {}", found.node.value.type_name()),
+                format!(
+                    "`{field}` must be a number or a string such as `70%` or `2s`, found {}",
+                    found.node.value.type_name()
+                ),
             )
             .at(value_span, "expected a number or a string")
+            .with_help(
+                "write a number such as `2` or `0.7`, or a string such as `70%`, `2s` or `16Ki`",
+            )
         }
-        other => Diagnostic::new(Code::InvalidValue, format!("invalid value for `{field}`: {other:?}"))
-            .at(value_span, "invalid"),
+        other => Diagnostic::new(
+            Code::InvalidValue,
+            format!("invalid value for `{field}`: {other:?}"),
+        )
+        .at(value_span, "invalid"),
     };
     out.push(diag.with_path(path.clone()));
 }
@@ -374,11 +444,16 @@ fn type_help(expected: &str, node: &Node, field: Option<&str>) -> String {
         ("a string", crate::yaml::Value::Int(_) | crate::yaml::Value::Float(_)) if is_duration => {
             format!("a duration needs a unit: write e.g. `{}s`", node.to_json())
         }
-        ("a list", crate::yaml::Value::Map(_)) => "write the entries as a list: start each with `- `".into(),
-        ("a list", crate::yaml::Value::Str(_)) => "write a list: `[a, b]` or one `- item` per line".into(),
-        ("a string", crate::yaml::Value::Int(_) | crate::yaml::Value::Float(_) | crate::yaml::Value::Bool(_)) => {
-            "quote the value to make it a string".into()
+        ("a list", crate::yaml::Value::Map(_)) => {
+            "write the entries as a list: start each with `- `".into()
         }
+        ("a list", crate::yaml::Value::Str(_)) => {
+            "write a list: `[a, b]` or one `- item` per line".into()
+        }
+        (
+            "a string",
+            crate::yaml::Value::Int(_) | crate::yaml::Value::Float(_) | crate::yaml::Value::Bool(_),
+        ) => "quote the value to make it a string".into(),
         ("a mapping", _) => "write `key: value` pairs, indented under the field".into(),
         _ => format!("write {expected} here"),
     }

@@ -190,7 +190,11 @@ pub struct Lookup<'a> {
 
 /// Parses every document of a file. Syntax errors are pushed to `diags`; documents that ended
 /// before the error are still returned.
-pub fn parse_documents(id: FileId, file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Vec<Document> {
+pub fn parse_documents(
+    id: FileId,
+    file: &SourceFile,
+    diags: &mut Vec<Diagnostic>,
+) -> Vec<Document> {
     let mut builder = Builder {
         id,
         file,
@@ -233,6 +237,10 @@ fn describe_scan_error(info: &str) -> (String, String) {
         "a `key: value` appears where it cannot start; check indentation, or quote a value that contains `: `".to_string()
     } else if info.contains("did not find expected key") || info.contains("block end") {
         "check that keys at the same level are indented by the same number of spaces".to_string()
+    } else if info.contains("quoted scalar") {
+        "close the quoted string with the quote it starts with".to_string()
+    } else if info.contains("unknown anchor") {
+        "define the anchor with `&name` before referring to it with `*name`".to_string()
     } else {
         "fix the YAML syntax at the marked position".to_string()
     };
@@ -291,11 +299,8 @@ impl Builder<'_> {
                 self.push(node);
             }
             Event::Scalar(text, style, anchor, tag) => {
-                let (value, style) = resolve_scalar(
-                    &text,
-                    style,
-                    tag.as_ref().map(|t| t.suffix.as_str()),
-                );
+                let (value, style) =
+                    resolve_scalar(&text, style, tag.as_ref().map(|t| t.suffix.as_str()));
                 let node = Node {
                     value,
                     span: self.span(start, end.max(start + text.len().min(1))),
@@ -356,7 +361,16 @@ impl Builder<'_> {
             _ => None,
         };
         match last {
-            Some(end) if reported > end && self.file.text.get(end..reported).is_some_and(|s| s.trim().is_empty() || s.contains('\n')) => end,
+            Some(end)
+                if reported > end
+                    && self
+                        .file
+                        .text
+                        .get(end..reported)
+                        .is_some_and(|s| s.trim().is_empty() || s.contains('\n')) =>
+            {
+                end
+            }
             _ => reported.max(start),
         }
     }
@@ -404,13 +418,12 @@ impl Builder<'_> {
                     if let Some(first) = entries.iter().find(|e| e.key == key) {
                         let first_span = first.key_span;
                         self.diags.push(
-                            Diagnostic::error(
-                                Code::DuplicateKey,
-                                format!("duplicate key `{key}`"),
-                            )
-                            .at(key_span, "repeated here")
-                            .with_related(first_span, "first written here")
-                            .with_help("remove one of the two keys; only the first would be used"),
+                            Diagnostic::error(Code::DuplicateKey, format!("duplicate key `{key}`"))
+                                .at(key_span, "repeated here")
+                                .with_related(first_span, "first written here")
+                                .with_help(
+                                    "remove one of the two keys; only the first would be used",
+                                ),
                         );
                     } else {
                         entries.push(Entry {

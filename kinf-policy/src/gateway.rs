@@ -20,8 +20,16 @@ use crate::status::GatewayStatus;
     category = "kinference",
     doc = "The front door: which pool a listener serves, tenant identity, classifiers, limits.",
     printcolumn(name = "Pool", type_ = "string", json_path = ".spec.pool"),
-    printcolumn(name = "Accepted", type_ = "string", json_path = ".status.conditions[?(@.type==\"Accepted\")].status"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayBackendSpec {

@@ -4,6 +4,12 @@
 //! This crate is plain data: no I/O, no validation beyond what the types and schemas express.
 //! The compiler (`kinf-lang`) checks a whole bundle of these resources and reports diagnostics.
 
+// kube's `printcolumn(...)` attributes repeat by design (one per column).
+#![allow(
+    clippy::duplicated_attributes,
+    reason = "kube printcolumn attributes repeat per column"
+)]
+
 pub mod common;
 pub mod gateway;
 pub mod policy;

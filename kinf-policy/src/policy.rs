@@ -20,9 +20,22 @@ use crate::status::PolicyStatus;
     doc = "Ordered routing rules for inference requests, and token limits.",
     printcolumn(name = "Rules", type_ = "integer", json_path = ".status.rules"),
     printcolumn(name = "Pools", type_ = "string", json_path = ".status.pools"),
-    printcolumn(name = "Accepted", type_ = "string", json_path = ".status.conditions[?(@.type==\"Accepted\")].status"),
-    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Accepted\")].reason", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].reason",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InferencePolicySpec {
@@ -217,7 +230,11 @@ pub struct DropPredicate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache_usage: Option<Threshold>,
     /// The candidate's predicted time to first token for this request (`2s`).
-    #[serde(rename = "predictedTTFT", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "predictedTTFT",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub predicted_ttft: Option<Threshold>,
     /// A condition in the expression language over the request and the candidate.
     #[serde(default, skip_serializing_if = "Option::is_none")]

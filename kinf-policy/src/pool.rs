@@ -18,10 +18,22 @@ use crate::status::PoolStatus;
     shortname = "ipool",
     category = "kinference",
     doc = "A set of worker sets and providers that clients address by model name.",
-    printcolumn(name = "Destinations", type_ = "integer", json_path = ".status.destinations"),
+    printcolumn(
+        name = "Destinations",
+        type_ = "integer",
+        json_path = ".status.destinations"
+    ),
     printcolumn(name = "Models", type_ = "string", json_path = ".status.models"),
-    printcolumn(name = "Accepted", type_ = "string", json_path = ".status.conditions[?(@.type==\"Accepted\")].status"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InferencePoolSpec {

@@ -20,9 +20,21 @@ use crate::status::ProviderStatus;
     doc = "An off-cluster inference provider.",
     printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
     printcolumn(name = "URL", type_ = "string", json_path = ".spec.url"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Accepted", type_ = "string", json_path = ".status.conditions[?(@.type==\"Accepted\")].status"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InferenceProviderSpec {

@@ -1,7 +1,7 @@
 //! JSON Schemas (for offline validation) and CRD manifests (for the API server).
 
-use kube::CustomResourceExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 use schemars::generate::SchemaSettings;
 use serde_json::Value;
 

@@ -20,10 +20,26 @@ use crate::status::WorkerSetStatus;
     category = "kinference",
     doc = "A homogeneous group of vLLM pods serving the same models.",
     printcolumn(name = "Models", type_ = "string", json_path = ".status.models"),
-    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyEndpoints"),
-    printcolumn(name = "KV events", type_ = "integer", json_path = ".status.kvEventStreams"),
-    printcolumn(name = "Accepted", type_ = "string", json_path = ".status.conditions[?(@.type==\"Accepted\")].status"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyEndpoints"
+    ),
+    printcolumn(
+        name = "KV events",
+        type_ = "integer",
+        json_path = ".status.kvEventStreams"
+    ),
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InferenceWorkerSetSpec {

@@ -181,7 +181,12 @@ fn small_fleet() -> (PrefixIndex, Vec<u64>) {
 
 /// `eps` endpoints, a 16,384-token request (512 blocks); endpoint i holds the first
 /// `prefix(i)` blocks of it plus `noise` unrelated blocks.
-fn big_fleet(eps: u32, prefix: impl Fn(u32) -> usize, noise: usize, label: &str) -> (PrefixIndex, Vec<u64>) {
+fn big_fleet(
+    eps: u32,
+    prefix: impl Fn(u32) -> usize,
+    noise: usize,
+    label: &str,
+) -> (PrefixIndex, Vec<u64>) {
     let mut rng = Rng(13);
     let mut ix = PrefixIndex::new(BS);
     let request = rng.tokens(512 * BS);

@@ -19,7 +19,7 @@ use crate::decision::*;
 use crate::predictor::TtftParts;
 use crate::prefix_index::{EndpointId, block_hashes};
 use crate::request::Request;
-use crate::state::{ClusterState, Load};
+use crate::state::{ClusterState, EndpointState, Load};
 
 /// The decision engine. Stateless: everything lives in the policy and the state.
 #[derive(Clone, Copy, Debug, Default)]
@@ -27,12 +27,14 @@ pub struct Decider;
 
 /// A candidate during evaluation.
 #[derive(Clone, Debug)]
-struct Candidate {
+struct Candidate<'s> {
     dest: DestId,
     dest_pos: usize,
     endpoint_pos: usize,
     destination: Arc<str>,
     endpoint: Arc<str>,
+    /// The endpoint's state (Local only), for load over other windows.
+    ep: Option<&'s EndpointState>,
     backend: BackendType,
     model: Arc<str>,
     cached_tokens: u32,
@@ -41,16 +43,17 @@ struct Candidate {
     cost: f64,
 }
 
-impl Candidate {
-    fn id(&self) -> String {
-        format!("{}@{}", self.destination, self.endpoint)
+impl Candidate<'_> {
+    fn id(&self) -> CandidateRef {
+        CandidateRef {
+            destination: self.destination.clone(),
+            endpoint: self.endpoint.clone(),
+        }
     }
 
     fn trace(&self) -> CandidateTrace {
         CandidateTrace {
             id: self.id(),
-            destination: self.destination.clone(),
-            endpoint: self.endpoint.clone(),
             backend_type: self.backend,
             model: self.model.clone(),
             queued_prompts: self.load.map(|l| l.queued_prompts),
@@ -85,35 +88,79 @@ impl Decider {
     /// Decides one request.
     pub fn decide(policy: &CompiledPolicy, req: &Request, state: &ClusterState) -> Decision {
         let Some(pool) = policy.find_pool(req.pool.as_deref()) else {
-            let names: Vec<String> = policy.pools.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect();
-            return reject_only(404, "unknown_pool", format!(
-                "no pool `{}` (pools: {})", req.pool.as_deref().unwrap_or("<unspecified>"), names.join(", ")), String::new());
+            let names: Vec<String> = policy
+                .pools
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .collect();
+            return reject_only(
+                404,
+                "unknown_pool",
+                format!(
+                    "no pool `{}` (pools: {})",
+                    req.pool.as_deref().unwrap_or("<unspecified>"),
+                    names.join(", ")
+                ),
+                String::new(),
+            );
         };
         let pool_name = format!("{}/{}", pool.namespace, pool.name);
         if !pool.models.contains_key(&req.model) {
             let mut names = pool.model_names();
             names.truncate(20);
-            return reject_only(404, "model_not_found", format!(
-                "the model `{}` does not exist in pool `{pool_name}`; available: {}", req.model, names.join(", ")), pool_name);
+            return reject_only(
+                404,
+                "model_not_found",
+                format!(
+                    "the model `{}` does not exist in pool `{pool_name}`; available: {}",
+                    req.model,
+                    names.join(", ")
+                ),
+                pool_name,
+            );
         }
-        let ctx = Ctx { policy, pool, req, state };
-        let mut trace = Trace { pool: pool_name, ..Default::default() };
+        let ctx = Ctx {
+            policy,
+            pool,
+            req,
+            state,
+        };
+        let mut trace = Trace {
+            pool: pool_name,
+            ..Default::default()
+        };
         for rule in &pool.rules {
-            let matched = rule.matches.is_empty() || rule.matches.iter().any(|m| cond_holds(m, req));
+            let matched =
+                rule.matches.is_empty() || rule.matches.iter().any(|m| cond_holds(m, req));
             if !matched {
-                trace.rules.push(RuleTrace { policy: rule.policy.clone(), rule: rule.name.clone(), matched: false, stages: None });
+                trace.rules.push(RuleTrace {
+                    policy: rule.policy.clone(),
+                    rule: rule.name.clone(),
+                    matched: false,
+                    stages: None,
+                });
                 continue;
             }
             let (picked, mut stages) = ctx.run_stages(&rule.consider, Some(rule), &rule.select);
             match picked {
                 Some(c) => {
                     stages.result = "route".into();
-                    trace.rules.push(RuleTrace { policy: rule.policy.clone(), rule: rule.name.clone(), matched: true, stages: Some(stages) });
+                    trace.rules.push(RuleTrace {
+                        policy: rule.policy.clone(),
+                        rule: rule.name.clone(),
+                        matched: true,
+                        stages: Some(stages),
+                    });
                     return routed(&ctx, c, Some(rule), trace);
                 }
                 None => {
                     stages.result = format!("{:?}", rule.on_empty);
-                    trace.rules.push(RuleTrace { policy: rule.policy.clone(), rule: rule.name.clone(), matched: true, stages: Some(stages) });
+                    trace.rules.push(RuleTrace {
+                        policy: rule.policy.clone(),
+                        rule: rule.name.clone(),
+                        matched: true,
+                        stages: Some(stages),
+                    });
                     if rule.on_empty == OnEmpty::Reject {
                         return Decision {
                             outcome: Outcome::Reject(Reject {
@@ -121,7 +168,8 @@ impl Decider {
                                 code: "policy_rejected",
                                 message: format!(
                                     "rejected by rule `{}` of policy `{}`: no candidate for model `{}` survived the rule's filters (onEmpty: Reject)",
-                                    rule.name, rule.policy, req.model),
+                                    rule.name, rule.policy, req.model
+                                ),
                             }),
                             policy: Some(rule.policy.clone()),
                             rule: Some(rule.name.clone()),
@@ -133,8 +181,14 @@ impl Decider {
         }
         // Default route: requested model, Local by PredictedTTFT, then Provider by PredictedTTFT.
         let tiers = [
-            SelectTier { backend: Some(BackendType::Local), pick: Pick::Minimize(Measure::PredictedTtft) },
-            SelectTier { backend: Some(BackendType::Provider), pick: Pick::Minimize(Measure::PredictedTtft) },
+            SelectTier {
+                backend: Some(BackendType::Local),
+                pick: Pick::Minimize(Measure::PredictedTtft),
+            },
+            SelectTier {
+                backend: Some(BackendType::Provider),
+                pick: Pick::Minimize(Measure::PredictedTtft),
+            },
         ];
         let (picked, mut stages) = ctx.run_stages(&[], None, &tiers);
         match picked {
@@ -150,7 +204,10 @@ impl Decider {
                     outcome: Outcome::Reject(Reject {
                         status: 503,
                         code: "no_capacity",
-                        message: format!("no ready endpoint serves model `{}` (no rule decided; default route found no candidate)", req.model),
+                        message: format!(
+                            "no ready endpoint serves model `{}` (no rule decided; default route found no candidate)",
+                            req.model
+                        ),
                     }),
                     policy: None,
                     rule: None,
@@ -163,20 +220,33 @@ impl Decider {
 
 fn reject_only(status: u16, code: &'static str, message: String, pool: String) -> Decision {
     Decision {
-        outcome: Outcome::Reject(Reject { status, code, message }),
+        outcome: Outcome::Reject(Reject {
+            status,
+            code,
+            message,
+        }),
         policy: None,
         rule: None,
-        trace: Trace { pool, ..Default::default() },
+        trace: Trace {
+            pool,
+            ..Default::default()
+        },
     }
 }
 
-fn routed(ctx: &Ctx<'_>, c: Candidate, rule: Option<&CompiledRule>, trace: Trace) -> Decision {
+fn routed(ctx: &Ctx<'_>, c: Candidate<'_>, rule: Option<&CompiledRule>, trace: Trace) -> Decision {
     let rewrite = *c.model != *ctx.req.model;
     let mut headers = vec![
         ("x-kinference-endpoint".to_string(), c.endpoint.to_string()),
         ("x-kinference-model".to_string(), c.model.to_string()),
     ];
-    headers.push(("x-kinference-rule".to_string(), rule.map_or_else(|| "default".to_string(), |r| format!("{}/{}", r.policy, r.name))));
+    headers.push((
+        "x-kinference-rule".to_string(),
+        rule.map_or_else(
+            || "default".to_string(),
+            |r| format!("{}/{}", r.policy, r.name),
+        ),
+    ));
     Decision {
         outcome: Outcome::Route(Route {
             endpoint: c.endpoint.clone(),
@@ -194,25 +264,34 @@ fn routed(ctx: &Ctx<'_>, c: Candidate, rule: Option<&CompiledRule>, trace: Trace
     }
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
     /// Consider, exclude and select; returns the pick and the trace.
-    fn run_stages(&self, consider: &[ConsiderEntry], rule: Option<&CompiledRule>, tiers: &[SelectTier]) -> (Option<Candidate>, StagesTrace) {
+    fn run_stages(
+        &self,
+        consider: &[ConsiderEntry],
+        rule: Option<&CompiledRule>,
+        tiers: &[SelectTier],
+    ) -> (Option<Candidate<'a>>, StagesTrace) {
         let mut st = StagesTrace::default();
         let mut cands = self.candidates(consider, &mut st);
         st.considered = cands.iter().map(Candidate::trace).collect();
         if let Some(rule) = rule {
             for f in &rule.exclude {
-                if let Some(c) = &f.condition {
-                    if !cond_holds(c, self.req) {
-                        continue;
-                    }
+                if f.condition
+                    .as_ref()
+                    .is_some_and(|c| !cond_holds(c, self.req))
+                {
+                    continue;
                 }
-                let window_load = |c: &Candidate| self.load_of(c, f.window);
                 cands.retain(|c| {
-                    let load = window_load(c);
+                    let load = self.load_of(c, f.window);
                     match drop_reason(&f.drop, c, load, self.req, self.policy) {
                         Some(reason) => {
-                            st.dropped.push(DropTrace { filter: f.name.clone(), candidate: c.id(), reason });
+                            st.dropped.push(DropTrace {
+                                filter: f.name.clone(),
+                                candidate: c.id(),
+                                reason,
+                            });
                             false
                         }
                         None => true,
@@ -222,11 +301,15 @@ impl Ctx<'_> {
         }
         st.survivors = cands.iter().map(Candidate::id).collect();
         for tier in tiers {
-            let in_tier: Vec<&Candidate> = cands.iter().filter(|c| tier.backend.is_none_or(|b| b == c.backend)).collect();
+            let in_tier: Vec<&Candidate<'a>> = cands
+                .iter()
+                .filter(|c| tier.backend.is_none_or(|b| b == c.backend))
+                .collect();
             let picked = match &tier.pick {
                 Pick::Minimize(m) => min_by(&in_tier, *m),
                 Pick::Order(ids) => ids.iter().find_map(|id| {
-                    let of_dest: Vec<&Candidate> = in_tier.iter().copied().filter(|c| c.dest == *id).collect();
+                    let of_dest: Vec<&Candidate<'a>> =
+                        in_tier.iter().copied().filter(|c| c.dest == *id).collect();
                     min_by(&of_dest, Measure::PredictedTtft)
                 }),
             };
@@ -242,30 +325,37 @@ impl Ctx<'_> {
         (None, st)
     }
 
-    fn load_of(&self, c: &Candidate, window: Duration) -> Option<Load> {
-        if c.backend != BackendType::Local {
-            return None;
+    fn load_of(&self, c: &Candidate<'_>, window: Duration) -> Option<Load> {
+        if window == DEFAULT_WINDOW {
+            return c.load;
         }
-        let d = self.policy.destination(c.dest)?;
-        let ws = self.state.worker_set(&d.namespace, &d.name)?;
-        let ep = ws.endpoints.get(c.endpoint_pos)?;
-        Some(ep.load.average(window, self.state.now_ms))
+        c.ep.map(|ep| ep.load.average(window, self.state.now_ms))
     }
 
     /// Builds the candidate set: union of the consider entries, in pool order.
-    fn candidates(&self, consider: &[ConsiderEntry], st: &mut StagesTrace) -> Vec<Candidate> {
+    fn candidates(&self, consider: &[ConsiderEntry], st: &mut StagesTrace) -> Vec<Candidate<'a>> {
         let default_entry = [ConsiderEntry::default()];
-        let entries = if consider.is_empty() { &default_entry[..] } else { consider };
+        let entries = if consider.is_empty() {
+            &default_entry[..]
+        } else {
+            consider
+        };
         // (destination, upstream model) pairs, first entry wins per destination.
         let mut pairs: SmallVec<[(DestId, Arc<str>); 8]> = SmallVec::new();
         for e in entries {
             let requested = [self.req.model.clone()];
             let names: &[Arc<str>] = e.models.as_deref().unwrap_or(&requested);
             for name in names {
-                let Some(targets) = self.pool.models.get(name) else { continue };
+                let Some(targets) = self.pool.models.get(name) else {
+                    continue;
+                };
                 for (dest, upstream) in targets {
-                    let Some(d) = self.policy.destination(*dest) else { continue };
-                    if e.backend.is_some_and(|b| b != d.backend) || e.destination.is_some_and(|x| x != *dest) {
+                    let Some(d) = self.policy.destination(*dest) else {
+                        continue;
+                    };
+                    if e.backend.is_some_and(|b| b != d.backend)
+                        || e.destination.is_some_and(|x| x != *dest)
+                    {
                         continue;
                     }
                     if !pairs.iter().any(|(x, _)| x == dest) {
@@ -274,34 +364,61 @@ impl Ctx<'_> {
                 }
             }
         }
-        pairs.sort_by_key(|(d, _)| self.pool.destinations.iter().position(|x| x == d).unwrap_or(usize::MAX));
+        pairs.sort_by_key(|(d, _)| {
+            self.pool
+                .destinations
+                .iter()
+                .position(|x| x == d)
+                .unwrap_or(usize::MAX)
+        });
         let mut out = Vec::new();
         for (dest, upstream) in pairs {
-            let Some(d) = self.policy.destination(dest) else { continue };
-            let dest_pos = self.pool.destinations.iter().position(|x| *x == dest).unwrap_or(usize::MAX);
+            let Some(d) = self.policy.destination(dest) else {
+                continue;
+            };
+            let dest_pos = self
+                .pool
+                .destinations
+                .iter()
+                .position(|x| *x == dest)
+                .unwrap_or(usize::MAX);
             let key: Arc<str> = format!("{}/{}", d.namespace, d.name).into();
             match d.backend {
                 BackendType::Local => {
                     let Some(ws) = self.state.worker_sets.get(&key) else {
-                        st.unavailable.push(format!("{}: no endpoints known", d.name));
+                        st.unavailable
+                            .push(format!("{}: no endpoints known", d.name));
                         continue;
                     };
-                    let matches = self.prefix_matches(ws);
+                    let cached_blocks = self.prefix_matches(ws);
                     for (i, ep) in ws.endpoints.iter().enumerate() {
                         if !ep.ready {
-                            st.unavailable.push(format!("{}@{}: not ready", d.name, ep.address));
+                            st.unavailable
+                                .push(format!("{}@{}: not ready", d.name, ep.address));
                             continue;
                         }
-                        let cached = ep.assumed_cached_tokens.unwrap_or_else(|| {
-                            matches.iter().find(|(id, _)| *id == ep.index_id).map_or(0, |(_, b)| b * ws.block_size as u32)
-                        }).min(self.req.prompt_tokens);
+                        let cached = ep
+                            .assumed_cached_tokens
+                            .unwrap_or_else(|| {
+                                cached_blocks
+                                    .get(ep.index_id.0 as usize)
+                                    .copied()
+                                    .unwrap_or(0)
+                                    * ws.block_size as u32
+                            })
+                            .min(self.req.prompt_tokens);
                         let load = ep.load.average(DEFAULT_WINDOW, self.state.now_ms);
                         let uncached = f64::from(self.req.prompt_tokens - cached);
-                        let ttft = ep.ttft.predict(uncached, load.queued_prompts, load.running_prompts);
+                        let ttft =
+                            ep.ttft
+                                .predict(uncached, load.queued_prompts, load.running_prompts);
                         out.push(Candidate {
-                            dest, dest_pos, endpoint_pos: i,
+                            dest,
+                            dest_pos,
+                            endpoint_pos: i,
                             destination: d.name.clone(),
                             endpoint: ep.address.clone(),
+                            ep: Some(ep),
                             backend: BackendType::Local,
                             model: upstream.clone(),
                             cached_tokens: cached,
@@ -317,17 +434,31 @@ impl Ctx<'_> {
                         st.unavailable.push(format!("{}: not ready", d.name));
                         continue;
                     }
-                    let prior = d.provider.as_ref().map_or(1.0, |p| p.expected_ttft.as_secs_f64());
+                    let prior = d
+                        .provider
+                        .as_ref()
+                        .map_or(1.0, |p| p.expected_ttft.as_secs_f64());
                     let ttft_s = ps.and_then(|p| p.ttft_s).unwrap_or(prior);
                     out.push(Candidate {
-                        dest, dest_pos, endpoint_pos: 0,
+                        dest,
+                        dest_pos,
+                        endpoint_pos: 0,
                         destination: d.name.clone(),
-                        endpoint: d.provider.as_ref().map_or_else(|| d.name.clone(), |p| p.url.clone()),
+                        endpoint: d
+                            .provider
+                            .as_ref()
+                            .map_or_else(|| d.name.clone(), |p| p.url.clone()),
+                        ep: None,
                         backend: BackendType::Provider,
                         model: upstream.clone(),
                         cached_tokens: 0,
                         load: None,
-                        ttft: TtftParts { wait_s: 0.0, prefill_s: 0.0, overhead_s: ttft_s, total_s: ttft_s },
+                        ttft: TtftParts {
+                            wait_s: 0.0,
+                            prefill_s: 0.0,
+                            overhead_s: ttft_s,
+                            total_s: ttft_s,
+                        },
                         cost: cost(&d.cost, self.req, 0),
                     });
                 }
@@ -337,23 +468,37 @@ impl Ctx<'_> {
         out
     }
 
-    fn prefix_matches(&self, ws: &crate::state::WorkerSetState) -> Vec<(EndpointId, u32)> {
-        let mut out = Vec::new();
+    /// Cached blocks of the request per endpoint id (dense; empty without token ids).
+    fn prefix_matches(&self, ws: &crate::state::WorkerSetState) -> Vec<u32> {
+        let mut dense = Vec::new();
         if let Some(tokens) = &self.req.token_ids {
             let hashes = block_hashes(tokens, ws.block_size);
-            ws.index.match_prefix(&hashes, &mut out);
+            let mut found: Vec<(EndpointId, u32)> = Vec::new();
+            ws.index.match_prefix(&hashes, &mut found);
+            for (id, blocks) in found {
+                let i = id.0 as usize;
+                if dense.len() <= i {
+                    dense.resize(i + 1, 0);
+                }
+                if let Some(slot) = dense.get_mut(i) {
+                    *slot = blocks;
+                }
+            }
         }
-        out
+        dense
     }
 }
 
 fn cost(c: &kinf_lang::compiled::CostInfo, req: &Request, cached: u32) -> f64 {
     let uncached = f64::from(req.prompt_tokens.saturating_sub(cached));
-    (uncached * c.uncached_prompt + f64::from(cached) * c.cached_prompt + f64::from(req.max_tokens) * c.output) / 1e6
+    (uncached * c.uncached_prompt
+        + f64::from(cached) * c.cached_prompt
+        + f64::from(req.max_tokens) * c.output)
+        / 1e6
 }
 
-fn min_by<'a>(cands: &[&'a Candidate], m: Measure) -> Option<&'a Candidate> {
-    let mut best: Option<&'a Candidate> = None;
+fn min_by<'c, 's>(cands: &[&'c Candidate<'s>], m: Measure) -> Option<&'c Candidate<'s>> {
+    let mut best: Option<&'c Candidate<'s>> = None;
     for c in cands {
         let v = c.measure(m);
         if best.is_none_or(|b| v < b.measure(m)) {
@@ -367,11 +512,18 @@ fn min_by<'a>(cands: &[&'a Candidate], m: Measure) -> Option<&'a Candidate> {
 pub fn cond_holds(c: &RequestCond, req: &Request) -> bool {
     c.model.as_ref().is_none_or(|m| m.matches(&req.model))
         && c.tag.as_ref().is_none_or(|t| req.has_tag(t))
-        && c.tenant.as_ref().is_none_or(|t| req.tenant.as_deref() == Some(&**t))
+        && c.tenant
+            .as_ref()
+            .is_none_or(|t| req.tenant.as_deref() == Some(&**t))
         && c.qos.is_none_or(|q| q == req.qos)
-        && c.prompt_tokens.is_none_or(|r| r.contains(f64::from(req.prompt_tokens)))
-        && c.header.as_ref().is_none_or(|(n, v)| req.header(n) == Some(&**v))
-        && c.when.as_ref().is_none_or(|w| w.eval_bool(&ReqEval { req, cand: None }))
+        && c.prompt_tokens
+            .is_none_or(|r| r.contains(f64::from(req.prompt_tokens)))
+        && c.header
+            .as_ref()
+            .is_none_or(|(n, v)| req.header(n) == Some(&**v))
+        && c.when
+            .as_ref()
+            .is_none_or(|w| w.eval_bool(&ReqEval { req, cand: None }))
 }
 
 fn in_range(r: &Option<Range>, v: Option<f64>, name: &str, why: &mut Vec<String>) -> bool {
@@ -388,7 +540,13 @@ fn in_range(r: &Option<Range>, v: Option<f64>, name: &str, why: &mut Vec<String>
 }
 
 /// The reason a drop condition holds for a candidate, or `None` when it does not.
-fn drop_reason(d: &DropCond, c: &Candidate, load: Option<Load>, req: &Request, policy: &CompiledPolicy) -> Option<String> {
+fn drop_reason(
+    d: &DropCond,
+    c: &Candidate<'_>,
+    load: Option<Load>,
+    req: &Request,
+    policy: &CompiledPolicy,
+) -> Option<String> {
     let mut why = Vec::new();
     if let Some(b) = d.backend {
         if b != c.backend {
@@ -400,18 +558,40 @@ fn drop_reason(d: &DropCond, c: &Candidate, load: Option<Load>, req: &Request, p
         if x != c.dest {
             return None;
         }
-        why.push(format!("destination {}", policy.destination(x).map_or("?", |d| &d.name)));
+        why.push(format!(
+            "destination {}",
+            policy.destination(x).map_or("?", |d| &d.name)
+        ));
     }
-    if !in_range(&d.queued_prompts, load.map(|l| l.queued_prompts), "queuedPrompts", &mut why)
-        || !in_range(&d.running_prompts, load.map(|l| l.running_prompts), "runningPrompts", &mut why)
-        || !in_range(&d.kv_cache_usage, load.map(|l| l.kv_cache_usage), "kvCacheUsage", &mut why)
-        || !in_range(&d.predicted_ttft, Some(c.ttft.total_s), "predictedTTFT", &mut why)
-    {
+    if !in_range(
+        &d.queued_prompts,
+        load.map(|l| l.queued_prompts),
+        "queuedPrompts",
+        &mut why,
+    ) || !in_range(
+        &d.running_prompts,
+        load.map(|l| l.running_prompts),
+        "runningPrompts",
+        &mut why,
+    ) || !in_range(
+        &d.kv_cache_usage,
+        load.map(|l| l.kv_cache_usage),
+        "kvCacheUsage",
+        &mut why,
+    ) || !in_range(
+        &d.predicted_ttft,
+        Some(c.ttft.total_s),
+        "predictedTTFT",
+        &mut why,
+    ) {
         return None;
     }
     if let Some(w) = &d.when {
         let cand = CandEval { c, load };
-        if !w.eval_bool(&ReqEval { req, cand: Some(&cand) }) {
+        if !w.eval_bool(&ReqEval {
+            req,
+            cand: Some(&cand),
+        }) {
             return None;
         }
         why.push(format!("when {w}"));
@@ -420,7 +600,7 @@ fn drop_reason(d: &DropCond, c: &Candidate, load: Option<Load>, req: &Request, p
 }
 
 struct CandEval<'a> {
-    c: &'a Candidate,
+    c: &'a Candidate<'a>,
     load: Option<Load>,
 }
 
@@ -468,7 +648,13 @@ impl EvalContext for ReqEval<'_> {
         };
         match index {
             env::FN_TAG => Value::Bool(self.req.has_tag(arg)),
-            env::FN_HEADER => Value::Str(self.req.header(&arg.to_ascii_lowercase()).unwrap_or("").to_string().into()),
+            env::FN_HEADER => Value::Str(
+                self.req
+                    .header(&arg.to_ascii_lowercase())
+                    .unwrap_or("")
+                    .to_string()
+                    .into(),
+            ),
             env::FN_HAS_HEADER => Value::Bool(self.req.header(&arg.to_ascii_lowercase()).is_some()),
             _ => Value::Bool(false),
         }

@@ -84,6 +84,28 @@ impl Decision {
     }
 }
 
+/// A candidate named in a trace: `destination@endpoint` when serialized or displayed.
+/// Cheap to clone (two `Arc`s), so traces cost no string formatting on the decision path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CandidateRef {
+    /// Destination name.
+    pub destination: Arc<str>,
+    /// Endpoint address or provider URL.
+    pub endpoint: Arc<str>,
+}
+
+impl std::fmt::Display for CandidateRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.destination, self.endpoint)
+    }
+}
+
+impl Serialize for CandidateRef {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// The trace of a decision.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -122,7 +144,7 @@ pub struct StagesTrace {
     /// Each candidate dropped, by which filter and why.
     pub dropped: Vec<DropTrace>,
     /// Candidates after exclude.
-    pub survivors: Vec<String>,
+    pub survivors: Vec<CandidateRef>,
     /// Select tiers tried.
     pub tiers: Vec<TierTrace>,
     /// `route`, or the onEmpty action taken (`Reject`, `NextRule`).
@@ -134,11 +156,7 @@ pub struct StagesTrace {
 #[serde(rename_all = "camelCase")]
 pub struct CandidateTrace {
     /// `destination@endpoint`.
-    pub id: String,
-    /// Destination name.
-    pub destination: Arc<str>,
-    /// Endpoint address or provider URL.
-    pub endpoint: Arc<str>,
+    pub id: CandidateRef,
     /// Local or Provider.
     pub backend_type: BackendType,
     /// Upstream model.
@@ -163,8 +181,8 @@ pub struct CandidateTrace {
 pub struct DropTrace {
     /// Filter name.
     pub filter: Arc<str>,
-    /// Candidate id.
-    pub candidate: String,
+    /// Candidate.
+    pub candidate: CandidateRef,
     /// The values that made the drop condition hold.
     pub reason: String,
 }
@@ -176,7 +194,7 @@ pub struct TierTrace {
     /// The tier, as text.
     pub tier: String,
     /// Candidates it looked at.
-    pub candidates: Vec<String>,
+    pub candidates: Vec<CandidateRef>,
     /// The one it picked.
-    pub picked: Option<String>,
+    pub picked: Option<CandidateRef>,
 }

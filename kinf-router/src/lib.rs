@@ -15,6 +15,8 @@ pub mod predictor;
 pub mod prefix_index;
 pub mod request;
 pub mod state;
+pub mod synthetic;
+pub mod tokenize;
 pub mod usage;
 
 pub use decide::Decider;

@@ -50,15 +50,27 @@ pub struct TtftModel {
 impl TtftModel {
     /// A model from a prior: prefill tokens per second and fixed overhead.
     pub fn from_prior(prefill_tokens_per_second: f64, overhead_s: f64) -> Self {
-        let tps = if prefill_tokens_per_second > 0.0 { prefill_tokens_per_second } else { 5000.0 };
+        let tps = if prefill_tokens_per_second > 0.0 {
+            prefill_tokens_per_second
+        } else {
+            5000.0
+        };
         let s_per_token = 1.0 / tps;
         TtftModel {
-            theta: [overhead_s.max(0.0), s_per_token, DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token],
+            theta: [
+                overhead_s.max(0.0),
+                s_per_token,
+                DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token,
+            ],
             // Prior confidence: overhead ±50 ms, per-token ±50 %, per-queued ±50 %.
             p: [
                 [0.05f64.powi(2), 0.0, 0.0],
                 [0.0, (0.5 * s_per_token).powi(2), 0.0],
-                [0.0, 0.0, (0.5 * DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token).powi(2)],
+                [
+                    0.0,
+                    0.0,
+                    (0.5 * DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token).powi(2),
+                ],
             ],
             interference: DEFAULT_INTERFERENCE,
             observations: 0,
@@ -68,7 +80,11 @@ impl TtftModel {
     }
 
     fn features(&self, uncached_tokens: f64, queued: f64, running: f64) -> [f64; 3] {
-        [1.0, uncached_tokens * (1.0 + self.interference * running.max(0.0)), queued.max(0.0)]
+        [
+            1.0,
+            uncached_tokens * (1.0 + self.interference * running.max(0.0)),
+            queued.max(0.0),
+        ]
     }
 
     /// Predicts TTFT for a request with `uncached_tokens` on an endpoint with the given load.
@@ -77,7 +93,12 @@ impl TtftModel {
         let overhead_s = self.theta[0].max(0.0);
         let prefill_s = (self.theta[1] * x[1]).max(0.0);
         let wait_s = (self.theta[2] * x[2]).max(0.0);
-        TtftParts { wait_s, prefill_s, overhead_s, total_s: wait_s + prefill_s + overhead_s }
+        TtftParts {
+            wait_s,
+            prefill_s,
+            overhead_s,
+            total_s: wait_s + prefill_s + overhead_s,
+        }
     }
 
     /// Learns from one observed TTFT (seconds) of a request whose prediction inputs were these.
@@ -90,7 +111,8 @@ impl TtftModel {
         let alpha = 0.1;
         self.abs_error_ewma_s = (1.0 - alpha) * self.abs_error_ewma_s + alpha * err.abs();
         if observed_s > 0.0 {
-            self.rel_error_ewma = (1.0 - alpha) * self.rel_error_ewma + alpha * (err.abs() / observed_s);
+            self.rel_error_ewma =
+                (1.0 - alpha) * self.rel_error_ewma + alpha * (err.abs() / observed_s);
         }
         self.observations += 1;
         // Recursive least squares with forgetting.

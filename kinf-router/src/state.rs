@@ -71,9 +71,21 @@ impl LoadWindow {
             k += s.kv_usage;
         }
         if n == 0.0 {
-            return self.samples.back().map(|s| Load { queued_prompts: s.queued, running_prompts: s.running, kv_cache_usage: s.kv_usage }).unwrap_or_default();
+            return self
+                .samples
+                .back()
+                .map(|s| Load {
+                    queued_prompts: s.queued,
+                    running_prompts: s.running,
+                    kv_cache_usage: s.kv_usage,
+                })
+                .unwrap_or_default();
         }
-        Load { queued_prompts: q / n, running_prompts: r / n, kv_cache_usage: k / n }
+        Load {
+            queued_prompts: q / n,
+            running_prompts: r / n,
+            kv_cache_usage: k / n,
+        }
     }
 
     /// The newest sample.
@@ -168,14 +180,31 @@ impl ClusterState {
                         ready: true,
                         stale: false,
                         load: LoadWindow::default(),
-                        ttft: TtftModel::from_prior(w.prior.prefill_tokens_per_second, w.prior.overhead.as_secs_f64()),
+                        ttft: TtftModel::from_prior(
+                            w.prior.prefill_tokens_per_second,
+                            w.prior.overhead.as_secs_f64(),
+                        ),
                         index_id: EndpointId(i as u32),
                         assumed_cached_tokens: None,
                     })
                     .collect();
-                st.worker_sets.insert(key, WorkerSetState { endpoints, index: PrefixIndex::new(bs), block_size: bs });
+                st.worker_sets.insert(
+                    key,
+                    WorkerSetState {
+                        endpoints,
+                        index: PrefixIndex::new(bs),
+                        block_size: bs,
+                    },
+                );
             } else if d.provider.is_some() {
-                st.providers.insert(key, ProviderState { ready: true, ttft_s: None, in_flight: 0 });
+                st.providers.insert(
+                    key,
+                    ProviderState {
+                        ready: true,
+                        ttft_s: None,
+                        in_flight: 0,
+                    },
+                );
             }
         }
         st

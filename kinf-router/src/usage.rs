@@ -63,7 +63,11 @@ mod tests {
         let u = TokenUsage::from_openai(1000, 768, 100);
         assert_eq!(u.uncached_prompt_tokens, 232);
         assert_eq!(u.total_tokens(), 1100);
-        let prices = CostInfo { uncached_prompt: 1.0, cached_prompt: 0.1, output: 2.0 };
+        let prices = CostInfo {
+            uncached_prompt: 1.0,
+            cached_prompt: 0.1,
+            output: 2.0,
+        };
         let expect = (232.0 * 1.0 + 768.0 * 0.1 + 100.0 * 2.0) / 1e6;
         assert!((u.cost(&prices) - expect).abs() < 1e-12);
         assert_eq!(TokenUsage::from_openai(10, 50, 0).cached_prompt_tokens, 10);

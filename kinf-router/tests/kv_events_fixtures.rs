@@ -220,7 +220,11 @@ fn check_event(ours: &KvEvent, theirs: &Json, ctx: &str) {
 /// Compares a decoded payload with vLLM's `[ts, events, dp_rank]`.
 fn check_payload(ts: f64, events: &[KvEvent], dp: Option<i64>, theirs: &Json, ctx: &str) {
     let p = theirs.as_array().unwrap();
-    assert!(same_f64(ts, p[0].as_f64().unwrap()), "{ctx}: ts {ts} vs {}", p[0]);
+    assert!(
+        same_f64(ts, p[0].as_f64().unwrap()),
+        "{ctx}: ts {ts} vs {}",
+        p[0]
+    );
     let evs = p[1].as_array().unwrap();
     assert_eq!(events.len(), evs.len(), "{ctx}: event count");
     for (i, (a, b)) in events.iter().zip(evs).enumerate() {
@@ -245,7 +249,11 @@ fn check_raw_capture(frames_rel: &str, decoded_rel: &str) -> Vec<EventBatch> {
         check_payload(b.ts, &b.events, b.dp_rank, &theirs["payload"], &ctx);
         // Byte equality with what vLLM published.
         let again = encode_message(&b);
-        assert_eq!(again.as_slice(), frames.as_slice(), "{ctx}: re-encoding differs");
+        assert_eq!(
+            again.as_slice(),
+            frames.as_slice(),
+            "{ctx}: re-encoding differs"
+        );
         out.push(b);
     }
     out
@@ -396,7 +404,10 @@ fn run3_guidellm_jsonl() {
         .flat_map(|b| &b.events)
         .filter(|e| matches!(e, KvEvent::BlockStored(s) if s.parent.is_some()))
         .count();
-    assert!(with_parent > 10, "shared-prefix run should chain onto parents");
+    assert!(
+        with_parent > 10,
+        "shared-prefix run should chain onto parents"
+    );
 }
 
 /// Every captured payload, for the robustness tests.
@@ -426,7 +437,10 @@ fn every_truncation_of_every_capture_is_an_error() {
     for p in all_payloads() {
         assert!(decode_payload(&p).is_ok());
         for n in 0..p.len() {
-            assert!(decode_payload(&p[..n]).is_err(), "prefix of {n} bytes decoded");
+            assert!(
+                decode_payload(&p[..n]).is_err(),
+                "prefix of {n} bytes decoded"
+            );
         }
         let mut longer = p.clone();
         longer.push(0xc0);
@@ -455,10 +469,7 @@ fn frame_errors() {
     assert_eq!(ok.events, vec![KvEvent::AllBlocksCleared]);
     // Replay replies in the older shapes.
     let end = (-1i64).to_be_bytes();
-    assert_eq!(
-        decode_replay_reply(&[&end, b""]).unwrap(),
-        ReplayItem::End
-    );
+    assert_eq!(decode_replay_reply(&[&end, b""]).unwrap(), ReplayItem::End);
     assert!(matches!(
         decode_replay_reply(&[b"", &seq, &payload]).unwrap(),
         ReplayItem::Batch(b) if b.seq == 5 && b.topic.is_empty()
@@ -530,7 +541,10 @@ fn legacy_array_events_and_map_payload() {
     // Map-shaped batch, unknown keys everywhere, keys out of order.
     let ev = V::Map(vec![
         (s("block_hashes"), V::Array(vec![V::from(7u64)])),
-        (s("future_field"), V::Map(vec![(V::from(1), V::Array(vec![]))])),
+        (
+            s("future_field"),
+            V::Map(vec![(V::from(1), V::Array(vec![]))]),
+        ),
         (V::from(5), V::Nil),
         (s("type"), s("BlockRemoved")),
         (s("medium"), s("CPU")),
@@ -573,8 +587,8 @@ fn hash_encodings_of_every_width_and_bytes() {
         (s("block_hashes"), hashes),
         (s("medium"), V::Nil),
     ]);
-    let (_, evs, _) = decode_payload(&mp(&V::Array(vec![V::F64(0.0), V::Array(vec![ev])])))
-        .unwrap();
+    let (_, evs, _) =
+        decode_payload(&mp(&V::Array(vec![V::F64(0.0), V::Array(vec![ev])]))).unwrap();
     let KvEvent::BlockRemoved(r) = &evs[0] else {
         panic!()
     };
@@ -614,7 +628,16 @@ fn type_errors_are_reported_not_panicked() {
         (s("block_size"), V::from(1)),
     ]);
     let e = decode_payload(&mp(&V::Array(vec![V::F64(0.0), V::Array(vec![bad_token])])));
-    assert!(matches!(e, Err(DecodeError::Range { what: "token id", .. })), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Err(DecodeError::Range {
+                what: "token id",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
     let missing = V::Map(vec![(s("type"), s("BlockStored"))]);
     let e = decode_payload(&mp(&V::Array(vec![V::F64(0.0), V::Array(vec![missing])])));
     assert!(matches!(e, Err(DecodeError::MissingField { .. })), "{e:?}");
@@ -622,14 +645,19 @@ fn type_errors_are_reported_not_panicked() {
     let e = decode_payload(&mp(&V::Array(vec![V::F64(0.0), V::Array(vec![untagged])])));
     assert!(matches!(e, Err(DecodeError::MissingTag(_))), "{e:?}");
     // A header that claims 4 billion tokens must not allocate them.
-    let huge = [0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff];
+    let huge = [
+        0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff,
+    ];
     assert!(decode_payload(&huge).is_err());
     // Deep nesting in an ignored field is bounded.
     let mut deep = vec![0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x82];
     deep.extend_from_slice(&[0xa4, b't', b'y', b'p', b'e', 0xa1, b'X', 0xa1, b'z']);
     deep.extend(std::iter::repeat_n(0x91, 100_000));
     deep.push(0xc0);
-    assert!(matches!(decode_payload(&deep), Err(DecodeError::TooDeep(_))));
+    assert!(matches!(
+        decode_payload(&deep),
+        Err(DecodeError::TooDeep(_))
+    ));
     assert!(decode_payload(&[]).is_err());
     assert!(decode_payload(&[0xc1]).is_err());
     assert!(decode_payload(&[0x91, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());

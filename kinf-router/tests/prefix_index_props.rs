@@ -154,7 +154,11 @@ fn check_state(ix: &PrefixIndex, m: &Model) {
     }
     let st = ix.stats();
     assert_eq!(st.pairs, pairs, "pairs");
-    let distinct: HashSet<u64> = m.eps.values().flat_map(|e| e.held.iter().copied()).collect();
+    let distinct: HashSet<u64> = m
+        .eps
+        .values()
+        .flat_map(|e| e.held.iter().copied())
+        .collect();
     assert_eq!(st.blocks, distinct.len(), "blocks");
     assert_eq!(st.orphaned, m.orphaned, "orphaned");
 }
@@ -223,7 +227,10 @@ fn real_streams_match_the_reference_after_every_batch() {
             EndpointId(13),
             frames_file("run2-small-cache/kv_events_raw_frames.txt"),
         ),
-        (EndpointId(14), jsonl("kv_frames_run3_guidellm_prefix.jsonl")),
+        (
+            EndpointId(14),
+            jsonl("kv_frames_run3_guidellm_prefix.jsonl"),
+        ),
     ];
     // Interleave the endpoints' batches in timestamp order, as a server would receive them.
     let mut all: Vec<(f64, EndpointId, &EventBatch)> = streams
@@ -260,7 +267,10 @@ fn real_streams_match_the_reference_after_every_batch() {
         }
     }
     let st = ix.stats();
-    assert_eq!(st.orphaned, 0, "real streams are complete: every parent is known");
+    assert_eq!(
+        st.orphaned, 0,
+        "real streams are complete: every parent is known"
+    );
     assert_eq!(st.unknown_removals, 0, "vLLM only removes blocks it stored");
     assert_eq!(st.rejected, 0);
     assert!(saw_removal_effect, "run2 has evictions");
@@ -356,14 +366,21 @@ fn prompts() -> impl Strategy<Value = Vec<Vec<u32>>> {
 /// vLLM-like engine hash: a function of the block's content chain, salted per endpoint (even
 /// endpoints share a salt, as vLLM ≥ 0.32 engines with the same hash seed do).
 fn engine_hash(ep: u32, own: u64) -> u64 {
-    let salt = if ep.is_multiple_of(2) { 0 } else { u64::from(ep) };
+    let salt = if ep.is_multiple_of(2) {
+        0
+    } else {
+        u64::from(ep)
+    };
     (own ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15)).rotate_left(17)
 }
 
 fn run_ops(prompts: &[Vec<u32>], ops: &[Op]) {
     let mut ix = PrefixIndex::new(BS);
     let mut m = Model::new(BS);
-    let own: Vec<Vec<u64>> = prompts.iter().map(|p| block_hashes(p, BS).to_vec()).collect();
+    let own: Vec<Vec<u64>> = prompts
+        .iter()
+        .map(|p| block_hashes(p, BS).to_vec())
+        .collect();
     // Requests: every prefix of every prompt, plus each prompt with one corrupted block.
     let mut requests: Vec<Vec<u64>> = Vec::new();
     for (pi, p) in prompts.iter().enumerate() {

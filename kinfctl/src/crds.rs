@@ -30,12 +30,24 @@ pub fn run_crds(format: Format, out: &mut dyn Write, _err: &mut dyn Write) -> i3
 
 /// `kinfctl schema KIND`.
 pub fn run_schema(kind: &str, _format: Format, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
-    let Some(k) = ResourceKind::ALL.iter().copied().find(|k| k.as_str().eq_ignore_ascii_case(kind)) else {
+    let Some(k) = ResourceKind::ALL
+        .iter()
+        .copied()
+        .find(|k| k.as_str().eq_ignore_ascii_case(kind))
+    else {
         let kinds: Vec<&str> = ResourceKind::ALL.iter().map(|k| k.as_str()).collect();
-        let _ = writeln!(err, "error: unknown kind `{kind}`\n  help: {}", kinf_lang::suggest::help_for(kind, kinds.iter().copied(), "kinds"));
+        let _ = writeln!(
+            err,
+            "error: unknown kind `{kind}`\n  help: {}",
+            kinf_lang::suggest::help_for(kind, kinds.iter().copied(), "kinds")
+        );
         return EXIT_USAGE;
     };
     let schema = kinf_lang::schema_check::lint_schema(k);
-    let _ = writeln!(out, "{}", serde_json::to_string_pretty(&schema).unwrap_or_default());
+    let _ = writeln!(
+        out,
+        "{}",
+        serde_json::to_string_pretty(&schema).unwrap_or_default()
+    );
     EXIT_OK
 }

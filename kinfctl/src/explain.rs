@@ -44,26 +44,50 @@ fn stages_text(out: &mut String, s: &StagesTrace) {
     let _ = writeln!(out, "  consider: {} candidate(s)", s.considered.len());
     for c in &s.considered {
         let load = match (c.queued_prompts, c.running_prompts, c.kv_cache_usage) {
-            (Some(q), Some(r), Some(k)) => format!("queued {q:.1}, running {r:.1}, KV {:.0}%, ", k * 100.0),
+            (Some(q), Some(r), Some(k)) => {
+                format!("queued {q:.1}, running {r:.1}, KV {:.0}%, ", k * 100.0)
+            }
             _ => String::new(),
         };
         let p = &c.predicted_ttft;
         let _ = writeln!(
             out,
             "    {} ({}, model {}): {load}cached {} tokens, predicted TTFT {:.3}s = wait {:.3} + prefill {:.3} + overhead {:.3}",
-            c.id, c.backend_type.as_str(), c.model, c.cached_prompt_tokens, p.total_s, p.wait_s, p.prefill_s, p.overhead_s
+            c.id,
+            c.backend_type.as_str(),
+            c.model,
+            c.cached_prompt_tokens,
+            p.total_s,
+            p.wait_s,
+            p.prefill_s,
+            p.overhead_s
         );
     }
     for u in &s.unavailable {
         let _ = writeln!(out, "    not a candidate: {u}");
     }
     for d in &s.dropped {
-        let _ = writeln!(out, "  exclude `{}` dropped {} ({})", d.filter, d.candidate, d.reason);
+        let _ = writeln!(
+            out,
+            "  exclude `{}` dropped {} ({})",
+            d.filter, d.candidate, d.reason
+        );
     }
     for (i, t) in s.tiers.iter().enumerate() {
         match &t.picked {
             Some(p) => {
-                let _ = writeln!(out, "  select tier {} ({}): picked {} of [{}]", i + 1, t.tier, p, t.candidates.join(", "));
+                let _ = writeln!(
+                    out,
+                    "  select tier {} ({}): picked {} of [{}]",
+                    i + 1,
+                    t.tier,
+                    p,
+                    t.candidates
+                        .iter()
+                        .map(|c| c.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
             }
             None => {
                 let _ = writeln!(out, "  select tier {} ({}): no candidate", i + 1, t.tier);
@@ -80,11 +104,26 @@ pub fn decision_text(d: &Decision) -> String {
     let mut out = String::new();
     match &d.outcome {
         Outcome::Route(r) => {
-            let rewrite = if r.rewrite_model { " (body `model` rewritten)" } else { "" };
-            let _ = writeln!(out, "route → {} ({}, {}), model `{}`{rewrite}", r.endpoint, r.destination, r.backend_type.as_str(), r.model);
+            let rewrite = if r.rewrite_model {
+                " (body `model` rewritten)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "route → {} ({}, {}), model `{}`{rewrite}",
+                r.endpoint,
+                r.destination,
+                r.backend_type.as_str(),
+                r.model
+            );
         }
         Outcome::Reject(r) => {
-            let _ = writeln!(out, "reject → HTTP {} `{}`: {}", r.status, r.code, r.message);
+            let _ = writeln!(
+                out,
+                "reject → HTTP {} `{}`: {}",
+                r.status, r.code, r.message
+            );
         }
     }
     match (&d.policy, &d.rule) {
@@ -103,7 +142,11 @@ fn trace_text(out: &mut String, t: &Trace) {
     let _ = writeln!(out, "\npool {}", t.pool);
     for r in &t.rules {
         if !r.matched {
-            let _ = writeln!(out, "rule `{}` ({}): matches do not hold, next rule", r.rule, r.policy);
+            let _ = writeln!(
+                out,
+                "rule `{}` ({}): matches do not hold, next rule",
+                r.rule, r.policy
+            );
             continue;
         }
         let _ = writeln!(out, "rule `{}` ({}): matches", r.rule, r.policy);
@@ -112,13 +155,19 @@ fn trace_text(out: &mut String, t: &Trace) {
         }
     }
     if let Some(s) = &t.default {
-        let _ = writeln!(out, "default route: requested model, Local by PredictedTTFT, then Provider by PredictedTTFT");
+        let _ = writeln!(
+            out,
+            "default route: requested model, Local by PredictedTTFT, then Provider by PredictedTTFT"
+        );
         stages_text(out, s);
     }
 }
 
 /// Compiles the policies; errors are reported on `err`.
-pub fn load_policy(paths: &[PathBuf], err: &mut dyn Write) -> Result<std::sync::Arc<kinf_lang::CompiledPolicy>, i32> {
+pub fn load_policy(
+    paths: &[PathBuf],
+    err: &mut dyn Write,
+) -> Result<std::sync::Arc<kinf_lang::CompiledPolicy>, i32> {
     let sources = crate::load::read_sources(paths).map_err(|e| {
         let _ = writeln!(err, "error: {e}");
         EXIT_USAGE
@@ -130,20 +179,34 @@ pub fn load_policy(paths: &[PathBuf], err: &mut dyn Write) -> Result<std::sync::
             for d in &c.diagnostics {
                 let _ = writeln!(err, "{}", d.render_plain(&sources));
             }
-            let _ = writeln!(err, "error: the policies do not compile; fix them first (`kinfctl lint`)");
+            let _ = writeln!(
+                err,
+                "error: the policies do not compile; fix them first (`kinfctl lint`)"
+            );
             Err(EXIT_FINDINGS)
         }
     }
 }
 
 /// Decides one scenario.
-pub fn decide_files(policy: &kinf_lang::CompiledPolicy, request: &RequestFile, state: &StateFile) -> Result<Decision, String> {
+pub fn decide_files(
+    policy: &kinf_lang::CompiledPolicy,
+    request: &RequestFile,
+    state: &StateFile,
+) -> Result<Decision, String> {
     let st = state.to_state(policy)?;
     Ok(Decider::decide(policy, &request.to_request(), &st))
 }
 
 /// `kinfctl explain`.
-pub fn run(paths: &[PathBuf], request: &Path, state: Option<&Path>, format: Format, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+pub fn run(
+    paths: &[PathBuf],
+    request: &Path,
+    state: Option<&Path>,
+    format: Format,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
     let policy = match load_policy(paths, err) {
         Ok(p) => p,
         Err(code) => return code,
@@ -171,7 +234,11 @@ pub fn run(paths: &[PathBuf], request: &Path, state: Option<&Path>, format: Form
     };
     match format {
         Format::Json => {
-            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&decision_json(&d)).unwrap_or_default());
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&decision_json(&d)).unwrap_or_default()
+            );
         }
         Format::Human => {
             let _ = write!(out, "{}", decision_text(&d));

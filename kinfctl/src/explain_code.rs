@@ -17,17 +17,35 @@ pub fn catalogue() -> String {
          sync with the compiler.\n\n| code | severity | summary |\n|---|---|---|\n",
     );
     for c in Code::ALL {
-        out.push_str(&format!("| [{}](#{}) | {} | {} |\n", c, c.as_str().to_ascii_lowercase(), c.severity().as_str(), c.summary()));
+        out.push_str(&format!(
+            "| [{}](#{}) | {} | {} |\n",
+            c,
+            c.as_str().to_ascii_lowercase(),
+            c.severity().as_str(),
+            c.summary()
+        ));
     }
     for c in Code::ALL {
-        out.push_str(&format!("\n## {}\n\n*{}* — {}\n\n{}", c, c.severity().as_str(), c.summary(), c.explanation().trim_end()));
+        out.push_str(&format!(
+            "\n## {}\n\n*{}* — {}\n\n{}",
+            c,
+            c.severity().as_str(),
+            c.summary(),
+            c.explanation().trim_end()
+        ));
         out.push('\n');
     }
     out
 }
 
 /// `kinfctl explain-code`.
-pub fn run(code: Option<&str>, all: bool, format: Format, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+pub fn run(
+    code: Option<&str>,
+    all: bool,
+    format: Format,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
     if all {
         let _ = out.write_all(catalogue().as_bytes());
         return EXIT_OK;
@@ -38,7 +56,11 @@ pub fn run(code: Option<&str>, all: bool, format: Format, out: &mut dyn Write, e
     };
     let Some(c) = Code::parse(text) else {
         let codes: Vec<&str> = Code::ALL.iter().map(|c| c.as_str()).collect();
-        let _ = writeln!(err, "error: unknown diagnostic code `{text}`\n  help: {}", kinf_lang::suggest::help_for(text, codes.iter().copied(), "codes"));
+        let _ = writeln!(
+            err,
+            "error: unknown diagnostic code `{text}`\n  help: {}",
+            kinf_lang::suggest::help_for(text, codes.iter().copied(), "codes")
+        );
         return EXIT_USAGE;
     };
     match format {
@@ -47,10 +69,21 @@ pub fn run(code: Option<&str>, all: bool, format: Format, out: &mut dyn Write, e
                 "code": c.as_str(), "severity": c.severity().as_str(),
                 "summary": c.summary(), "explanation": c.explanation(),
             });
-            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&v).unwrap_or_default()
+            );
         }
         Format::Human => {
-            let _ = writeln!(out, "{} ({}): {}\n\n{}", c, c.severity().as_str(), c.summary(), c.explanation().trim_end());
+            let _ = writeln!(
+                out,
+                "{} ({}): {}\n\n{}",
+                c,
+                c.severity().as_str(),
+                c.summary(),
+                c.explanation().trim_end()
+            );
         }
     }
     EXIT_OK

@@ -9,7 +9,13 @@ use crate::cli::GraphFormat;
 use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
 
 /// `kinfctl graph`.
-pub fn run(paths: &[PathBuf], pool: Option<&str>, format: GraphFormat, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+pub fn run(
+    paths: &[PathBuf],
+    pool: Option<&str>,
+    format: GraphFormat,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
     let sources = match crate::load::read_sources(paths) {
         Ok(s) => s,
         Err(e) => {
@@ -19,17 +25,32 @@ pub fn run(paths: &[PathBuf], pool: Option<&str>, format: GraphFormat, out: &mut
     };
     let c = kinf_lang::compile(&sources);
     let Some(policy) = c.policy else {
-        let _ = writeln!(err, "error: the bundle has {} error(s); run `kinfctl lint` to see them", c.errors());
+        let _ = writeln!(
+            err,
+            "error: the bundle has {} error(s); run `kinfctl lint` to see them",
+            c.errors()
+        );
         return EXIT_FINDINGS;
     };
     let pools: Vec<_> = policy
         .pools
         .iter()
-        .filter(|p| pool.is_none_or(|n| *p.name == *n || format!("{}/{}", p.namespace, p.name) == n))
+        .filter(|p| {
+            pool.is_none_or(|n| *p.name == *n || format!("{}/{}", p.namespace, p.name) == n)
+        })
         .collect();
     if pools.is_empty() {
-        let names: Vec<String> = policy.pools.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect();
-        let _ = writeln!(err, "error: no pool `{}`; pools: {}", pool.unwrap_or(""), names.join(", "));
+        let names: Vec<String> = policy
+            .pools
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        let _ = writeln!(
+            err,
+            "error: no pool `{}`; pools: {}",
+            pool.unwrap_or(""),
+            names.join(", ")
+        );
         return EXIT_USAGE;
     }
     match format {
@@ -48,7 +69,11 @@ pub fn run(paths: &[PathBuf], pool: Option<&str>, format: GraphFormat, out: &mut
                 .iter()
                 .map(|p| serde_json::json!({"pool": format!("{}/{}", p.namespace, p.name), "text": render_pool(p, &policy)}))
                 .collect();
-            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&v).unwrap_or_default()
+            );
         }
     }
     EXIT_OK

@@ -26,12 +26,31 @@ pub const EXIT_USAGE: i32 = 2;
 /// Runs a parsed command line.
 pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     match cli.command {
-        Command::Lint { paths, deny_warnings, format } => lint::run(&paths, deny_warnings, format, out, err),
-        Command::ExplainCode { code, all, format } => explain_code::run(code.as_deref(), all, format, out, err),
+        Command::Lint {
+            paths,
+            deny_warnings,
+            format,
+        } => lint::run(&paths, deny_warnings, format, out, err),
+        Command::ExplainCode { code, all, format } => {
+            explain_code::run(code.as_deref(), all, format, out, err)
+        }
         Command::Crds { format } => crds::run_crds(format, out, err),
         Command::Schema { kind, format } => crds::run_schema(&kind, format, out, err),
-        Command::Graph { paths, pool, format } => graph::run(&paths, pool.as_deref(), format, out, err),
-        Command::Explain { paths, request, state, format } => explain::run(&paths, &request, state.as_deref(), format, out, err),
-        Command::Test { paths, cases, format } => test_cmd::run(&paths, &cases, format, out, err),
+        Command::Graph {
+            paths,
+            pool,
+            format,
+        } => graph::run(&paths, pool.as_deref(), format, out, err),
+        Command::Explain {
+            paths,
+            request,
+            state,
+            format,
+        } => explain::run(&paths, &request, state.as_deref(), format, out, err),
+        Command::Test {
+            paths,
+            cases,
+            format,
+        } => test_cmd::run(&paths, &cases, format, out, err),
     }
 }

@@ -54,17 +54,23 @@ pub fn render_human(d: &Diagnostic, sources: &Sources) -> String {
     // Related places in other files are not drawn by miette: list them.
     let primary_file = d.primary.as_ref().map(|(s, _)| s.file);
     for (span, label) in &d.related {
-        if Some(span.file) != primary_file {
-            if let Some((f, l, c)) = sources.locate(*span) {
-                s.push_str(&format!("  note: {label} at {f}:{l}:{c}\n"));
-            }
+        if Some(span.file) != primary_file
+            && let Some((f, l, c)) = sources.locate(*span)
+        {
+            s.push_str(&format!("  note: {label} at {f}:{l}:{c}\n"));
         }
     }
     s
 }
 
 /// `kinfctl lint`.
-pub fn run(paths: &[PathBuf], deny_warnings: bool, format: Format, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+pub fn run(
+    paths: &[PathBuf],
+    deny_warnings: bool,
+    format: Format,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
     let sources = match crate::load::read_sources(paths) {
         Ok(s) => s,
         Err(e) => {
@@ -81,7 +87,11 @@ pub fn run(paths: &[PathBuf], deny_warnings: bool, format: Format, out: &mut dyn
                 "diagnostics": c.diagnostics.iter().map(|d| diagnostic_json(d, &sources)).collect::<Vec<_>>(),
                 "summary": {"errors": errors, "warnings": warnings, "files": sources.len()},
             });
-            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&v).unwrap_or_default()
+            );
         }
         Format::Human => {
             for d in &c.diagnostics {
@@ -89,10 +99,18 @@ pub fn run(paths: &[PathBuf], deny_warnings: bool, format: Format, out: &mut dyn
                 let _ = writeln!(out);
             }
             let verdict = if errors > 0 { "not applied" } else { "ok" };
-            let _ = writeln!(out, "{} file(s): {errors} error(s), {warnings} warning(s) — {verdict}", sources.len());
+            let _ = writeln!(
+                out,
+                "{} file(s): {errors} error(s), {warnings} warning(s) — {verdict}",
+                sources.len()
+            );
         }
     }
     let failing = errors > 0 || (deny_warnings && warnings > 0);
-    let _ = c.diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
+    let _ = c
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count();
     if failing { EXIT_FINDINGS } else { EXIT_OK }
 }

@@ -12,7 +12,8 @@ pub fn read_sources(paths: &[PathBuf]) -> Result<Sources, String> {
     }
     let mut sources = Sources::new();
     for f in files {
-        let text = std::fs::read_to_string(&f).map_err(|e| format!("cannot read `{}`: {e}", f.display()))?;
+        let text = std::fs::read_to_string(&f)
+            .map_err(|e| format!("cannot read `{}`: {e}", f.display()))?;
         sources.add(f.display().to_string(), text);
     }
     Ok(sources)

@@ -104,13 +104,17 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(name: &str, text: &str) -> Res
     if let Some(d) = diags.first() {
         return Err(d.render_plain(&sources));
     }
-    let json = docs.first().map(|d| d.root.to_json()).unwrap_or(serde_json::Value::Null);
+    let json = docs
+        .first()
+        .map(|d| d.root.to_json())
+        .unwrap_or(serde_json::Value::Null);
     serde_json::from_value(json).map_err(|e| format!("{name}: {e}"))
 }
 
 /// Reads and parses a file.
 pub fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
     parse_yaml(&path.display().to_string(), &text)
 }
 
@@ -119,7 +123,11 @@ impl RequestFile {
     pub fn to_request(&self) -> Request {
         let prompt_tokens = self
             .prompt_tokens
-            .or_else(|| self.prompt.as_ref().map(|p| (p.chars().count() as u32).div_ceil(4)))
+            .or_else(|| {
+                self.prompt
+                    .as_ref()
+                    .map(|p| (p.chars().count() as u32).div_ceil(4))
+            })
             .unwrap_or(1000);
         let mut r = Request::new(&self.model, prompt_tokens);
         r.pool = self.pool.as_deref().map(Arc::from);
@@ -127,7 +135,11 @@ impl RequestFile {
         r.tags = self.tags.iter().map(|t| Arc::from(t.as_str())).collect();
         r.qos = self.qos.unwrap_or(Qos::Interactive);
         r.max_tokens = self.max_tokens.unwrap_or(256);
-        r.headers = self.headers.iter().map(|(k, v)| (Arc::from(k.to_ascii_lowercase()), Arc::from(v.as_str()))).collect();
+        r.headers = self
+            .headers
+            .iter()
+            .map(|(k, v)| (Arc::from(k.to_ascii_lowercase()), Arc::from(v.as_str())))
+            .collect();
         r.stream = self.stream;
         r
     }
@@ -150,19 +162,38 @@ impl StateFile {
                     found = true;
                     ep.ready = e.ready;
                     ep.assumed_cached_tokens = Some(e.cached_prompt_tokens);
-                    ep.load.push(LoadSample { at_ms: 0, queued: e.queued_prompts, running: e.running_prompts, kv_usage: e.kv_cache_usage });
+                    ep.load.push(LoadSample {
+                        at_ms: 0,
+                        queued: e.queued_prompts,
+                        running: e.running_prompts,
+                        kv_usage: e.kv_cache_usage,
+                    });
                 }
             }
             if !found {
-                let known: Vec<String> = st.worker_sets.values().flat_map(|w| w.endpoints.iter().map(|e| e.address.to_string())).collect();
-                return Err(format!("state: `{addr}` is not an endpoint of any worker set (endpoints: {})", known.join(", ")));
+                let known: Vec<String> = st
+                    .worker_sets
+                    .values()
+                    .flat_map(|w| w.endpoints.iter().map(|e| e.address.to_string()))
+                    .collect();
+                return Err(format!(
+                    "state: `{addr}` is not an endpoint of any worker set (endpoints: {})",
+                    known.join(", ")
+                ));
             }
         }
         for (name, p) in &self.providers {
-            let key = st.providers.keys().find(|k| k.rsplit('/').next() == Some(name.as_str()) || &***k == name).cloned();
+            let key = st
+                .providers
+                .keys()
+                .find(|k| k.rsplit('/').next() == Some(name.as_str()) || &***k == name)
+                .cloned();
             let Some(key) = key else {
                 let known: Vec<String> = st.providers.keys().map(|k| k.to_string()).collect();
-                return Err(format!("state: `{name}` is not a provider (providers: {})", known.join(", ")));
+                return Err(format!(
+                    "state: `{name}` is not a provider (providers: {})",
+                    known.join(", ")
+                ));
             };
             if let Some(ps) = st.providers.get_mut(&key) {
                 ps.ready = p.ready;

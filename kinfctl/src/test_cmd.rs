@@ -37,7 +37,18 @@ enum CaseFile {
     One(Box<Case>),
 }
 
-const COMPARABLE: &[&str] = &["outcome", "backendType", "endpoint", "destination", "model", "policy", "rule", "status", "code", "rewriteModel"];
+const COMPARABLE: &[&str] = &[
+    "outcome",
+    "backendType",
+    "endpoint",
+    "destination",
+    "model",
+    "policy",
+    "rule",
+    "status",
+    "code",
+    "rewriteModel",
+];
 
 fn case_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
     let mut out = Vec::new();
@@ -53,14 +64,18 @@ fn case_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
         } else if p.exists() {
             out.push(p.clone());
         } else {
-            return Err(format!("cannot read `{}`: no such file or directory", p.display()));
+            return Err(format!(
+                "cannot read `{}`: no such file or directory",
+                p.display()
+            ));
         }
     }
     Ok(out)
 }
 
 fn load_cases(path: &Path) -> Result<Vec<(String, Case)>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
     let file: CaseFile = parse_yaml(&path.display().to_string(), &text)?;
     let cases = match file {
         CaseFile::Many { cases } => cases,
@@ -68,18 +83,35 @@ fn load_cases(path: &Path) -> Result<Vec<(String, Case)>, String> {
     };
     for c in &cases {
         if let Some(k) = c.expect.keys().find(|k| !COMPARABLE.contains(&k.as_str())) {
-            return Err(format!("{}: unknown `expect` field `{k}` (allowed: {})", path.display(), COMPARABLE.join(", ")));
+            return Err(format!(
+                "{}: unknown `expect` field `{k}` (allowed: {})",
+                path.display(),
+                COMPARABLE.join(", ")
+            ));
         }
     }
     Ok(cases
         .into_iter()
         .enumerate()
-        .map(|(i, c)| (c.name.clone().unwrap_or_else(|| format!("{}#{}", path.display(), i + 1)), c))
+        .map(|(i, c)| {
+            (
+                c.name
+                    .clone()
+                    .unwrap_or_else(|| format!("{}#{}", path.display(), i + 1)),
+                c,
+            )
+        })
         .collect())
 }
 
 /// `kinfctl test`.
-pub fn run(paths: &[PathBuf], cases: &[PathBuf], format: Format, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+pub fn run(
+    paths: &[PathBuf],
+    cases: &[PathBuf],
+    format: Format,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
     let policy = match load_policy(paths, err) {
         Ok(p) => p,
         Err(code) => return code,
@@ -113,7 +145,13 @@ pub fn run(paths: &[PathBuf], cases: &[PathBuf], format: Format, out: &mut dyn W
                 .expect
                 .iter()
                 .filter(|(k, v)| got.get(k.as_str()) != Some(v))
-                .map(|(k, v)| (k.clone(), v.clone(), got.get(k.as_str()).cloned().unwrap_or_default()))
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.clone(),
+                        got.get(k.as_str()).cloned().unwrap_or_default(),
+                    )
+                })
                 .collect();
             if mismatches.is_empty() {
                 passed += 1;
@@ -141,7 +179,11 @@ pub fn run(paths: &[PathBuf], cases: &[PathBuf], format: Format, out: &mut dyn W
     match format {
         Format::Json => {
             let v = serde_json::json!({"cases": results, "summary": {"passed": passed, "failed": failed}});
-            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&v).unwrap_or_default()
+            );
         }
         Format::Human => {
             let _ = writeln!(out, "{passed} passed, {failed} failed");

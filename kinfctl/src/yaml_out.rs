@@ -18,10 +18,9 @@ fn emit(v: &Value, indent: usize, out: &mut String, top: bool) {
         Value::Object(map) if !map.is_empty() => {
             let mut first = true;
             for (k, val) in map {
-                if !(top && first) || !out.is_empty() {
-                    if !first || !top {
-                        out.push_str(&pad);
-                    }
+                // Every key is indented, except the first of a mapping that starts a line.
+                if !(top && first) {
+                    out.push_str(&pad);
                 }
                 first = false;
                 out.push_str(&scalar_key(k));
@@ -77,7 +76,11 @@ fn write_value(val: &Value, indent: usize, out: &mut String) {
 }
 
 fn scalar_key(k: &str) -> String {
-    if needs_quotes(k) { quote(k) } else { k.to_string() }
+    if needs_quotes(k) {
+        quote(k)
+    } else {
+        k.to_string()
+    }
 }
 
 fn scalar(v: &Value) -> String {
@@ -86,7 +89,11 @@ fn scalar(v: &Value) -> String {
         Value::Bool(b) => b.to_string(),
         Value::Number(n) => n.to_string(),
         Value::String(s) => {
-            if needs_quotes(s) { quote(s) } else { s.clone() }
+            if needs_quotes(s) {
+                quote(s)
+            } else {
+                s.clone()
+            }
         }
         Value::Array(_) => "[]".into(),
         Value::Object(_) => "{}".into(),
@@ -124,7 +131,8 @@ mod tests {
 
     #[test]
     fn emits_nested_block_yaml() {
-        let v = serde_json::json!({"a": {"b": [1, {"c": "x: y", "d": []}], "e": "true"}, "f": "plain"});
+        let v =
+            serde_json::json!({"a": {"b": [1, {"c": "x: y", "d": []}], "e": "true"}, "f": "plain"});
         assert_eq!(
             to_yaml(&v),
             "a:\n  b:\n  - 1\n  - c: \"x: y\"\n    d: []\n  e: \"true\"\nf: plain\n"

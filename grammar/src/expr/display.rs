@@ -15,8 +15,7 @@ fn precedence(expr: &Expr) -> u8 {
             op: LogicalOp::Or, ..
         } => 1,
         ExprKind::Logical {
-            op: LogicalOp::And,
-            ..
+            op: LogicalOp::And, ..
         } => 2,
         ExprKind::Compare { .. } => 3,
         ExprKind::Not(_) => 4,

@@ -144,15 +144,12 @@ impl Node {
                 ctx.call(*index, &values)
             }
             Node::ToFloat(inner) => match inner.eval(ctx) {
-                #[expect(clippy::cast_precision_loss, reason = "Int to Float widening, as documented")]
                 Value::Int(i) => Value::Float(i as f64),
                 other => other,
             },
-            Node::Not(_)
-            | Node::And(_)
-            | Node::Or(_)
-            | Node::Compare { .. }
-            | Node::In { .. } => Value::Bool(self.eval_bool(ctx)),
+            Node::Not(_) | Node::And(_) | Node::Or(_) | Node::Compare { .. } | Node::In { .. } => {
+                Value::Bool(self.eval_bool(ctx))
+            }
         }
     }
 
@@ -243,7 +240,7 @@ fn cmp_int_float(int: i64, float: f64) -> Option<Ordering> {
         return Some(Ordering::Greater);
     }
     let whole = float.trunc();
-    #[expect(clippy::cast_possible_truncation, reason = "`whole` is integral and in range")]
+    // Exact: `whole` is integral and within the range of `i64`.
     let whole_int = whole as i64;
     match int.cmp(&whole_int) {
         Ordering::Equal => 0.0_f64.partial_cmp(&(float - whole)),
@@ -260,9 +257,18 @@ mod tests {
         assert_eq!(cmp_int_float(1, 1.0), Some(Ordering::Equal));
         assert_eq!(cmp_int_float(1, 1.5), Some(Ordering::Less));
         assert_eq!(cmp_int_float(-1, -1.5), Some(Ordering::Greater));
-        assert_eq!(cmp_int_float(i64::MAX, 9.223_372_036_854_776e18), Some(Ordering::Less));
-        assert_eq!(cmp_int_float(i64::MIN, -9.223_372_036_854_776e18), Some(Ordering::Equal));
-        assert_eq!(cmp_int_float((1 << 53) + 1, 9_007_199_254_740_992.0), Some(Ordering::Greater));
+        assert_eq!(
+            cmp_int_float(i64::MAX, 9.223_372_036_854_776e18),
+            Some(Ordering::Less)
+        );
+        assert_eq!(
+            cmp_int_float(i64::MIN, -9.223_372_036_854_776e18),
+            Some(Ordering::Equal)
+        );
+        assert_eq!(
+            cmp_int_float((1 << 53) + 1, 9_007_199_254_740_992.0),
+            Some(Ordering::Greater)
+        );
         assert_eq!(cmp_int_float(0, f64::NAN), None);
     }
 
@@ -271,10 +277,22 @@ mod tests {
         let s = |x: &'static str| Value::str(x);
         assert_eq!(compare(CompareOp::Eq, &s("a"), &s("a")), Some(true));
         assert_eq!(compare(CompareOp::Lt, &s("a"), &s("b")), None);
-        assert_eq!(compare(CompareOp::Ge, &Value::Int(3), &Value::Float(2.5)), Some(true));
-        assert_eq!(compare(CompareOp::Eq, &Value::Int(3), &Value::Duration(3.0)), None);
-        assert_eq!(compare(CompareOp::Ne, &Value::Float(f64::NAN), &Value::Float(1.0)), Some(true));
-        assert_eq!(compare(CompareOp::Eq, &Value::Float(f64::NAN), &Value::Float(1.0)), Some(false));
+        assert_eq!(
+            compare(CompareOp::Ge, &Value::Int(3), &Value::Float(2.5)),
+            Some(true)
+        );
+        assert_eq!(
+            compare(CompareOp::Eq, &Value::Int(3), &Value::Duration(3.0)),
+            None
+        );
+        assert_eq!(
+            compare(CompareOp::Ne, &Value::Float(f64::NAN), &Value::Float(1.0)),
+            Some(true)
+        );
+        assert_eq!(
+            compare(CompareOp::Eq, &Value::Float(f64::NAN), &Value::Float(1.0)),
+            Some(false)
+        );
         let items = [s("a"), s("b")];
         assert_eq!(contains(&s("b"), &items), Some(true));
         assert_eq!(contains(&s("c"), &items), Some(false));

@@ -96,7 +96,10 @@ fn build(pair: Pair<'_, Rule>, depth: usize) -> Result<Expr, SyntaxError> {
         ),
         Rule::string => {
             let body = pair.into_inner().next().ok_or_else(|| unexpected(span))?;
-            ExprKind::Literal(Literal::Str(unescape(body.as_str(), body.as_span().start())?))
+            ExprKind::Literal(Literal::Str(unescape(
+                body.as_str(),
+                body.as_span().start(),
+            )?))
         }
         Rule::boolean => ExprKind::Literal(Literal::Bool(text == "true")),
         Rule::number => ExprKind::Literal(number(text, span)?),
@@ -140,7 +143,11 @@ fn comparison(pair: Pair<'_, Rule>, depth: usize) -> Result<Expr, SyntaxError> {
     if let Some(second) = inner.next() {
         return Err(SyntaxError::new(
             Span::of(second.as_span()),
-            format!("comparisons cannot be chained: `{}` follows `{}`", second.as_str(), op.as_str()),
+            format!(
+                "comparisons cannot be chained: `{}` follows `{}`",
+                second.as_str(),
+                op.as_str()
+            ),
         )
         .with_help("join two comparisons with `&&`, e.g. `a < b && b < c`, or add parentheses"));
     }
@@ -220,10 +227,15 @@ fn number(text: &str, span: Span) -> Result<Literal, SyntaxError> {
     if let Some((mantissa, exponent)) = body.split_once(['e', 'E'])
         && is_decimal(mantissa)
         && !exponent.is_empty()
-        && exponent.trim_start_matches(['-', '+']).bytes().all(|b| b.is_ascii_digit())
+        && exponent
+            .trim_start_matches(['-', '+'])
+            .bytes()
+            .all(|b| b.is_ascii_digit())
     {
-        return Err(SyntaxError::new(span, format!("exponent notation `{text}` is not supported"))
-            .with_help("write the number out in full, e.g. `100000` or `0.001`"));
+        return Err(
+            SyntaxError::new(span, format!("exponent notation `{text}` is not supported"))
+                .with_help("write the number out in full, e.g. `100000` or `0.001`"),
+        );
     }
     if body.bytes().any(|b| b.is_ascii_alphabetic()) {
         return parse_duration(text)
@@ -238,7 +250,8 @@ fn number(text: &str, span: Span) -> Result<Literal, SyntaxError> {
     Err(SyntaxError::new(span, format!("invalid number `{text}`")).with_help(help))
 }
 
-const ESCAPES_HELP: &str = r#"valid escapes are `\"`, `\\`, `\n`, `\r`, `\t` and `\u{…}` (1 to 6 hex digits)"#;
+const ESCAPES_HELP: &str =
+    r#"valid escapes are `\"`, `\\`, `\n`, `\r`, `\t` and `\u{…}` (1 to 6 hex digits)"#;
 
 /// Resolves the escapes of a string body that starts at byte `offset`.
 fn unescape(body: &str, offset: usize) -> Result<String, SyntaxError> {
@@ -250,8 +263,11 @@ fn unescape(body: &str, offset: usize) -> Result<String, SyntaxError> {
             continue;
         }
         let Some((_, escape)) = chars.next() else {
-            return Err(SyntaxError::new(Span::new(offset + i, offset + i + 1), "unfinished escape")
-                .with_help(ESCAPES_HELP));
+            return Err(SyntaxError::new(
+                Span::new(offset + i, offset + i + 1),
+                "unfinished escape",
+            )
+            .with_help(ESCAPES_HELP));
         };
         let resolved = match escape {
             '"' => '"',
@@ -373,7 +389,10 @@ fn is_operand(rule: Rule) -> bool {
 
 /// Whether the rule stands for a literal (what a list holds).
 fn is_literal(rule: Rule) -> bool {
-    matches!(rule, Rule::list | Rule::string | Rule::boolean | Rule::number)
+    matches!(
+        rule,
+        Rule::list | Rule::string | Rule::boolean | Rule::number
+    )
 }
 
 fn describe(rule: Rule, literals_only: bool) -> &'static str {
@@ -413,7 +432,9 @@ fn pest_error(err: &pest::error::Error<Rule>, input: &str) -> SyntaxError {
         return too_deep(Span::new(0, input.len()));
     }
     let (span, found) = found_at(input, failure.pos);
-    let at_end = input.get(failure.pos..).is_some_and(|rest| rest.trim().is_empty());
+    let at_end = input
+        .get(failure.pos..)
+        .is_some_and(|rest| rest.trim().is_empty());
     let expects = |rule: Rule| failure.expected.contains(&rule);
 
     if at_end && (expects(Rule::rparen) || expects(Rule::rbracket)) {
@@ -448,7 +469,11 @@ fn pest_error(err: &pest::error::Error<Rule>, input: &str) -> SyntaxError {
         _ if token == "|" => Some("use `||` (or `or`) to combine conditions".to_owned()),
         Some('\'') => Some("write strings in double quotes, e.g. `\"pii-detected\"`".to_owned()),
         Some('.') => Some("write a digit before the point, e.g. `0.5`".to_owned()),
-        Some(')') if Scan::of(input.get(..failure.pos).unwrap_or("")).open.is_empty() => {
+        Some(')')
+            if Scan::of(input.get(..failure.pos).unwrap_or(""))
+                .open
+                .is_empty() =>
+        {
             Some("this `)` closes no `(`; remove it".to_owned())
         }
         _ if expects_operand && matches!(token, "and" | "or" | "not" | "in") => Some(format!(

@@ -239,7 +239,13 @@ impl Checker<'_> {
         None
     }
 
-    fn call(&mut self, span: Span, name: &str, name_span: Span, args: &[Expr]) -> Option<(Type, Node)> {
+    fn call(
+        &mut self,
+        span: Span,
+        name: &str,
+        name_span: Span,
+        args: &[Expr],
+    ) -> Option<(Type, Node)> {
         let checked: Vec<(Option<(Type, Node)>, Span)> =
             args.iter().map(|a| (self.check(a), a.span)).collect();
         let Some((index, sig)) = self.env.lookup_func(name) else {
@@ -281,7 +287,8 @@ impl Checker<'_> {
         }
         let mut nodes = Vec::with_capacity(args.len());
         let mut failed = false;
-        for (position, ((arg, arg_span), param)) in checked.into_iter().zip(&sig.params).enumerate() {
+        for (position, ((arg, arg_span), param)) in checked.into_iter().zip(&sig.params).enumerate()
+        {
             let Some((ty, node)) = arg else {
                 failed = true;
                 continue;
@@ -314,7 +321,13 @@ impl Checker<'_> {
         ))
     }
 
-    fn compare(&mut self, span: Span, op: CompareOp, lhs: &Expr, rhs: &Expr) -> Option<(Type, Node)> {
+    fn compare(
+        &mut self,
+        span: Span,
+        op: CompareOp,
+        lhs: &Expr,
+        rhs: &Expr,
+    ) -> Option<(Type, Node)> {
         let left = self.check(lhs);
         let right = self.check(rhs);
         let ((lt, ln), (rt, rn)) = (left?, right?);
@@ -326,7 +339,9 @@ impl Checker<'_> {
                     TypeErrorKind::Mismatch,
                     rhs.span,
                     format!("`{symbol}` needs a list on its right, found `{rt}`"),
-                    Some(format!("write a list, e.g. `{lhs} {symbol} [\"a\", \"b\"]`")),
+                    Some(format!(
+                        "write a list, e.g. `{lhs} {symbol} [\"a\", \"b\"]`"
+                    )),
                 );
                 return None;
             };
@@ -437,10 +452,13 @@ fn unify(a: &Type, b: &Type) -> Option<Type> {
 /// Converts `Int`s to `Float`s where `ty` says `Float`.
 fn coerce_value(value: Value<'static>, ty: &Type) -> Value<'static> {
     match (value, ty) {
-        #[expect(clippy::cast_precision_loss, reason = "Int to Float widening, as documented")]
         (Value::Int(i), Type::Float) => Value::Float(i as f64),
         (Value::List(items), Type::List(elem)) => Value::List(ValueList::Owned(
-            items.iter().cloned().map(|v| coerce_value(v, elem)).collect(),
+            items
+                .iter()
+                .cloned()
+                .map(|v| coerce_value(v, elem))
+                .collect(),
         )),
         (value, _) => value,
     }

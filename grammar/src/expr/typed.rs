@@ -27,7 +27,10 @@ pub(crate) enum Node {
     /// Variable by index.
     Var(usize),
     /// Function by index.
-    Call { index: usize, args: Box<[Node]> },
+    Call {
+        index: usize,
+        args: Box<[Node]>,
+    },
     /// `Int` argument passed where a `Float` is declared.
     ToFloat(Box<Node>),
     Not(Box<Node>),

@@ -298,9 +298,7 @@ fn tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, DecodeError> {
     let n = r.array_len()?;
     let n = checked_len(r, n)?;
     let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        out.push(r.u32_value("token id")?);
-    }
+    r.u32_values(n, &mut out, "token id")?;
     Ok(out)
 }
 

@@ -54,7 +54,12 @@ pub fn replay_reply_frames(batch: &EventBatch) -> [Vec<u8>; 4] {
 
 /// The end-of-replay marker `["", "", -1 (8-byte big-endian), ""]`.
 pub fn replay_end_frames() -> [Vec<u8>; 4] {
-    [Vec::new(), Vec::new(), (-1i64).to_be_bytes().to_vec(), Vec::new()]
+    [
+        Vec::new(),
+        Vec::new(),
+        (-1i64).to_be_bytes().to_vec(),
+        Vec::new(),
+    ]
 }
 
 fn event(w: &mut Writer<'_>, e: &KvEvent) {

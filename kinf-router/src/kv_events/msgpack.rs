@@ -237,11 +237,63 @@ impl<'a> Reader<'a> {
                     .int_body(m)?
                     .ok_or_else(|| self.type_err(at, "integer"))?;
                 match v {
-                    Int::U(u) => u32::try_from(u).map_err(|_| DecodeError::Range { what, offset: at }),
+                    Int::U(u) => {
+                        u32::try_from(u).map_err(|_| DecodeError::Range { what, offset: at })
+                    }
                     Int::I(_) => Err(DecodeError::Range { what, offset: at }),
                 }
             }
         }
+    }
+
+    /// Reads `n` non-negative integers that fit in `u32` into `out` (the token-id hot path: a
+    /// local cursor keeps the position in a register).
+    #[inline]
+    pub(crate) fn u32_values(
+        &mut self,
+        n: usize,
+        out: &mut Vec<u32>,
+        what: &'static str,
+    ) -> Result<(), DecodeError> {
+        let buf = self.buf;
+        let mut pos = self.pos;
+        for _ in 0..n {
+            let Some(&m) = buf.get(pos) else {
+                return Err(DecodeError::Eof(pos));
+            };
+            let v = match m {
+                0x00..=0x7f => {
+                    pos += 1;
+                    u32::from(m)
+                }
+                0xcc => match buf.get(pos + 1) {
+                    Some(&b) => {
+                        pos += 2;
+                        u32::from(b)
+                    }
+                    None => return Err(DecodeError::Eof(pos + 1)),
+                },
+                0xcd => match buf
+                    .get(pos + 1..pos + 3)
+                    .and_then(|s| <[u8; 2]>::try_from(s).ok())
+                {
+                    Some(b) => {
+                        pos += 3;
+                        u32::from(u16::from_be_bytes(b))
+                    }
+                    None => return Err(DecodeError::Eof(pos + 1)),
+                },
+                _ => {
+                    self.pos = pos;
+                    let v = self.u32_value(what)?;
+                    pos = self.pos;
+                    v
+                }
+            };
+            out.push(v);
+        }
+        self.pos = pos;
+        Ok(())
     }
 
     /// Reads a signed integer that fits in `i64`.
@@ -584,8 +636,9 @@ impl Writer<'_> {
                     }
                     _ => {
                         self.out.push(0xc9);
-                        self.out
-                            .extend_from_slice(&(u32::try_from(n).unwrap_or(u32::MAX)).to_be_bytes());
+                        self.out.extend_from_slice(
+                            &(u32::try_from(n).unwrap_or(u32::MAX)).to_be_bytes(),
+                        );
                     }
                 }
                 self.out.push(*t as u8);

@@ -211,7 +211,12 @@ impl ApproxIndex {
     /// Like [`PrefixIndex::match_prefix`](super::PrefixIndex::match_prefix), counting only
     /// entries no older than the maximum age at `now_ms` (whether or not [`expire`](Self::expire)
     /// ran). Cost grows with the number of endpoints sharing a block; meant for modest fleets.
-    pub fn match_prefix(&self, request_hashes: &[u64], now_ms: u64, out: &mut Vec<(EndpointId, u32)>) {
+    pub fn match_prefix(
+        &self,
+        request_hashes: &[u64],
+        now_ms: u64,
+        out: &mut Vec<(EndpointId, u32)>,
+    ) {
         out.clear();
         let fresh = |t: &&Touch| now_ms.saturating_sub(t.at_ms) <= self.max_age_ms;
         let Some(first) = request_hashes.first().and_then(|h| self.blocks.get(h)) else {

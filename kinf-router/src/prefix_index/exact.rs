@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use super::holders::{HolderStore, Holders, Removed, View, bit};
 use super::slots::Slots;
-use super::{EndpointId, chain_hash_with, chain_root, chain_root_lora_id};
+use super::{EndpointId, chain_blocks, chain_root, chain_root_lora_id};
 use crate::kv_events::{BlockRemoved, BlockStored, KvEvent, Medium};
 
 type Map<K, V> = HashMap<K, V, ahash::RandomState>;
@@ -169,7 +169,7 @@ impl PrefixIndex {
         let Some(state) = endpoints.get_mut(slot) else {
             return;
         };
-        let mut parent = match s.parent {
+        let parent = match s.parent {
             None => match (&s.lora_name, s.lora_id) {
                 (Some(name), _) => chain_root(Some(name)),
                 (None, Some(id)) => chain_root_lora_id(id),
@@ -183,9 +183,11 @@ impl PrefixIndex {
                 }
             },
         };
-        let mut buf: SmallVec<[u8; 8 + 4 * 128]> = SmallVec::new();
-        for (&engine, tokens) in s.block_hashes.iter().zip(s.token_ids.chunks_exact(bs)) {
-            let own = chain_hash_with(&mut buf, parent, tokens);
+        let mut engines = s.block_hashes.iter();
+        chain_blocks(parent, &s.token_ids, bs, |own| {
+            let Some(&engine) = engines.next() else {
+                return;
+            };
             if let Some(old) = state.engine.insert(engine, own)
                 && old != own
                 && remove_pair(blocks, store, slot, old)
@@ -204,8 +206,7 @@ impl PrefixIndex {
                 *pairs += 1;
                 state.pairs += 1;
             }
-            parent = own;
-        }
+        });
     }
 
     fn removed(&mut self, ep: EndpointId, r: &BlockRemoved) {
@@ -235,6 +236,10 @@ impl PrefixIndex {
                 None => *unknown_removals += 1,
             }
         }
+        // Hash tables never shrink by themselves: give memory back once three quarters of a
+        // table are free (rehashing then is amortised over the removals that emptied it).
+        shrink_if_sparse(&mut state.engine);
+        shrink_if_sparse(blocks);
     }
 
     /// Forgets every block of `ep` but keeps it registered (as `AllBlocksCleared` does).
@@ -294,9 +299,7 @@ impl PrefixIndex {
 
     /// The endpoints the index knows.
     pub fn endpoints(&self) -> impl Iterator<Item = EndpointId> + '_ {
-        self.endpoints
-            .iter()
-            .map(|(s, _)| self.endpoints.id(s))
+        self.endpoints.iter().map(|(s, _)| self.endpoints.id(s))
     }
 
     /// For every endpoint holding at least the request's first block, the number of leading
@@ -363,7 +366,12 @@ impl PrefixIndex {
 }
 
 /// Removes `slot` from block `own`; returns whether it held it.
-fn remove_pair(blocks: &mut Map<u64, Holders>, store: &mut HolderStore, slot: u32, own: u64) -> bool {
+fn remove_pair(
+    blocks: &mut Map<u64, Holders>,
+    store: &mut HolderStore,
+    slot: u32,
+    own: u64,
+) -> bool {
     let Entry::Occupied(mut o) = blocks.entry(own) else {
         return false;
     };
@@ -374,6 +382,13 @@ fn remove_pair(blocks: &mut Map<u64, Holders>, store: &mut HolderStore, slot: u3
             o.remove();
             true
         }
+    }
+}
+
+/// Shrinks a table to twice its length when it is at most a quarter full (and not tiny).
+fn shrink_if_sparse<V>(m: &mut Map<u64, V>) {
+    if m.capacity() >= 1024 && m.len() * 4 < m.capacity() {
+        m.shrink_to(m.len() * 2);
     }
 }
 
@@ -654,6 +669,24 @@ mod tests {
             .collect();
         assert_eq!(sorted(out), want);
         assert!(ix.memory_bytes() > 0);
+    }
+
+    #[test]
+    fn memory_is_given_back_after_evictions() {
+        let toks: Vec<u32> = (0..40_000).collect();
+        let mut ix = PrefixIndex::new(4);
+        let hashes: Vec<u64> = (1..=10_000).collect();
+        ix.apply(EndpointId(1), &store(&hashes, None, &toks, 4));
+        let full = ix.memory_bytes();
+        for chunk in hashes[..9_500].chunks(100) {
+            ix.apply(EndpointId(1), &removed(chunk));
+        }
+        assert_eq!(ix.stats().pairs, 500);
+        assert!(
+            ix.memory_bytes() * 4 < full,
+            "{} vs {full}",
+            ix.memory_bytes()
+        );
     }
 
     #[test]

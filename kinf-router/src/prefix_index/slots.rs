@@ -35,14 +35,19 @@ impl<T> Slots<T> {
     }
 
     /// The slot of `id`, allocating one (with state `make()`) if needed; `None` when full.
-    pub(crate) fn slot_or_insert(&mut self, id: EndpointId, make: impl FnOnce() -> T) -> Option<u32> {
+    pub(crate) fn slot_or_insert(
+        &mut self,
+        id: EndpointId,
+        make: impl FnOnce() -> T,
+    ) -> Option<u32> {
         if let Some(s) = self.slot(id) {
             return Some(s);
         }
         let s = match self.free.pop() {
             Some(s) => {
                 let i = s as usize;
-                if let (Some(slot_id), Some(state)) = (self.ids.get_mut(i), self.states.get_mut(i)) {
+                if let (Some(slot_id), Some(state)) = (self.ids.get_mut(i), self.states.get_mut(i))
+                {
                     *slot_id = id;
                     *state = Some(make());
                 }
@@ -72,7 +77,10 @@ impl<T> Slots<T> {
 
     #[inline]
     pub(crate) fn id(&self, slot: u32) -> EndpointId {
-        self.ids.get(slot as usize).copied().unwrap_or(EndpointId(u32::MAX))
+        self.ids
+            .get(slot as usize)
+            .copied()
+            .unwrap_or(EndpointId(u32::MAX))
     }
 
     #[inline]

@@ -1,0 +1,147 @@
+//! The compiler never panics: arbitrary text, arbitrary YAML-shaped documents, and mutations of
+//! valid bundles; well-typed generated bundles compile without errors.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use proptest::prelude::*;
+
+fn compile(text: &str) -> kinf_lang::Compilation {
+    kinf_lang::compile_str("p.yaml", text).1
+}
+
+const KEYS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "metadata",
+    "name",
+    "spec",
+    "rules",
+    "matches",
+    "route",
+    "consider",
+    "exclude",
+    "select",
+    "onEmpty",
+    "drop",
+    "backend",
+    "type",
+    "queuedPrompts",
+    "kvCacheUsage",
+    "greaterThan",
+    "lessThan",
+    "models",
+    "names",
+    "order",
+    "minimize",
+    "when",
+    "if",
+    "tag",
+    "model",
+    "destinations",
+    "endpoints",
+    "pool",
+    "targetRefs",
+];
+const VALUES: &[&str] = &[
+    "kinference.buoyant.io/v1alpha1",
+    "InferencePolicy",
+    "InferencePool",
+    "InferenceWorkerSet",
+    "Local",
+    "Provider",
+    "PredictedTTFT",
+    "Reject",
+    "NextRule",
+    "2",
+    "0.7",
+    "70%",
+    "-1",
+    "30s",
+    "x",
+    "'promptTokens > 3 &&'",
+    "[a, b]",
+    "{ }",
+    "[ ]",
+    "null",
+    "true",
+    "\"10.0.0.1:8000\"",
+    "'tag(\"pii-detected\")'",
+    "*glob[",
+];
+
+fn yamlish() -> impl Strategy<Value = String> {
+    proptest::collection::vec(
+        (
+            0usize..6,
+            proptest::sample::select(KEYS),
+            proptest::sample::select(VALUES),
+            any::<bool>(),
+        ),
+        1..40,
+    )
+    .prop_map(|lines| {
+        let mut s = String::new();
+        for (indent, k, v, nested) in lines {
+            s.push_str(&"  ".repeat(indent));
+            if nested {
+                s.push_str(&format!("- {k}: {v}\n"));
+            } else {
+                s.push_str(&format!("{k}: {v}\n"));
+            }
+            if indent == 0 && k == "name" {
+                s.push_str("---\n");
+            }
+        }
+        s
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn arbitrary_text_never_panics(s in "\\PC{0,400}") {
+        let c = compile(&s);
+        prop_assert!(c.policy.is_some() || c.errors() > 0);
+    }
+
+    #[test]
+    fn yaml_shaped_input_never_panics_and_errors_are_sorted(s in yamlish()) {
+        let c = compile(&s);
+        let keys: Vec<_> = c.diagnostics.iter().map(|d| d.sort_key()).collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        prop_assert_eq!(keys, sorted);
+        for d in &c.diagnostics {
+            prop_assert!(d.primary.is_some(), "diagnostic without a location: {:?}", d);
+        }
+    }
+
+    #[test]
+    fn mutated_valid_bundles_never_panic(cut in 0usize..4000, insert in proptest::sample::select(VALUES)) {
+        let base = kinf_lang::synthetic::synthetic_bundle(4, 3);
+        let cut = cut.min(base.len());
+        let cut = (0..=cut).rev().find(|i| base.is_char_boundary(*i)).unwrap_or(0);
+        let text = format!("{}{}{}", &base[..cut], insert, &base[cut..]);
+        let _ = compile(&text);
+    }
+
+    #[test]
+    fn generated_bundles_compile_clean(rules in 1usize..30, ws in 1usize..12) {
+        let c = compile(&kinf_lang::synthetic::synthetic_bundle(rules, ws));
+        prop_assert_eq!(c.errors(), 0);
+        let policy = c.policy.unwrap();
+        prop_assert_eq!(policy.pools[0].rules.len(), rules);
+        let dag = kinf_lang::dag::RuleDag::build(&policy.pools[0]);
+        prop_assert!(dag.is_acyclic());
+    }
+}
+
+#[test]
+fn reports_every_error_at_once() {
+    let text = "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: { name: p }\nspec:\n  rules:\n  - name: a\n    route:\n      select: [ { type: Locl } ]\n      onEmpty: Rejct\n  - route:\n      exclude: [ { name: f, drop: { queuedPrompt: { greaterThan: 1 } } } ]\n";
+    let c = compile(text);
+    let codes: Vec<&str> = c.diagnostics.iter().map(|d| d.code.as_str()).collect();
+    assert!(codes.len() >= 3, "{codes:?}");
+    assert!(codes.contains(&"KINF0103"), "{codes:?}");
+    assert!(codes.contains(&"KINF0101"), "{codes:?}");
+}

@@ -1,0 +1,266 @@
+//! Properties of the decision engine: deterministic, total, PII never leaves the cluster when a
+//! policy says so, every reject names its rule and code.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::sync::Arc;
+
+use kinf_lang::CompiledPolicy;
+use kinf_policy::{BackendType, Qos};
+use kinf_router::state::LoadSample;
+use kinf_router::{ClusterState, Decider, Outcome, Request};
+use proptest::prelude::*;
+
+fn compile(text: &str) -> Arc<CompiledPolicy> {
+    let (sources, c) = kinf_lang::compile_str("p.yaml", text);
+    let msgs: Vec<String> = c
+        .diagnostics
+        .iter()
+        .map(|d| d.render_plain(&sources))
+        .collect();
+    c.policy
+        .unwrap_or_else(|| panic!("does not compile: {msgs:#?}"))
+}
+
+const CLUSTER: &str = r#"
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: { name: local }
+spec:
+  endpoints: ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+  models: [{ name: org/m, aliases: [m] }]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: { name: cloud-a }
+spec: { type: OpenAI, url: "https://a.example.com/v1", models: [{ name: m, providerModel: a-m }] }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: { name: cloud-b }
+spec: { type: Anthropic, url: "https://b.example.com/v1", models: [{ name: m, providerModel: b-m }] }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: { name: pool }
+spec:
+  destinations:
+  - { kind: InferenceWorkerSet, name: local }
+  - { kind: InferenceProvider, name: cloud-a }
+  - { kind: InferenceProvider, name: cloud-b }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: GatewayBackend
+metadata: { name: gw }
+spec: { pool: pool, classifiers: [{ name: pii, type: Pii }, { name: c, type: Complexity }] }
+"#;
+
+/// Policies that all exclude providers when `pii-detected` is present, in different shapes.
+fn pii_policies() -> Vec<String> {
+    let tiers = [
+        "[{ type: Provider, order: [cloud-a, cloud-b] }, { type: Local, minimize: PredictedTTFT }]",
+        "[{ minimize: PredictedTTFT }]",
+        "[{ minimize: Cost }, { type: Provider, order: [cloud-b] }]",
+        "[{ type: Local, minimize: QueuedPrompts }, { minimize: KvCacheUsage }]",
+    ];
+    let mut out = Vec::new();
+    for (i, t) in tiers.iter().enumerate() {
+        let on_empty = if i % 2 == 0 { "Reject" } else { "NextRule" };
+        out.push(format!(
+            "{CLUSTER}---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: {{ name: pii }}\nspec:\n  rules:\n  - name: low\n    matches: [{{ tag: complexity-low }}]\n    route:\n      exclude:\n      - {{ name: pii-a, if: {{ tag: pii-detected }}, drop: {{ backend: {{ type: Provider }} }} }}\n      - {{ name: busy, drop: {{ backend: {{ type: Local }}, queuedPrompts: {{ greaterThan: 3 }} }} }}\n      select: {t}\n      onEmpty: {on_empty}\n  - name: all\n    route:\n      exclude:\n      - {{ name: pii-b, if: {{ when: 'tag(\"pii-detected\")' }}, drop: {{ backend: {{ type: Provider }} }} }}\n      select: {t}\n      onEmpty: Reject\n"
+        ));
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+struct Ep {
+    ready: bool,
+    queued: f64,
+    running: f64,
+    kv: f64,
+    cached: u32,
+}
+
+fn ep() -> impl Strategy<Value = Ep> {
+    (
+        any::<bool>(),
+        0.0..20.0f64,
+        0.0..20.0f64,
+        0.0..1.0f64,
+        0u32..20_000,
+    )
+        .prop_map(|(r, q, ru, kv, c)| Ep {
+            ready: r || c % 3 == 0,
+            queued: q,
+            running: ru,
+            kv,
+            cached: c,
+        })
+}
+
+fn state_for(
+    policy: &CompiledPolicy,
+    eps: &[Ep],
+    providers: (bool, bool),
+    ttfts: (f64, f64),
+) -> ClusterState {
+    let mut st = ClusterState::from_policy(policy, 32);
+    st.now_ms = 1000;
+    for ws in st.worker_sets.values_mut() {
+        for (e, s) in ws.endpoints.iter_mut().zip(eps) {
+            e.ready = s.ready;
+            e.assumed_cached_tokens = Some(s.cached);
+            e.load.push(LoadSample {
+                at_ms: 900,
+                queued: s.queued,
+                running: s.running,
+                kv_usage: s.kv,
+            });
+        }
+    }
+    for (k, p) in st.providers.iter_mut() {
+        let (ready, ttft) = if k.ends_with("cloud-a") {
+            (providers.0, ttfts.0)
+        } else {
+            (providers.1, ttfts.1)
+        };
+        p.ready = ready;
+        p.ttft_s = Some(ttft);
+    }
+    st
+}
+
+fn request(tags: &[&str], prompt: u32, qos: Qos) -> Request {
+    let mut r = Request::new("m", prompt);
+    r.tags = tags.iter().map(|t| Arc::from(*t)).collect();
+    r.qos = qos;
+    r
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn pii_tagged_requests_never_reach_a_provider(
+        which in 0usize..4,
+        eps in proptest::collection::vec(ep(), 3),
+        providers in (any::<bool>(), any::<bool>()),
+        ttfts in (0.0..10.0f64, 0.0..10.0f64),
+        low in any::<bool>(),
+        prompt in 1u32..30_000,
+    ) {
+        let policies = pii_policies();
+        let policy = compile(&policies[which]);
+        let st = state_for(&policy, &eps, providers, ttfts);
+        let mut tags = vec!["pii-detected"];
+        if low { tags.push("complexity-low"); }
+        let d = Decider::decide(&policy, &request(&tags, prompt, Qos::Interactive), &st);
+        if let Outcome::Route(r) = &d.outcome {
+            prop_assert_eq!(r.backend_type, BackendType::Local, "PII routed to {:?}", r);
+        }
+    }
+
+    #[test]
+    fn decisions_are_deterministic_and_rejects_are_named(
+        which in 0usize..4,
+        eps in proptest::collection::vec(ep(), 3),
+        providers in (any::<bool>(), any::<bool>()),
+        ttfts in (0.0..10.0f64, 0.0..10.0f64),
+        tags in proptest::sample::subsequence(vec!["pii-detected", "complexity-low", "other"], 0..3),
+        prompt in 0u32..40_000,
+        model in prop_oneof![Just("m"), Just("org/m"), Just("nope")],
+    ) {
+        let policies = pii_policies();
+        let policy = compile(&policies[which]);
+        let st = state_for(&policy, &eps, providers, ttfts);
+        let mut req = request(&tags, prompt, Qos::Batch);
+        req.model = model.into();
+        let a = Decider::decide(&policy, &req, &st);
+        let b = Decider::decide(&policy, &req, &st);
+        prop_assert_eq!(&a, &b);
+        if let Outcome::Reject(r) = &a.outcome {
+            prop_assert!(!r.code.is_empty());
+            prop_assert!(r.status == 503 || r.status == 404);
+            if r.code == "policy_rejected" {
+                let rule = a.rule.clone().expect("a policy reject names its rule");
+                prop_assert!(r.message.contains(&*rule), "{}", r.message);
+            }
+        }
+    }
+}
+
+#[test]
+fn warm_idle_beats_cold_and_cold_idle_beats_warm_busy() {
+    let policies = pii_policies();
+    let policy = compile(&policies[1]);
+    let eps = [
+        Ep {
+            ready: true,
+            queued: 0.0,
+            running: 0.0,
+            kv: 0.1,
+            cached: 15_000,
+        },
+        Ep {
+            ready: true,
+            queued: 0.0,
+            running: 0.0,
+            kv: 0.1,
+            cached: 0,
+        },
+        Ep {
+            ready: false,
+            queued: 0.0,
+            running: 0.0,
+            kv: 0.1,
+            cached: 0,
+        },
+    ];
+    let st = state_for(&policy, &eps, (false, false), (1.0, 1.0));
+    let d = Decider::decide(
+        &policy,
+        &request(&["complexity-low"], 16_000, Qos::Interactive),
+        &st,
+    );
+    assert_eq!(
+        d.route().map(|r| &*r.endpoint),
+        Some("10.0.0.1:8000"),
+        "warm idle wins: {d:#?}"
+    );
+    let busy = [
+        Ep {
+            queued: 30.0,
+            running: 10.0,
+            ..eps[0].clone()
+        },
+        eps[1].clone(),
+        eps[2].clone(),
+    ];
+    let st = state_for(&policy, &busy, (false, false), (1.0, 1.0));
+    let d = Decider::decide(&policy, &request(&[], 16_000, Qos::Interactive), &st);
+    assert_eq!(
+        d.route().map(|r| &*r.endpoint),
+        Some("10.0.0.2:8000"),
+        "cold idle wins over warm busy: {d:#?}"
+    );
+}
+
+#[test]
+fn prefix_index_drives_cached_tokens() {
+    let (policy, req, state) = kinf_router::synthetic::decide_scenario(8, 1024).expect("scenario");
+    let d = Decider::decide(&policy, &req, &state);
+    let route = d.route().expect("routed");
+    // Endpoint 7 caches 7/8 of the prompt but is the most loaded; the decision must report the
+    // cached tokens of whichever endpoint won, from the index.
+    let considered = &d
+        .trace
+        .rules
+        .iter()
+        .find(|r| r.matched)
+        .and_then(|r| r.stages.clone())
+        .expect("stages")
+        .considered;
+    let cached: Vec<u32> = considered.iter().map(|c| c.cached_prompt_tokens).collect();
+    assert_eq!(cached, vec![0, 128, 256, 384, 512, 640, 768, 896, 0]);
+    assert!(considered.iter().any(|c| c.id.endpoint == route.endpoint));
+}
