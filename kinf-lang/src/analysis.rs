@@ -38,6 +38,8 @@ pub(crate) fn check_pool_rules(
     let sound = |doc: usize, path: &FieldPath| !ck.broken_rules.contains(&(doc, path.clone()));
     let sound_rules: Vec<bool> = rules.iter().map(|(_, d, p)| sound(*d, p)).collect();
     let reachable = dag.reachable_rules();
+    let mut wild: Vec<usize> = Vec::new();
+    let mut by_model: ahash::AHashMap<Arc<str>, Vec<usize>> = ahash::AHashMap::new();
     for (j, (rule, doc, path)) in rules.iter().enumerate() {
         if !sound_rules[j] {
             continue;
@@ -45,21 +47,52 @@ pub(crate) fn check_pool_rules(
         let span = ck.bundle.value_span(*doc, &path.key("name"));
         // Shadowed: unreachable in the DAG (after a catch-all), or every match entry covered by
         // an earlier rule that rejects when empty.
-        let earlier = rules[..j]
-            .iter()
-            .zip(&sound_rules[..j])
-            .filter(|(_, ok)| **ok)
-            .map(|(r, _)| r);
         let shadow = if !reachable.get(j).copied().unwrap_or(true) {
-            earlier.rev().find(|(r, _, _)| {
-                r.on_empty == OnEmpty::Reject
-                    && (r.matches.is_empty() || r.matches.iter().any(RequestCond::is_unconditional))
-            })
+            rules[..j]
+                .iter()
+                .zip(&sound_rules[..j])
+                .filter(|(_, ok)| **ok)
+                .map(|(r, _)| r)
+                .rev()
+                .find(|(r, _, _)| {
+                    r.on_empty == OnEmpty::Reject
+                        && (r.matches.is_empty()
+                            || r.matches.iter().any(RequestCond::is_unconditional))
+                })
         } else {
-            earlier
-                .clone()
-                .find(|(r, _, _)| r.on_empty == OnEmpty::Reject && covers_rule(r, rule))
+            // Only earlier rules that can cover this rule's first entry need a full check:
+            // those with an entry for any model, and those naming the same exact model.
+            let mut cands: Vec<usize> = wild.clone();
+            if let Some(Some(ModelPattern::Exact(m))) = rule.matches.first().map(|e| &e.model)
+                && let Some(v) = by_model.get(m)
+            {
+                cands.extend(v.iter().copied());
+            }
+            cands.sort_unstable();
+            cands.dedup();
+            cands
+                .into_iter()
+                .filter_map(|i| rules.get(i))
+                .find(|(r, _, _)| covers_rule(r, rule))
         };
+        if sound_rules[j] && rule.on_empty == OnEmpty::Reject {
+            let any_model = rule.matches.is_empty()
+                || rule
+                    .matches
+                    .iter()
+                    .any(|e| !matches!(e.model, Some(ModelPattern::Exact(_))));
+            if any_model {
+                wild.push(j);
+            }
+            for e in &rule.matches {
+                if let Some(ModelPattern::Exact(m)) = &e.model {
+                    let v = by_model.entry(m.clone()).or_default();
+                    if v.last() != Some(&j) {
+                        v.push(j);
+                    }
+                }
+            }
+        }
         if let Some((earlier, edoc, epath)) = shadow {
             let mut d = Diagnostic::new(Code::ShadowedRule,
                 format!("rule `{}` can never apply in pool `{}`: rule `{}` (policy `{}`) matches every request it matches and is evaluated first",

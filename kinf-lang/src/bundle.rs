@@ -126,7 +126,7 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
             }
             continue;
         };
-        let json = root.to_json();
+        let mut json = root.to_json();
         let errors = schema_check::validate(kind, root, &json);
         let resource = describe(kind, root);
         if !errors.is_empty() {
@@ -158,7 +158,10 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
             continue;
         }
         seen.push((kind, namespace.clone(), name.clone(), name_span));
-        let spec = json.get("spec").cloned().unwrap_or(serde_json::Value::Null);
+        let spec = json
+            .as_object_mut()
+            .and_then(|o| o.remove("spec"))
+            .unwrap_or(serde_json::Value::Null);
         let root_span = root.span;
         let ok = match kind {
             ResourceKind::InferenceWorkerSet => {

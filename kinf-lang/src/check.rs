@@ -752,7 +752,7 @@ impl<'a> Checker<'a> {
             ));
         }
         if let Some(w) = &m.when {
-            c.when = expr::check(self, doc, &path.key("when"), w, &env::request_env(), scope);
+            c.when = expr::check(self, doc, &path.key("when"), w, env::request_env(), scope);
             if let Some(e) = &c.when {
                 text.push(format!("when {e}"));
             }
@@ -968,7 +968,7 @@ impl<'a> Checker<'a> {
                 }
             }
             if let Some(w) = &d.when {
-                drop.when = expr::check(self, doc, &dp.key("when"), w, &env::endpoint_env(), scope);
+                drop.when = expr::check(self, doc, &dp.key("when"), w, env::endpoint_env(), scope);
                 if let Some(e) = &drop.when {
                     text.push(format!("when {e}"));
                 }

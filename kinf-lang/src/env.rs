@@ -79,8 +79,19 @@ fn funcs() -> Vec<FnSig> {
     ]
 }
 
-/// The environment of `matches[].when` and `exclude[].if.when`.
-pub fn request_env() -> Env {
+/// The environment of `matches[].when` and `exclude[].if.when` (built once).
+pub fn request_env() -> &'static Env {
+    static ENV: std::sync::OnceLock<Env> = std::sync::OnceLock::new();
+    ENV.get_or_init(build_request_env)
+}
+
+/// The environment of `exclude[].drop.when` (built once).
+pub fn endpoint_env() -> &'static Env {
+    static ENV: std::sync::OnceLock<Env> = std::sync::OnceLock::new();
+    ENV.get_or_init(build_endpoint_env)
+}
+
+fn build_request_env() -> Env {
     Env {
         vars: REQUEST_VARS
             .iter()
@@ -90,8 +101,7 @@ pub fn request_env() -> Env {
     }
 }
 
-/// The environment of `exclude[].drop.when`: request and endpoint variables.
-pub fn endpoint_env() -> Env {
+fn build_endpoint_env() -> Env {
     Env {
         vars: REQUEST_VARS
             .iter()

@@ -46,6 +46,7 @@ pub struct SourceFile {
     /// The text.
     pub text: Arc<str>,
     line_starts: Vec<usize>,
+    ascii: bool,
 }
 
 impl SourceFile {
@@ -54,10 +55,12 @@ impl SourceFile {
         let text: Arc<str> = text.into();
         let mut line_starts = vec![0];
         line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        let ascii = text.is_ascii();
         SourceFile {
             name: name.into(),
             text,
             line_starts,
+            ascii,
         }
     }
 
@@ -82,6 +85,10 @@ impl SourceFile {
         let Some(&start) = self.line_starts.get(line.saturating_sub(1)) else {
             return self.text.len();
         };
+        if self.ascii {
+            // One byte per character: no scan (long lines would make it quadratic).
+            return (start + col_chars).min(self.text.len());
+        }
         let rest = self.text.get(start..).unwrap_or("");
         let offset = rest
             .char_indices()

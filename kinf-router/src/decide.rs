@@ -273,8 +273,9 @@ impl<'a> Ctx<'a> {
         tiers: &[SelectTier],
     ) -> (Option<Candidate<'a>>, StagesTrace) {
         let mut st = StagesTrace::default();
-        let mut cands = self.candidates(consider, &mut st);
-        st.considered = cands.iter().map(Candidate::trace).collect();
+        let cands = self.candidates(consider, &mut st);
+        // Dropped candidates are marked, not removed: no shifting of the candidate list.
+        let mut alive = vec![true; cands.len()];
         if let Some(rule) = rule {
             for f in &rule.exclude {
                 if f.condition
@@ -283,26 +284,34 @@ impl<'a> Ctx<'a> {
                 {
                     continue;
                 }
-                cands.retain(|c| {
-                    let load = self.load_of(c, f.window);
-                    match drop_reason(&f.drop, c, load, self.req, self.policy) {
-                        Some(reason) => {
-                            st.dropped.push(DropTrace {
-                                filter: f.name.clone(),
-                                candidate: c.id(),
-                                reason,
-                            });
-                            false
-                        }
-                        None => true,
+                for (c, keep) in cands.iter().zip(alive.iter_mut()) {
+                    if !*keep {
+                        continue;
                     }
-                });
+                    let load = self.load_of(c, f.window);
+                    if let Some(reason) = drop_reason(&f.drop, c, load, self.req, self.policy) {
+                        st.dropped.push(DropTrace {
+                            filter: f.name.clone(),
+                            candidate: c.id(),
+                            reason,
+                        });
+                        *keep = false;
+                    }
+                }
             }
         }
-        st.survivors = cands.iter().map(Candidate::id).collect();
+        let survivors: Vec<&Candidate<'a>> = cands
+            .iter()
+            .zip(&alive)
+            .filter(|(_, keep)| **keep)
+            .map(|(c, _)| c)
+            .collect();
+        st.survivors = survivors.iter().map(|c| c.id()).collect();
+        let mut picked_any: Option<Candidate<'a>> = None;
         for tier in tiers {
-            let in_tier: Vec<&Candidate<'a>> = cands
+            let in_tier: Vec<&Candidate<'a>> = survivors
                 .iter()
+                .copied()
                 .filter(|c| tier.backend.is_none_or(|b| b == c.backend))
                 .collect();
             let picked = match &tier.pick {
@@ -319,10 +328,12 @@ impl<'a> Ctx<'a> {
                 picked: picked.map(Candidate::id),
             });
             if let Some(p) = picked {
-                return (Some(p.clone()), st);
+                picked_any = Some(p.clone());
+                break;
             }
         }
-        (None, st)
+        st.considered = cands.iter().map(Candidate::trace).collect();
+        (picked_any, st)
     }
 
     fn load_of(&self, c: &Candidate<'_>, window: Duration) -> Option<Load> {
@@ -371,7 +382,16 @@ impl<'a> Ctx<'a> {
                 .position(|x| x == d)
                 .unwrap_or(usize::MAX)
         });
-        let mut out = Vec::new();
+        let capacity: usize = pairs
+            .iter()
+            .filter_map(|(d, _)| self.policy.destination(*d))
+            .map(|d| {
+                self.state
+                    .worker_set(&d.namespace, &d.name)
+                    .map_or(1, |w| w.endpoints.len())
+            })
+            .sum();
+        let mut out = Vec::with_capacity(capacity);
         for (dest, upstream) in pairs {
             let Some(d) = self.policy.destination(dest) else {
                 continue;
@@ -526,12 +546,12 @@ pub fn cond_holds(c: &RequestCond, req: &Request) -> bool {
             .is_none_or(|w| w.eval_bool(&ReqEval { req, cand: None }))
 }
 
-fn in_range(r: &Option<Range>, v: Option<f64>, name: &str, why: &mut Vec<String>) -> bool {
+fn in_range(r: &Option<Range>, v: Option<f64>, name: &'static str, why: &mut DropReason) -> bool {
     match r {
         None => true,
         Some(r) => match v {
             Some(v) if r.contains(v) => {
-                why.push(format!("{name} {v:.3} is {r}"));
+                why.measures.push((name, v, *r));
                 true
             }
             _ => false,
@@ -539,29 +559,27 @@ fn in_range(r: &Option<Range>, v: Option<f64>, name: &str, why: &mut Vec<String>
     }
 }
 
-/// The reason a drop condition holds for a candidate, or `None` when it does not.
+/// The reason a drop condition holds for a candidate, or `None` when it does not. Values are
+/// kept, not formatted: the text is built only when the trace is displayed or serialized.
 fn drop_reason(
     d: &DropCond,
     c: &Candidate<'_>,
     load: Option<Load>,
     req: &Request,
     policy: &CompiledPolicy,
-) -> Option<String> {
-    let mut why = Vec::new();
+) -> Option<DropReason> {
+    let mut why = DropReason::default();
     if let Some(b) = d.backend {
         if b != c.backend {
             return None;
         }
-        why.push(format!("backend {}", b.as_str()));
+        why.backend = Some(b);
     }
     if let Some(x) = d.destination {
         if x != c.dest {
             return None;
         }
-        why.push(format!(
-            "destination {}",
-            policy.destination(x).map_or("?", |d| &d.name)
-        ));
+        why.destination = policy.destination(x).map(|d| d.name.clone());
     }
     if !in_range(
         &d.queued_prompts,
@@ -594,9 +612,9 @@ fn drop_reason(
         }) {
             return None;
         }
-        why.push(format!("when {w}"));
+        why.when = Some(d.text.clone());
     }
-    Some(why.join(", "))
+    Some(why)
 }
 
 struct CandEval<'a> {

@@ -184,7 +184,7 @@ pub struct DropTrace {
     /// Candidate.
     pub candidate: CandidateRef,
     /// The values that made the drop condition hold.
-    pub reason: String,
+    pub reason: DropReason,
 }
 
 /// One select tier.
@@ -197,4 +197,43 @@ pub struct TierTrace {
     pub candidates: Vec<CandidateRef>,
     /// The one it picked.
     pub picked: Option<CandidateRef>,
+}
+
+/// Why a filter dropped a candidate: the parts of its `drop` condition and the measured values.
+/// Displayed and serialized as text such as `backend Local, queuedPrompts 5.000 is > 2`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DropReason {
+    /// The backend type condition that held.
+    pub backend: Option<BackendType>,
+    /// The destination condition that held.
+    pub destination: Option<Arc<str>>,
+    /// Measure name, measured value, and the range it fell in.
+    pub measures: smallvec::SmallVec<[(&'static str, f64, kinf_lang::compiled::Range); 2]>,
+    /// The `drop` condition's text, when a `when` expression held.
+    pub when: Option<Arc<str>>,
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = Vec::new();
+        if let Some(b) = self.backend {
+            parts.push(format!("backend {}", b.as_str()));
+        }
+        if let Some(d) = &self.destination {
+            parts.push(format!("destination {d}"));
+        }
+        for (name, v, r) in &self.measures {
+            parts.push(format!("{name} {v:.3} is {r}"));
+        }
+        if let Some(w) = &self.when {
+            parts.push(format!("condition `{w}` holds"));
+        }
+        f.write_str(&parts.join(", "))
+    }
+}
+
+impl Serialize for DropReason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }

@@ -43,54 +43,118 @@ pub struct Load {
     pub kv_cache_usage: f64,
 }
 
-/// Windowed load samples.
+/// Windowed load samples, with running sums so that any window's average costs a binary
+/// search instead of a pass over the samples.
 #[derive(Clone, Debug, Default)]
 pub struct LoadWindow {
-    samples: VecDeque<LoadSample>,
+    samples: VecDeque<(LoadSample, [f64; 3])>,
 }
 
 impl LoadWindow {
-    /// Adds a sample and forgets samples older than the retention.
+    /// Adds a sample and forgets samples older than the retention. Samples must come in time
+    /// order; an older one is ignored.
     pub fn push(&mut self, s: LoadSample) {
+        if self.samples.back().is_some_and(|(b, _)| b.at_ms > s.at_ms) {
+            return;
+        }
         let keep_after = s.at_ms.saturating_sub(SAMPLE_RETENTION.as_millis() as u64);
-        while self.samples.front().is_some_and(|f| f.at_ms < keep_after) {
+        while self
+            .samples
+            .front()
+            .is_some_and(|(f, _)| f.at_ms < keep_after)
+        {
             self.samples.pop_front();
         }
-        self.samples.push_back(s);
+        let prev = self.samples.back().map(|(_, c)| *c).unwrap_or([0.0; 3]);
+        let cum = [
+            prev[0] + s.queued,
+            prev[1] + s.running,
+            prev[2] + s.kv_usage,
+        ];
+        self.samples.push_back((s, cum));
     }
 
-    /// Time-unweighted average of samples taken within `window` before `now_ms` (the newest
-    /// sample alone when none falls in the window; zeros when there is none).
+    /// Average of the samples taken within `window` before `now_ms` (the newest sample alone
+    /// when none falls in the window; zeros when there is none).
     pub fn average(&self, window: Duration, now_ms: u64) -> Load {
         let since = now_ms.saturating_sub(window.as_millis() as u64);
-        let (mut n, mut q, mut r, mut k) = (0.0, 0.0, 0.0, 0.0);
-        for s in self.samples.iter().rev().take_while(|s| s.at_ms >= since) {
-            n += 1.0;
-            q += s.queued;
-            r += s.running;
-            k += s.kv_usage;
+        let first = self.samples.partition_point(|(s, _)| s.at_ms < since);
+        let n = self.samples.len() - first;
+        let Some((last, end)) = self.samples.back() else {
+            return Load::default();
+        };
+        if n == 0 {
+            return Load {
+                queued_prompts: last.queued,
+                running_prompts: last.running,
+                kv_cache_usage: last.kv_usage,
+            };
         }
-        if n == 0.0 {
-            return self
-                .samples
-                .back()
-                .map(|s| Load {
-                    queued_prompts: s.queued,
-                    running_prompts: s.running,
-                    kv_cache_usage: s.kv_usage,
-                })
-                .unwrap_or_default();
-        }
+        // Running sums before the window's first sample (they still include samples that were
+        // forgotten, so subtract rather than assume zero).
+        let start = match first.checked_sub(1).and_then(|i| self.samples.get(i)) {
+            Some((_, c)) => *c,
+            None => self.samples.front().map_or([0.0; 3], |(s, c)| {
+                [c[0] - s.queued, c[1] - s.running, c[2] - s.kv_usage]
+            }),
+        };
+        let n = n as f64;
         Load {
-            queued_prompts: q / n,
-            running_prompts: r / n,
-            kv_cache_usage: k / n,
+            queued_prompts: ((end[0] - start[0]) / n).max(0.0),
+            running_prompts: ((end[1] - start[1]) / n).max(0.0),
+            kv_cache_usage: ((end[2] - start[2]) / n).max(0.0),
         }
     }
 
     /// The newest sample.
     pub fn latest(&self) -> Option<&LoadSample> {
-        self.samples.back()
+        self.samples.back().map(|(s, _)| s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_average_equals_a_direct_mean() {
+        let mut w = LoadWindow::default();
+        for i in 0..400u64 {
+            w.push(LoadSample {
+                at_ms: i * 1000,
+                queued: (i % 7) as f64,
+                running: (i % 3) as f64,
+                kv_usage: (i % 10) as f64 / 10.0,
+            });
+        }
+        for (win, now) in [
+            (30u64, 399_000u64),
+            (10, 399_500),
+            (60, 250_000),
+            (1, 399_000),
+            (1000, 399_000),
+        ] {
+            let since = now.saturating_sub(win * 1000);
+            let xs: Vec<u64> = (0..400u64)
+                .filter(|i| i * 1000 >= since && i * 1000 <= now && i * 1000 >= 99_000)
+                .collect();
+            let direct = xs.iter().map(|i| (i % 7) as f64).sum::<f64>() / xs.len() as f64;
+            let got = w.average(Duration::from_secs(win), now);
+            assert!(
+                (got.queued_prompts - direct).abs() < 1e-9,
+                "window {win}: {} vs {direct}",
+                got.queued_prompts
+            );
+        }
+        // No sample in the window: the newest sample.
+        assert_eq!(
+            w.average(Duration::from_secs(1), 900_000).queued_prompts,
+            (399 % 7) as f64
+        );
+        assert_eq!(
+            LoadWindow::default().average(Duration::from_secs(30), 0),
+            Load::default()
+        );
     }
 }
 
