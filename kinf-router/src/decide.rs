@@ -35,6 +35,7 @@ struct Candidate<'s> {
     endpoint: Arc<str>,
     /// The endpoint's state (Local only), for load over other windows.
     ep: Option<&'s EndpointState>,
+    prefix_tracking: &'static str,
     backend: BackendType,
     model: Arc<str>,
     cached_tokens: u32,
@@ -60,6 +61,7 @@ impl Candidate<'_> {
             running_prompts: self.load.map(|l| l.running_prompts),
             kv_cache_usage: self.load.map(|l| l.kv_cache_usage),
             cached_prompt_tokens: self.cached_tokens,
+            prefix_tracking: self.prefix_tracking,
             predicted_ttft: self.ttft,
             cost: self.cost,
         }
@@ -252,6 +254,10 @@ fn routed(ctx: &Ctx<'_>, c: Candidate<'_>, rule: Option<&CompiledRule>, trace: T
             endpoint: c.endpoint.clone(),
             backend_type: c.backend,
             destination: c.destination.clone(),
+            namespace: ctx
+                .policy
+                .destination(c.dest)
+                .map_or_else(|| Arc::from(""), |d| d.namespace.clone()),
             model: c.model.clone(),
             rewrite_model: rewrite,
             predicted_ttft_s: Some(c.ttft.total_s),
@@ -439,6 +445,11 @@ impl<'a> Ctx<'a> {
                             destination: d.name.clone(),
                             endpoint: ep.address.clone(),
                             ep: Some(ep),
+                            prefix_tracking: if ep.assumed_cached_tokens.is_some() {
+                                "assumed"
+                            } else {
+                                ws.prefix.mode()
+                            },
                             backend: BackendType::Local,
                             model: upstream.clone(),
                             cached_tokens: cached,
@@ -469,6 +480,7 @@ impl<'a> Ctx<'a> {
                             .as_ref()
                             .map_or_else(|| d.name.clone(), |p| p.url.clone()),
                         ep: None,
+                        prefix_tracking: "none",
                         backend: BackendType::Provider,
                         model: upstream.clone(),
                         cached_tokens: 0,
@@ -494,7 +506,8 @@ impl<'a> Ctx<'a> {
         if let Some(tokens) = &self.req.token_ids {
             let hashes = block_hashes(tokens, ws.block_size);
             let mut found: Vec<(EndpointId, u32)> = Vec::new();
-            ws.index.match_prefix(&hashes, &mut found);
+            ws.prefix
+                .match_prefix(&hashes, self.state.now_ms, &mut found);
             for (id, blocks) in found {
                 let i = id.0 as usize;
                 if dense.len() <= i {

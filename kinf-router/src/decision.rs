@@ -25,8 +25,10 @@ pub struct Route {
     pub endpoint: Arc<str>,
     /// Local or Provider.
     pub backend_type: BackendType,
-    /// The worker set or provider (`namespace/name`).
+    /// The worker set or provider name.
     pub destination: Arc<str>,
+    /// Its namespace.
+    pub namespace: Arc<str>,
     /// The model to send upstream (served name, or provider model id).
     pub model: Arc<str>,
     /// Whether the body's `model` must be rewritten (it differs from the requested name).
@@ -169,6 +171,10 @@ pub struct CandidateTrace {
     pub kv_cache_usage: Option<f64>,
     /// Prompt tokens already cached there.
     pub cached_prompt_tokens: u32,
+    /// How `cachedPromptTokens` is known: `exact` (KV events), `approximate` (what was routed
+    /// where), `assumed` (given by the caller, e.g. a `kinfctl explain` state file), `none`
+    /// (providers).
+    pub prefix_tracking: &'static str,
     /// Predicted TTFT and its parts.
     pub predicted_ttft: TtftParts,
     /// Estimated cost of the request at its prices.

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use ahash::AHashMap;
 
+use crate::kv_events::KvEvent;
 use crate::predictor::TtftModel;
-use crate::prefix_index::{EndpointId, PrefixIndex};
+use crate::prefix_index::{ApproxIndex, EndpointId, PrefixIndex, block_hashes};
 
 /// How long load samples are kept.
 pub const SAMPLE_RETENTION: Duration = Duration::from_secs(300);
@@ -178,15 +179,71 @@ pub struct EndpointState {
     pub assumed_cached_tokens: Option<u32>,
 }
 
-/// The endpoints of one worker set, with its prefix index.
+/// Capacity per endpoint of approximate prefix tracking, in blocks.
+pub const APPROX_CAPACITY_BLOCKS: usize = 16_384;
+/// Age after which approximate tracking forgets a routed prefix.
+pub const APPROX_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// How a worker set's KV-cache contents are known.
+#[derive(Clone, Debug)]
+pub enum PrefixTracking {
+    /// From vLLM's KV events: exact.
+    Exact(PrefixIndex),
+    /// No KV events: what was routed where, with capacity and age limits. Approximate, and
+    /// reported as such in traces and status.
+    Approximate(ApproxIndex),
+}
+
+impl PrefixTracking {
+    /// `exact` or `approximate`.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            PrefixTracking::Exact(_) => "exact",
+            PrefixTracking::Approximate(_) => "approximate",
+        }
+    }
+
+    /// Longest cached prefix (in blocks) of the request per endpoint holding its first block.
+    pub fn match_prefix(&self, hashes: &[u64], now_ms: u64, out: &mut Vec<(EndpointId, u32)>) {
+        match self {
+            PrefixTracking::Exact(i) => i.match_prefix(hashes, out),
+            PrefixTracking::Approximate(i) => i.match_prefix(hashes, now_ms, out),
+        }
+    }
+}
+
+/// The endpoints of one worker set, with its prefix tracking.
 #[derive(Clone, Debug)]
 pub struct WorkerSetState {
     /// Endpoints in a stable order.
     pub endpoints: Vec<EndpointState>,
-    /// KV-cache contents per endpoint (exact from KV events, or approximate).
-    pub index: PrefixIndex,
-    /// Block size of the index.
+    /// KV-cache contents per endpoint.
+    pub prefix: PrefixTracking,
+    /// Block size used for prefix hashes.
     pub block_size: usize,
+}
+
+impl WorkerSetState {
+    fn endpoint_mut(&mut self, address: &str) -> Option<&mut EndpointState> {
+        self.endpoints.iter_mut().find(|e| &*e.address == address)
+    }
+
+    /// Applies KV events published by one endpoint (exact tracking only; ignored otherwise).
+    /// Returns false when the endpoint is unknown.
+    pub fn apply_kv_events(&mut self, address: &str, events: &[KvEvent]) -> bool {
+        let Some(id) = self
+            .endpoints
+            .iter()
+            .find(|e| &*e.address == address)
+            .map(|e| e.index_id)
+        else {
+            return false;
+        };
+        if let PrefixTracking::Exact(index) = &mut self.prefix {
+            index.apply_all(id, events);
+        }
+        true
+    }
 }
 
 /// One provider.
@@ -252,11 +309,19 @@ impl ClusterState {
                         assumed_cached_tokens: None,
                     })
                     .collect();
+                let prefix = if w.kv_events.is_some() {
+                    PrefixTracking::Exact(PrefixIndex::new(bs))
+                } else {
+                    PrefixTracking::Approximate(ApproxIndex::new(
+                        APPROX_CAPACITY_BLOCKS,
+                        APPROX_MAX_AGE.as_millis() as u64,
+                    ))
+                };
                 st.worker_sets.insert(
                     key,
                     WorkerSetState {
                         endpoints,
-                        index: PrefixIndex::new(bs),
+                        prefix,
                         block_size: bs,
                     },
                 );
@@ -272,5 +337,81 @@ impl ClusterState {
             }
         }
         st
+    }
+}
+
+impl ClusterState {
+    /// Records that a request was routed to an endpoint: approximate prefix tracking learns
+    /// that the endpoint will hold the prompt's blocks. No effect with exact tracking.
+    pub fn record_routed(
+        &mut self,
+        namespace: &str,
+        worker_set: &str,
+        address: &str,
+        token_ids: &[u32],
+        now_ms: u64,
+    ) {
+        let Some(ws) = self
+            .worker_sets
+            .get_mut(format!("{namespace}/{worker_set}").as_str())
+        else {
+            return;
+        };
+        let Some(id) = ws
+            .endpoints
+            .iter()
+            .find(|e| &*e.address == address)
+            .map(|e| e.index_id)
+        else {
+            return;
+        };
+        if let PrefixTracking::Approximate(index) = &mut ws.prefix {
+            index.record(id, &block_hashes(token_ids, ws.block_size), now_ms);
+        }
+    }
+
+    /// Learns from an observed TTFT of a request routed to an endpoint, given the inputs its
+    /// prediction used. Returns the prediction error (observed − predicted, seconds).
+    #[allow(clippy::too_many_arguments)]
+    pub fn observe_ttft(
+        &mut self,
+        namespace: &str,
+        worker_set: &str,
+        address: &str,
+        uncached_tokens: f64,
+        queued: f64,
+        running: f64,
+        observed_s: f64,
+    ) -> Option<f64> {
+        let ws = self
+            .worker_sets
+            .get_mut(format!("{namespace}/{worker_set}").as_str())?;
+        let ep = ws.endpoint_mut(address)?;
+        let predicted = ep.ttft.predict(uncached_tokens, queued, running).total_s;
+        ep.ttft
+            .observe(uncached_tokens, queued, running, observed_s);
+        Some(observed_s - predicted)
+    }
+
+    /// Prediction error per endpoint: (`namespace/worker set`, address, mean |error| seconds,
+    /// mean relative error, observations).
+    pub fn prediction_errors(&self) -> Vec<(Arc<str>, Arc<str>, f64, f64, u64)> {
+        let mut out: Vec<_> = self
+            .worker_sets
+            .iter()
+            .flat_map(|(k, ws)| {
+                ws.endpoints.iter().map(move |e| {
+                    (
+                        k.clone(),
+                        e.address.clone(),
+                        e.ttft.abs_error_s(),
+                        e.ttft.rel_error(),
+                        e.ttft.observations(),
+                    )
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        out
     }
 }

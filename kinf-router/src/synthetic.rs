@@ -62,7 +62,9 @@ pub fn decide_scenario(
                 block_size: BLOCK_SIZE as u32,
                 ..Default::default()
             });
-            ws.index.apply(EndpointId(i as u32), &ev);
+            if let crate::state::PrefixTracking::Exact(index) = &mut ws.prefix {
+                index.apply(EndpointId(i as u32), &ev);
+            }
         }
     }
     let mut req = Request::new("model", prompt_tokens as u32);

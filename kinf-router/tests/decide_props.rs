@@ -264,3 +264,74 @@ fn prefix_index_drives_cached_tokens() {
     assert_eq!(cached, vec![0, 128, 256, 384, 512, 640, 768, 896, 0]);
     assert!(considered.iter().any(|c| c.id.endpoint == route.endpoint));
 }
+
+const APPROX: &str = r#"
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: { name: plain }
+spec:
+  endpoints: ["10.1.0.1:8000", "10.1.0.2:8000"]
+  models: [{ name: m }]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: { name: pool }
+spec:
+  destinations: [{ kind: InferenceWorkerSet, name: plain }]
+"#;
+
+#[test]
+fn approximate_tracking_sends_a_repeat_where_the_prompt_went() {
+    let policy = compile(APPROX);
+    let mut st = ClusterState::from_policy(&policy, 32);
+    let tokens: Arc<[u32]> = (0..4096u32).collect();
+    let mut req = Request::new("m", 4096);
+    req.token_ids = Some(tokens.clone());
+    // Cold: ties go to the first endpoint; record that the prompt went to the second instead.
+    st.record_routed("default", "plain", "10.1.0.2:8000", &tokens, 1_000);
+    st.now_ms = 2_000;
+    let d = Decider::decide(&policy, &req, &st);
+    let route = d.route().expect("routed");
+    assert_eq!(&*route.endpoint, "10.1.0.2:8000", "{d:#?}");
+    assert_eq!(route.cached_tokens, 4096);
+    let considered = &d.trace.default.as_ref().expect("default route").considered;
+    assert!(
+        considered
+            .iter()
+            .all(|c| c.prefix_tracking == "approximate")
+    );
+    // Forgotten after the maximum age.
+    st.now_ms = 1_000 + kinf_router::state::APPROX_MAX_AGE.as_millis() as u64 + 1;
+    let d = Decider::decide(&policy, &req, &st);
+    assert_eq!(d.route().map(|r| r.cached_tokens), Some(0));
+}
+
+#[test]
+fn observed_ttfts_teach_the_predictor_and_report_error() {
+    let policy = compile(APPROX);
+    let mut st = ClusterState::from_policy(&policy, 32);
+    let mut last = f64::MAX;
+    for _ in 0..100 {
+        // The worker is 4× slower than the default prior.
+        let err = st
+            .observe_ttft(
+                "default",
+                "plain",
+                "10.1.0.1:8000",
+                4000.0,
+                0.0,
+                0.0,
+                0.02 + 4000.0 / 1250.0,
+            )
+            .expect("known endpoint");
+        last = err.abs();
+    }
+    assert!(last < 0.05, "error after learning: {last}");
+    let errors = st.prediction_errors();
+    let (_, addr, _, _, n) = &errors[0];
+    assert_eq!((&**addr, *n), ("10.1.0.1:8000", 100));
+    assert!(
+        st.observe_ttft("default", "plain", "10.9.9.9:1", 1.0, 0.0, 0.0, 1.0)
+            .is_none()
+    );
+}
