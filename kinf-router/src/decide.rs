@@ -503,11 +503,19 @@ impl<'a> Ctx<'a> {
     /// Cached blocks of the request per endpoint id (dense; empty without token ids).
     fn prefix_matches(&self, ws: &crate::state::WorkerSetState) -> Vec<u32> {
         let mut dense = Vec::new();
-        if let Some(tokens) = &self.req.token_ids {
-            let hashes = block_hashes(tokens, ws.block_size);
+        let computed;
+        let hashes: &[u64] = match (&self.req.token_ids, &self.req.block_hashes) {
+            (Some(tokens), _) => {
+                computed = block_hashes(tokens, ws.block_size);
+                &computed
+            }
+            (None, Some((bs, h))) if *bs as usize == ws.block_size => h,
+            _ => &[],
+        };
+        if !hashes.is_empty() {
             let mut found: Vec<(EndpointId, u32)> = Vec::new();
             ws.prefix
-                .match_prefix(&hashes, self.state.now_ms, &mut found);
+                .match_prefix(hashes, self.state.now_ms, &mut found);
             for (id, blocks) in found {
                 let i = id.0 as usize;
                 if dense.len() <= i {

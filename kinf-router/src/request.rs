@@ -23,6 +23,10 @@ pub struct Request {
     pub prompt_tokens: u32,
     /// The prompt's token ids, when the model's tokenizer is known (precise prefix matching).
     pub token_ids: Option<Arc<[u32]>>,
+    /// Prefix block hashes computed by the caller (Kinference's own chained hash,
+    /// [`crate::prefix_index::block_hashes`]) and their block size, for callers that hash
+    /// tokens themselves. Used when `token_ids` is absent and the block size matches.
+    pub block_hashes: Option<(u32, Arc<[u64]>)>,
     /// `max_tokens` (or the default used for estimates).
     pub max_tokens: u32,
     /// Request headers, names lowercase.
@@ -44,6 +48,7 @@ impl Request {
             qos: Qos::Interactive,
             prompt_tokens,
             token_ids: None,
+            block_hashes: None,
             max_tokens: 256,
             headers: Vec::new(),
             stream: false,

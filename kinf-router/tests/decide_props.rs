@@ -335,3 +335,22 @@ fn observed_ttfts_teach_the_predictor_and_report_error() {
             .is_none()
     );
 }
+
+#[test]
+fn caller_supplied_block_hashes_match_like_token_ids() {
+    let (policy, req, state) = kinf_router::synthetic::decide_scenario(8, 1024).expect("scenario");
+    let with_tokens = Decider::decide(&policy, &req, &state);
+    let mut hashed = req.clone();
+    let tokens = hashed.token_ids.take().expect("tokens");
+    let hashes =
+        kinf_router::prefix_index::block_hashes(&tokens, kinf_router::synthetic::BLOCK_SIZE);
+    hashed.block_hashes = Some((
+        kinf_router::synthetic::BLOCK_SIZE as u32,
+        hashes.to_vec().into(),
+    ));
+    assert_eq!(Decider::decide(&policy, &hashed, &state), with_tokens);
+    // A different block size cannot be used: nothing is cached then.
+    hashed.block_hashes = Some((16, Arc::from(vec![1u64, 2, 3])));
+    let d = Decider::decide(&policy, &hashed, &state);
+    assert_eq!(d.route().map(|r| r.cached_tokens), Some(0));
+}

@@ -1,0 +1,132 @@
+//! The live policy: an immutable [`CompiledPolicy`] behind an atomic pointer. A new bundle
+//! replaces it only when it compiles without errors; otherwise the last good policy stays in
+//! force and the rejection (with its diagnostics) is kept for `/readyz`, the admin status and
+//! metrics. Readers never block and never see a half-applied policy.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use kinf_lang::{CompiledPolicy, Diagnostic, Severity, Sources};
+
+/// The policy in force and how it got there.
+#[derive(Debug)]
+pub struct Applied {
+    /// The compiled policy.
+    pub policy: Arc<CompiledPolicy>,
+    /// Its fingerprint (a hash of the sources).
+    pub fingerprint: u64,
+    /// Warnings of its compilation, rendered `file:line:col: warning[CODE]: message`.
+    pub warnings: Vec<String>,
+    /// How many bundles were applied before, counting this one.
+    pub generation: u64,
+}
+
+/// The last bundle that was refused.
+#[derive(Debug, Clone)]
+pub struct Rejected {
+    /// Fingerprint of the refused sources.
+    pub fingerprint: u64,
+    /// Its errors, rendered `file:line:col: error[CODE]: message` with help.
+    pub errors: Vec<String>,
+    /// The codes of its errors.
+    pub codes: Vec<&'static str>,
+}
+
+/// What [`PolicyStore::apply`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// The bundle compiled and is now in force.
+    Applied {
+        /// The new generation.
+        generation: u64,
+    },
+    /// The bundle is identical to the one in force; nothing changed.
+    Unchanged,
+    /// The bundle has errors; the previous policy (if any) stays in force.
+    Refused {
+        /// Number of errors.
+        errors: usize,
+    },
+}
+
+/// Holds the policy in force and the last refusal.
+#[derive(Debug, Default)]
+pub struct PolicyStore {
+    current: ArcSwapOption<Applied>,
+    rejected: ArcSwapOption<Rejected>,
+}
+
+impl PolicyStore {
+    /// An empty store (not ready until a bundle is applied).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The policy in force, if any. Wait-free.
+    pub fn current(&self) -> Option<Arc<Applied>> {
+        self.current.load_full()
+    }
+
+    /// The last refused bundle, cleared when a bundle is applied.
+    pub fn last_rejected(&self) -> Option<Arc<Rejected>> {
+        self.rejected.load_full()
+    }
+
+    /// Whether a policy is in force.
+    pub fn is_ready(&self) -> bool {
+        self.current.load().is_some()
+    }
+
+    /// Compiles `sources` and swaps the result in if it has no errors.
+    pub fn apply(&self, sources: &Sources) -> ApplyOutcome {
+        let c = kinf_lang::compile(sources);
+        let render = |sev: Severity| -> Vec<String> {
+            c.diagnostics
+                .iter()
+                .filter(|d| d.severity == sev)
+                .map(|d: &Diagnostic| d.render_plain(sources))
+                .collect()
+        };
+        match c.policy {
+            Some(policy) => {
+                let fingerprint = policy.fingerprint;
+                let prev = self.current.load();
+                if prev.as_ref().is_some_and(|p| p.fingerprint == fingerprint) {
+                    self.rejected.store(None);
+                    return ApplyOutcome::Unchanged;
+                }
+                let generation = prev.as_ref().map_or(0, |p| p.generation) + 1;
+                self.current.store(Some(Arc::new(Applied {
+                    policy,
+                    fingerprint,
+                    warnings: render(Severity::Warning),
+                    generation,
+                })));
+                self.rejected.store(None);
+                ApplyOutcome::Applied { generation }
+            }
+            None => {
+                let errors = render(Severity::Error);
+                let codes = c
+                    .diagnostics
+                    .iter()
+                    .filter(|d| d.severity == Severity::Error)
+                    .map(|d| d.code.as_str())
+                    .collect();
+                let n = errors.len();
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                for (_, f) in sources.iter() {
+                    for b in f.name.bytes().chain(f.text.bytes()) {
+                        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+                    }
+                }
+                self.rejected.store(Some(Arc::new(Rejected {
+                    fingerprint: h,
+                    errors,
+                    codes,
+                })));
+                ApplyOutcome::Refused { errors: n }
+            }
+        }
+    }
+}
