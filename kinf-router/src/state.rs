@@ -393,25 +393,37 @@ impl ClusterState {
         Some(observed_s - predicted)
     }
 
-    /// Prediction error per endpoint: (`namespace/worker set`, address, mean |error| seconds,
-    /// mean relative error, observations).
-    pub fn prediction_errors(&self) -> Vec<(Arc<str>, Arc<str>, f64, f64, u64)> {
-        let mut out: Vec<_> = self
+    /// Prediction error of every endpoint, sorted by worker set and address.
+    pub fn prediction_errors(&self) -> Vec<PredictionError> {
+        let mut out: Vec<PredictionError> = self
             .worker_sets
             .iter()
             .flat_map(|(k, ws)| {
-                ws.endpoints.iter().map(move |e| {
-                    (
-                        k.clone(),
-                        e.address.clone(),
-                        e.ttft.abs_error_s(),
-                        e.ttft.rel_error(),
-                        e.ttft.observations(),
-                    )
+                ws.endpoints.iter().map(move |e| PredictionError {
+                    worker_set: k.clone(),
+                    endpoint: e.address.clone(),
+                    abs_error_s: e.ttft.abs_error_s(),
+                    rel_error: e.ttft.rel_error(),
+                    observations: e.ttft.observations(),
                 })
             })
             .collect();
-        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        out.sort_by(|a, b| (&a.worker_set, &a.endpoint).cmp(&(&b.worker_set, &b.endpoint)));
         out
     }
+}
+
+/// TTFT prediction error of one endpoint (moving averages).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PredictionError {
+    /// `namespace/name` of the worker set.
+    pub worker_set: Arc<str>,
+    /// Endpoint address.
+    pub endpoint: Arc<str>,
+    /// Mean |observed − predicted|, seconds.
+    pub abs_error_s: f64,
+    /// Mean |observed − predicted| / observed.
+    pub rel_error: f64,
+    /// Observations learned from.
+    pub observations: u64,
 }

@@ -328,8 +328,8 @@ fn observed_ttfts_teach_the_predictor_and_report_error() {
     }
     assert!(last < 0.05, "error after learning: {last}");
     let errors = st.prediction_errors();
-    let (_, addr, _, _, n) = &errors[0];
-    assert_eq!((&**addr, *n), ("10.1.0.1:8000", 100));
+    let e = &errors[0];
+    assert_eq!((&*e.endpoint, e.observations), ("10.1.0.1:8000", 100));
     assert!(
         st.observe_ttft("default", "plain", "10.9.9.9:1", 1.0, 0.0, 0.0, 1.0)
             .is_none()
