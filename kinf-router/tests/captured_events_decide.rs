@@ -1,7 +1,7 @@
 //! End to end on real vLLM 0.32 data: KV-event frames captured from a real server are decoded,
 //! applied to the cluster state, and a request repeating the cached prompt is routed to the
 //! endpoint that holds it; evictions remove what they name.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::path::Path;
 use std::sync::Arc;
@@ -56,10 +56,11 @@ fn a_repeat_goes_to_the_worker_that_reported_the_blocks() {
     // The prompt of the first stored chain, as vLLM reported it.
     let mut prompt: Vec<u32> = Vec::new();
     for e in &evs {
-        if let KvEvent::BlockStored(b) = e {
-            if b.parent.is_none() && prompt.is_empty() {
-                prompt = b.token_ids.clone();
-            }
+        if let KvEvent::BlockStored(b) = e
+            && b.parent.is_none()
+            && prompt.is_empty()
+        {
+            prompt = b.token_ids.clone();
         }
     }
     assert!(
@@ -93,13 +94,13 @@ fn evictions_and_clears_from_a_real_server_empty_the_index() {
     // Apply event by event; after an AllBlocksCleared the endpoint holds nothing.
     for e in &evs {
         ws.apply_kv_events("127.0.0.1:8001", std::slice::from_ref(e));
-        if matches!(e, KvEvent::AllBlocksCleared) {
-            if let kinf_router::state::PrefixTracking::Exact(i) = &ws.prefix {
-                assert_eq!(
-                    i.endpoint_blocks(kinf_router::prefix_index::EndpointId(0)),
-                    0
-                );
-            }
+        if matches!(e, KvEvent::AllBlocksCleared)
+            && let kinf_router::state::PrefixTracking::Exact(i) = &ws.prefix
+        {
+            assert_eq!(
+                i.endpoint_blocks(kinf_router::prefix_index::EndpointId(0)),
+                0
+            );
         }
     }
 }

@@ -516,7 +516,7 @@ fn chat_strategy() -> impl Strategy<Value = Vec<ChatMessage>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
     fn prop_cached_chat_equals_uncached(chat in chat_strategy()) {
@@ -534,6 +534,11 @@ proptest! {
             Ok(())
         })?;
     }
+
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn prop_cached_text_equals_uncached(text in content_strategy(), special: bool) {

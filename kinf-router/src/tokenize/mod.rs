@@ -51,6 +51,15 @@
 //! Tokenizers with a `single_word` added token are encoded whole (not cached).
 //! [`ChatTokenizer::encode_text_uncached`] is the reference path; tests prove both agree.
 //!
+//! Segments that miss the cache go through a byte-level BPE fast path when the pipeline allows
+//! it (`fast.rs`: the GPT-2 / Llama 3 pre-tokenizer regex without `fancy-regex`'s backtracking,
+//! then the tokenizer's own BPE model; ≈5× faster, same ids — see
+//! [`ChatTokenizer::uses_fast_path`]), else through HF `encode`.
+//!
+//! Figures (release, 2-core x86_64, tiny-llama): a 16k-token chat whose 15k-token system prompt
+//! was seen before, with a new 1k-token user message, ≈0.2 ms; the same fully cold ≈2.2 ms;
+//! fully warm ≈18 µs (`benches/tokenize.rs`).
+//!
 //! `ChatTokenizer` is `Send + Sync`; share it behind an `Arc`. All methods take `&self`.
 
 mod cache;
@@ -221,17 +230,14 @@ fn patch_metaspace_first(v: &mut serde_json::Value) -> bool {
         return false;
     };
     match obj.get("type").and_then(serde_json::Value::as_str) {
-        Some("Metaspace") => {
+        Some("Metaspace")
             if obj
                 .get("prepend_scheme")
                 .and_then(serde_json::Value::as_str)
-                == Some("first")
-            {
-                obj.insert("prepend_scheme".into(), "never".into());
-                true
-            } else {
-                false
-            }
+                == Some("first") =>
+        {
+            obj.insert("prepend_scheme".into(), "never".into());
+            true
         }
         Some("Sequence") => match obj.get_mut("pretokenizers") {
             Some(serde_json::Value::Array(items)) => {
@@ -308,10 +314,10 @@ fn config_template(v: &serde_json::Value) -> Result<Option<String>, TokenizeErro
         serde_json::Value::String(s) => Ok(Some(s.clone())),
         serde_json::Value::Array(items) => {
             for item in items {
-                if item.get("name").and_then(serde_json::Value::as_str) == Some("default") {
-                    if let Some(t) = item.get("template").and_then(serde_json::Value::as_str) {
-                        return Ok(Some(t.to_owned()));
-                    }
+                if item.get("name").and_then(serde_json::Value::as_str) == Some("default")
+                    && let Some(t) = item.get("template").and_then(serde_json::Value::as_str)
+                {
+                    return Ok(Some(t.to_owned()));
                 }
             }
             Err(TokenizeError::InvalidConfig(

@@ -384,9 +384,9 @@ pub(crate) fn strftime_utc(fmt: &str, unix_secs: i64) -> String {
             'Z' => write!(out, "UTC"),
             'z' => write!(out, "+0000"),
             's' => write!(out, "{unix_secs}"),
-            'n' => write!(out, "\n"),
-            't' => write!(out, "\t"),
-            '%' => write!(out, "%"),
+            'n' => out.write_char('\n'),
+            't' => out.write_char('\t'),
+            '%' => out.write_char('%'),
             other => write!(out, "%{other}"),
         };
     }
