@@ -385,22 +385,12 @@ impl<'a> Checker<'a> {
                 ) {
                     continue;
                 }
-                let names: Vec<&str> = out
-                    .pools
-                    .iter()
-                    .filter(|p| p.namespace == g.namespace)
-                    .map(|p| &*p.name)
-                    .collect();
-                self.report(
+                self.unknown_pool(
+                    out,
                     g.doc,
                     &fpath!["spec", "pool"],
-                    Code::UnknownPool,
-                    format!(
-                        "InferencePool `{}` not found in namespace `{}`",
-                        g.spec.pool, g.namespace
-                    ),
-                    "does not resolve",
-                    Some(help_for(&g.spec.pool, names.iter().copied(), "pools")),
+                    &g.spec.pool,
+                    &g.namespace,
                 );
                 continue;
             };
@@ -413,6 +403,31 @@ impl<'a> Checker<'a> {
                 spec: g.spec.clone(),
             });
         }
+    }
+
+    /// Reports a reference to a pool that is not in the bundle.
+    fn unknown_pool(
+        &mut self,
+        out: &CompiledPolicy,
+        doc: usize,
+        path: &FieldPath,
+        name: &str,
+        namespace: &str,
+    ) {
+        let names: Vec<&str> = out
+            .pools
+            .iter()
+            .filter(|p| &*p.namespace == namespace)
+            .map(|p| &*p.name)
+            .collect();
+        self.report(
+            doc,
+            path,
+            Code::UnknownPool,
+            format!("InferencePool `{name}` not found in namespace `{namespace}`"),
+            "does not resolve",
+            Some(help_for(name, names.iter().copied(), "pools")),
+        );
     }
 
     fn check_gateway(&mut self, g: &Res<GatewayBackendSpec>) {
@@ -523,25 +538,13 @@ impl<'a> Checker<'a> {
                         &p.namespace,
                         &t.name,
                     ) => {}
-                    None => {
-                        let names: Vec<&str> = out
-                            .pools
-                            .iter()
-                            .filter(|x| x.namespace == p.namespace)
-                            .map(|x| &*x.name)
-                            .collect();
-                        self.report(
-                            p.doc,
-                            &fpath!["spec", "targetRefs", i, "name"],
-                            Code::UnknownPool,
-                            format!(
-                                "InferencePool `{}` not found in namespace `{}`",
-                                t.name, p.namespace
-                            ),
-                            "does not resolve",
-                            Some(help_for(&t.name, names.iter().copied(), "pools")),
-                        );
-                    }
+                    None => self.unknown_pool(
+                        out,
+                        p.doc,
+                        &fpath!["spec", "targetRefs", i, "name"],
+                        &t.name,
+                        &p.namespace,
+                    ),
                 }
             }
         }
