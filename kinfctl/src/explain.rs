@@ -130,9 +130,17 @@ pub fn decision_text(d: &Decision) -> String {
         (Some(p), Some(r)) => {
             let _ = writeln!(out, "decided by rule `{r}` of policy `{p}`");
         }
-        _ => {
-            let _ = writeln!(out, "decided by the default route (no rule decided)");
-        }
+        _ => match &d.outcome {
+            Outcome::Reject(r) if r.code == "model_not_found" || r.code == "unknown_pool" => {
+                let _ = writeln!(
+                    out,
+                    "decided before any rule: the request names nothing the pool serves"
+                );
+            }
+            _ => {
+                let _ = writeln!(out, "decided by the default route (no rule decided)");
+            }
+        },
     }
     trace_text(&mut out, &d.trace);
     out
