@@ -16,7 +16,7 @@ mod error;
 pub mod expr;
 mod glob;
 mod quantity;
-mod suggest;
+pub mod suggest;
 
 pub use duration::{format_duration, parse_duration};
 pub use error::{Span, SyntaxError};

@@ -3,10 +3,7 @@
 /// The candidate closest to `name`, if it is close enough to be a plausible
 /// typo: a case-insensitive edit distance of at most a third of the longer
 /// name (and at least 1).
-pub(crate) fn closest<'a>(
-    name: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<&'a str> {
+pub fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let lower = name.to_lowercase();
     candidates
         .into_iter()
@@ -23,7 +20,7 @@ pub(crate) fn closest<'a>(
 }
 
 /// `` `a`, `b`, `c` `` for a help line, or `none` when empty.
-pub(crate) fn list(names: impl IntoIterator<Item = impl AsRef<str>>) -> String {
+pub fn list(names: impl IntoIterator<Item = impl AsRef<str>>) -> String {
     let quoted: Vec<String> = names
         .into_iter()
         .map(|n| format!("`{}`", n.as_ref()))

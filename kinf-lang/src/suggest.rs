@@ -1,23 +1,13 @@
 //! "Did you mean" suggestions.
 
-/// The candidate closest to `input`, if it is close enough to be a likely typo.
+/// The candidate closest to `input`, if it is close enough to be a likely typo (the same rule
+/// as the condition language's suggestions: case-insensitive Damerau–Levenshtein distance of at
+/// most a third of the longer name, at least 1).
 pub fn did_you_mean<'a, I>(input: &str, candidates: I) -> Option<&'a str>
 where
     I: IntoIterator<Item = &'a str>,
 {
-    let lower = input.to_ascii_lowercase();
-    let mut best: Option<(usize, &'a str)> = None;
-    for cand in candidates {
-        if cand.eq_ignore_ascii_case(input) {
-            return Some(cand);
-        }
-        let d = strsim::damerau_levenshtein(&lower, &cand.to_ascii_lowercase());
-        let limit = (cand.chars().count().max(input.chars().count()) / 3).max(2);
-        if d <= limit && best.is_none_or(|(bd, _)| d < bd) {
-            best = Some((d, cand));
-        }
-    }
-    best.map(|(_, c)| c)
+    kinf_grammar::suggest::closest(input, candidates)
 }
 
 /// Help text: "did you mean `x`?" or the list of allowed names.
@@ -30,7 +20,7 @@ where
         None => {
             let list: Vec<String> = candidates.into_iter().map(|c| format!("`{c}`")).collect();
             if list.is_empty() {
-                format!("no {what} is defined")
+                format!("there are no {what}")
             } else {
                 format!("{what}: {}", list.join(", "))
             }
