@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use ahash::AHashMap;
 
+use kinf_lang::check::DEFAULT_WINDOW;
+
 use crate::kv_events::KvEvent;
 use crate::predictor::TtftModel;
 use crate::prefix_index::{ApproxIndex, EndpointId, PrefixIndex, block_hashes};
@@ -49,6 +51,9 @@ pub struct Load {
 #[derive(Clone, Debug, Default)]
 pub struct LoadWindow {
     samples: VecDeque<(LoadSample, [f64; 3])>,
+    /// The default-window average at a given time, computed off the decision path by
+    /// [`ClusterState::set_now`].
+    default_at: Option<(u64, Load)>,
 }
 
 impl LoadWindow {
@@ -66,6 +71,7 @@ impl LoadWindow {
         {
             self.samples.pop_front();
         }
+        self.default_at = None;
         let prev = self.samples.back().map(|(_, c)| *c).unwrap_or([0.0; 3]);
         let cum = [
             prev[0] + s.queued,
@@ -78,6 +84,12 @@ impl LoadWindow {
     /// Average of the samples taken within `window` before `now_ms` (the newest sample alone
     /// when none falls in the window; zeros when there is none).
     pub fn average(&self, window: Duration, now_ms: u64) -> Load {
+        if window == DEFAULT_WINDOW
+            && let Some((at, load)) = self.default_at
+            && at == now_ms
+        {
+            return load;
+        }
         let since = now_ms.saturating_sub(window.as_millis() as u64);
         let first = self.samples.partition_point(|(s, _)| s.at_ms < since);
         let n = self.samples.len() - first;
@@ -105,6 +117,12 @@ impl LoadWindow {
             running_prompts: ((end[1] - start[1]) / n).max(0.0),
             kv_cache_usage: ((end[2] - start[2]) / n).max(0.0),
         }
+    }
+
+    /// Precomputes the default-window average at `now_ms`.
+    pub fn refresh_default(&mut self, now_ms: u64) {
+        self.default_at = None;
+        self.default_at = Some((now_ms, self.average(DEFAULT_WINDOW, now_ms)));
     }
 
     /// The newest sample.
@@ -341,6 +359,17 @@ impl ClusterState {
 }
 
 impl ClusterState {
+    /// Sets the time decisions are made at and precomputes every endpoint's default-window
+    /// load, so that decisions read it instead of averaging samples.
+    pub fn set_now(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
+        for ws in self.worker_sets.values_mut() {
+            for ep in &mut ws.endpoints {
+                ep.load.refresh_default(now_ms);
+            }
+        }
+    }
+
     /// Records that a request was routed to an endpoint: approximate prefix tracking learns
     /// that the endpoint will hold the prompt's blocks. No effect with exact tracking.
     pub fn record_routed(
@@ -426,4 +455,35 @@ pub struct PredictionError {
     pub rel_error: f64,
     /// Observations learned from.
     pub observations: u64,
+}
+
+#[cfg(test)]
+mod set_now_tests {
+    use super::*;
+
+    #[test]
+    fn precomputed_default_window_equals_the_computed_one_and_expires_on_push() {
+        let mut w = LoadWindow::default();
+        for i in 0..40u64 {
+            w.push(LoadSample {
+                at_ms: i * 1000,
+                queued: i as f64,
+                running: 1.0,
+                kv_usage: 0.5,
+            });
+        }
+        let direct = w.average(DEFAULT_WINDOW, 39_000);
+        w.refresh_default(39_000);
+        assert_eq!(w.average(DEFAULT_WINDOW, 39_000), direct);
+        // Another time or window is computed, not served from the cache.
+        assert_ne!(w.average(DEFAULT_WINDOW, 45_000), direct);
+        w.push(LoadSample {
+            at_ms: 40_000,
+            queued: 1000.0,
+            running: 1.0,
+            kv_usage: 0.5,
+        });
+        assert_ne!(w.average(DEFAULT_WINDOW, 39_000).queued_prompts, 1000.0);
+        assert!(w.average(DEFAULT_WINDOW, 40_000).queued_prompts > direct.queued_prompts);
+    }
 }

@@ -37,7 +37,6 @@ pub fn decide_scenario(
     let (_, c) = kinf_lang::compile_str("scenario.yaml", &text);
     let policy = c.policy?;
     let mut state = ClusterState::from_policy(&policy, BLOCK_SIZE);
-    state.now_ms = 60_000;
     let tokens: Arc<[u32]> = (0..prompt_tokens as u32)
         .map(|t| (t * 7 + 3) % 50_000)
         .collect();
@@ -67,6 +66,7 @@ pub fn decide_scenario(
             }
         }
     }
+    state.set_now(60_000);
     let mut req = Request::new("model", prompt_tokens as u32);
     req.token_ids = Some(tokens);
     Some((policy, req, state))
