@@ -246,6 +246,25 @@ impl WorkerSetState {
         self.endpoints.iter_mut().find(|e| &*e.address == address)
     }
 
+    /// Forgets what an endpoint caches: after a KV-event sequence gap that replay cannot fill,
+    /// or a publisher restart ([`crate::kv_events::SeqStatus`]). Returns false when the endpoint
+    /// is unknown.
+    pub fn reset_endpoint(&mut self, address: &str) -> bool {
+        let Some(id) = self
+            .endpoints
+            .iter()
+            .find(|e| &*e.address == address)
+            .map(|e| e.index_id)
+        else {
+            return false;
+        };
+        match &mut self.prefix {
+            PrefixTracking::Exact(index) => index.clear_endpoint(id),
+            PrefixTracking::Approximate(index) => index.clear_endpoint(id),
+        }
+        true
+    }
+
     /// Applies KV events published by one endpoint (exact tracking only; ignored otherwise).
     /// Returns false when the endpoint is unknown.
     pub fn apply_kv_events(&mut self, address: &str, events: &[KvEvent]) -> bool {

@@ -78,6 +78,17 @@ fn a_repeat_goes_to_the_worker_that_reported_the_blocks() {
     let d = Decider::decide(&policy, &req, &st);
     let r = d.route().expect("routed");
     assert_eq!(&*r.endpoint, "127.0.0.1:8002");
+    // After a sequence gap the endpoint's entries are dropped: nothing is cached anywhere.
+    let mut gapped = st.clone();
+    assert!(
+        gapped
+            .worker_sets
+            .get_mut("default/tiny")
+            .unwrap()
+            .reset_endpoint("127.0.0.1:8002")
+    );
+    let d2 = Decider::decide(&policy, &req, &gapped);
+    assert_eq!(d2.route().map(|r| r.cached_tokens), Some(0));
     assert_eq!(r.cached_tokens as usize, prompt.len() / 32 * 32);
     assert_eq!(&*r.model, "tiny-llama");
     assert!(r.rewrite_model);
