@@ -119,4 +119,25 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t)]
         format: Format,
     },
+    /// Run the built-in classifiers (PII, complexity) on a prompt and print tags and redacted
+    /// matches, or evaluate them against a labelled JSONL file (`--eval`).
+    Classify {
+        /// The prompt text (one user message).
+        #[arg(long, conflicts_with_all = ["file", "eval"])]
+        text: Option<String>,
+        /// Plain text, or a JSON chat request `{"messages": [...]}` whose messages are all read.
+        #[arg(long, conflicts_with = "eval")]
+        file: Option<PathBuf>,
+        /// A labelled JSONL file: one `{"text"|"messages", "tags"}` object per line; prints
+        /// per-tag precision and recall.
+        #[arg(long)]
+        eval: Option<PathBuf>,
+        /// A bundle directory: use the classifiers of its first GatewayBackend. Absent: PII
+        /// (all entities) and complexity.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
+    },
 }

@@ -1,6 +1,7 @@
 //! `kinfctl` as a library: every command is a function writing to the given streams and
 //! returning the process exit code, so tests call them directly.
 
+pub mod classify;
 pub mod cli;
 pub mod crds;
 pub mod explain;
@@ -52,5 +53,23 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             cases,
             format,
         } => test_cmd::run(&paths, &cases, format, out, err),
+        Command::Classify {
+            text,
+            file,
+            eval,
+            config,
+            format,
+        } => {
+            let input = match (&text, &file, &eval) {
+                (Some(t), _, _) => classify::Input::Text(t),
+                (_, Some(f), _) => classify::Input::File(f),
+                (_, _, Some(e)) => classify::Input::Eval(e),
+                _ => {
+                    let _ = writeln!(err, "error: one of --text, --file or --eval is required");
+                    return EXIT_USAGE;
+                }
+            };
+            classify::run(input, config.as_ref(), format, out, err)
+        }
     }
 }

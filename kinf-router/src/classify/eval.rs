@@ -1,0 +1,221 @@
+//! Request parsing shared by `kinfctl classify` and the corpus test, and the evaluation of the
+//! classifiers against a labelled JSONL file.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{Classifiers, Message};
+
+/// A message with owned text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedMessage {
+    /// Role.
+    pub role: String,
+    /// Text; array contents are the `text` of their `{type: text}` parts joined by newlines.
+    pub content: String,
+}
+
+impl OwnedMessage {
+    /// The borrowed form.
+    pub fn as_message(&self) -> Message<'_> {
+        Message::new(&self.role, &self.content)
+    }
+}
+
+/// The messages of `{"messages": [...]}` (chat request) or `{"text": "..."}` (one user
+/// message). `content` may be a string or an array of `{type: "text", text}` parts; other
+/// parts are ignored.
+pub fn messages_from_json(v: &Value) -> Result<Vec<OwnedMessage>, String> {
+    if let Some(t) = v.get("text").and_then(Value::as_str) {
+        return Ok(vec![OwnedMessage {
+            role: "user".into(),
+            content: t.to_string(),
+        }]);
+    }
+    let Some(msgs) = v.get("messages").and_then(Value::as_array) else {
+        return Err("expected `text` (a string) or `messages` (an array)".into());
+    };
+    let mut out = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+        let content = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter(|p| p.get("type").and_then(Value::as_str).unwrap_or("text") == "text")
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            None | Some(Value::Null) => String::new(),
+            Some(_) => {
+                return Err(format!(
+                    "messages[{i}].content: expected a string or an array"
+                ));
+            }
+        };
+        out.push(OwnedMessage {
+            role: role.to_string(),
+            content,
+        });
+    }
+    Ok(out)
+}
+
+/// One labelled example.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Example {
+    /// 1-based line number in the file.
+    pub line: usize,
+    /// Messages.
+    pub messages: Vec<OwnedMessage>,
+    /// Expected tags.
+    pub tags: Vec<String>,
+}
+
+/// Parses a labelled JSONL file: one object per line, `text` or `messages`, plus `tags`.
+/// Blank lines are skipped.
+pub fn parse_jsonl(text: &str) -> Result<Vec<Example>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(line).map_err(|e| format!("line {}: {e}", i + 1))?;
+        let messages = messages_from_json(&v).map_err(|e| format!("line {}: {e}", i + 1))?;
+        let tags = match v.get("tags") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|t| {
+                    t.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| format!("line {}: tags must be strings", i + 1))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            None => Vec::new(),
+            Some(_) => return Err(format!("line {}: `tags` must be an array", i + 1)),
+        };
+        out.push(Example {
+            line: i + 1,
+            messages,
+            tags,
+        });
+    }
+    Ok(out)
+}
+
+/// Counts for one tag.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TagStats {
+    /// The tag.
+    pub tag: String,
+    /// Expected and produced.
+    pub tp: usize,
+    /// Produced, not expected.
+    pub fp: usize,
+    /// Expected, not produced.
+    #[serde(rename = "fn")]
+    pub fn_: usize,
+    /// tp / (tp + fp); 1 when nothing was produced.
+    pub precision: f64,
+    /// tp / (tp + fn); 1 when nothing was expected.
+    pub recall: f64,
+}
+
+/// A wrong answer on one example.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Mistake {
+    /// Line in the file.
+    pub line: usize,
+    /// The tag.
+    pub tag: String,
+    /// `fp` or `fn`.
+    pub kind: &'static str,
+}
+
+/// The evaluation result.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EvalReport {
+    /// Examples read.
+    pub examples: usize,
+    /// Per tag, sorted by tag.
+    pub tags: Vec<TagStats>,
+    /// Every false positive and false negative.
+    pub mistakes: Vec<Mistake>,
+}
+
+impl EvalReport {
+    /// The stats of a tag.
+    pub fn tag(&self, tag: &str) -> Option<&TagStats> {
+        self.tags.iter().find(|t| t.tag == tag)
+    }
+}
+
+const FAMILIES: [&str; 2] = ["pii-", "complexity-"];
+
+/// Scores the classifiers on labelled examples. Only `pii-*` and `complexity-*` tags are
+/// scored, and a family only when at least one example expects a tag of it (so a file labelled
+/// for PII alone is not penalised for complexity tags).
+pub fn evaluate(classifiers: &Classifiers, examples: &[Example]) -> EvalReport {
+    let families: Vec<&str> = FAMILIES
+        .iter()
+        .copied()
+        .filter(|f| {
+            examples
+                .iter()
+                .any(|e| e.tags.iter().any(|t| t.starts_with(f)))
+        })
+        .collect();
+    let scored = |t: &str| families.iter().any(|f| t.starts_with(f));
+    let mut stats: std::collections::BTreeMap<String, (usize, usize, usize)> = Default::default();
+    let mut mistakes = Vec::new();
+    for ex in examples {
+        let msgs: Vec<Message<'_>> = ex.messages.iter().map(OwnedMessage::as_message).collect();
+        let got: Vec<String> = classifiers
+            .classify(&msgs)
+            .tags
+            .iter()
+            .map(|t| t.to_string())
+            .filter(|t| scored(t))
+            .collect();
+        let want: Vec<&String> = ex.tags.iter().filter(|t| scored(t)).collect();
+        for t in &got {
+            let s = stats.entry(t.clone()).or_default();
+            if want.contains(&t) {
+                s.0 += 1;
+            } else {
+                s.1 += 1;
+                mistakes.push(Mistake {
+                    line: ex.line,
+                    tag: t.clone(),
+                    kind: "fp",
+                });
+            }
+        }
+        for t in want {
+            if !got.contains(t) {
+                stats.entry(t.clone()).or_default().2 += 1;
+                mistakes.push(Mistake {
+                    line: ex.line,
+                    tag: t.clone(),
+                    kind: "fn",
+                });
+            }
+        }
+    }
+    let ratio = |a: usize, b: usize| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+    EvalReport {
+        examples: examples.len(),
+        tags: stats
+            .into_iter()
+            .map(|(tag, (tp, fp, fn_))| TagStats {
+                tag,
+                tp,
+                fp,
+                fn_,
+                precision: ratio(tp, tp + fp),
+                recall: ratio(tp, tp + fn_),
+            })
+            .collect(),
+        mistakes,
+    }
+}

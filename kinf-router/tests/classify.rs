@@ -1,0 +1,290 @@
+//! Built-in classifiers: entity rules, hard negatives, configuration, complexity, and the
+//! precision/recall targets on testdata/classify/corpus.jsonl.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use kinf_policy::{ClassifierSpec, ClassifierType, PiiEntity};
+use kinf_router::classify::eval::{evaluate, parse_jsonl};
+use kinf_router::classify::pii::{iban_checksum, luhn};
+use kinf_router::classify::{
+    Classifiers, Complexity, ComplexityConfig, ComplexityLevel, Message, Pii, redact,
+};
+
+fn pii_tags(text: &str) -> Vec<String> {
+    let c = Classifiers::new(Some(Pii::new(&PiiEntity::ALL)), None);
+    c.classify(&[Message::new("user", text)])
+        .tags
+        .iter()
+        .map(|t| t.to_string())
+        .collect()
+}
+
+fn assert_entity(text: &str, entity: &str) {
+    let tags = pii_tags(text);
+    assert!(
+        tags.iter().any(|t| t == &format!("pii-{entity}"))
+            && tags.iter().any(|t| t == "pii-detected"),
+        "expected pii-{entity} in {text:?}, got {tags:?}"
+    );
+}
+
+fn assert_clean(text: &str) {
+    let tags = pii_tags(text);
+    assert!(tags.is_empty(), "expected no PII in {text:?}, got {tags:?}");
+}
+
+#[test]
+fn all_patterns_compile() {
+    assert_eq!(Pii::new(&PiiEntity::ALL).pattern_count(), 13);
+}
+
+#[test]
+fn emails() {
+    assert_entity("write to jane.doe+news@mail.example.org today", "email");
+    assert_entity("{\"email\":\"a.b@uni-hamburg.de\"}", "email");
+    assert_clean("the retina asset is icon@2x.png");
+    assert_clean("@property\ndef name(self): ...");
+    assert_clean("npm i left-pad@1.3.0");
+}
+
+#[test]
+fn phones() {
+    for p in [
+        "(555) 123-4567",
+        "555-123-4567",
+        "555.123.4567",
+        "+1 415 555 0132",
+        "1-800-555-0199",
+        "+44 20 7946 0958",
+        "020 7946 0958",
+        "07700 900123",
+        "+49 30 12345678",
+        "030 12345678",
+        "0151 23456789",
+        "+49 (0)89 1234567",
+        "+33 1 23 45 67 89",
+        "01 23 45 67 89",
+        "06.12.34.56.78",
+        "+4915123456789",
+    ] {
+        assert_entity(&format!("call me at {p} please"), "phone");
+    }
+    assert_clean("order id 4155550132");
+    assert_clean("call 4155550132"); // no separators: documented miss
+    assert_clean("SKU 550-123-4567");
+    assert_clean("order #555-123-4567");
+    assert_clean("2024-01-15 10:30:00");
+    assert_clean("am 01.02.2024 10.30 im Raum");
+    assert_clean("ISBN 978-3-16-148410-0");
+    assert_clean("grew from 1 234 567 to 1 345 678");
+    assert_clean("0.5 0.25 0.125 0.0625");
+}
+
+#[test]
+fn ssns() {
+    assert_entity("SSN 123-45-6789", "ssn");
+    assert_entity("ssn: 123456789", "ssn");
+    assert_entity("id card 078 05 1121 x", "ssn");
+    for bad in [
+        "000-12-3456",
+        "666-12-3456",
+        "912-34-5678",
+        "123-00-4567",
+        "123-45-0000",
+    ] {
+        assert_clean(&format!("number {bad} here"));
+    }
+    assert_clean("part no. 123-45-6789");
+    assert_clean("uuid 550e8400-e29b-41d4-a716-446655440000");
+}
+
+#[test]
+fn cards() {
+    assert!(luhn(&[4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]));
+    assert_entity("card 4111 1111 1111 1111", "credit-card");
+    assert_entity("card 4111-1111-1111-1111 exp 09/27", "credit-card");
+    assert_entity("amex 3782 822463 10005", "credit-card");
+    assert_entity("pan=5555555555554444;", "credit-card");
+    assert_entity("card 4111 1111 1111 1111 2027", "credit-card");
+    assert_clean("card 4111 1111 1111 1112");
+    assert_clean("order 4111111111111111");
+    assert_clean("ts 1700000000000 and 1700000000000000000");
+    assert_clean("sha e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
+#[test]
+fn ibans() {
+    assert!(iban_checksum("DE89370400440532013000"));
+    assert!(!iban_checksum("DE88370400440532013000"));
+    assert_entity("IBAN DE89 3704 0044 0532 0130 00 AND more", "iban");
+    assert_entity("GB82WEST12345698765432", "iban");
+    assert_entity("NL91ABNA0417164300.", "iban");
+    assert_clean("DE88 3704 0044 0532 0130 00");
+    assert_clean("NL91ABNA04171643001"); // too long for NL
+}
+
+#[test]
+fn ip_addresses() {
+    assert_entity("from 203.0.113.45 port 22", "ip-address");
+    assert_entity("1.2.3.4", "ip-address");
+    assert_entity("host: 10.0.12.7", "ip-address");
+    assert_entity("addr 2001:db8:85a3::8a2e:370:7334.", "ip-address");
+    assert_entity("fe80::1ff:fe23:4567:890a", "ip-address");
+    assert_clean("version 1.2.3.4");
+    assert_clean("pin v1.2.3.4");
+    assert_clean("release 10.0.0.1 notes");
+    assert_clean("999.1.1.1 and 1.02.3.4");
+    assert_clean("OID 1.3.6.1.4.1.311");
+    assert_clean("127.0.0.1 0.0.0.0 255.255.255.0 ::1");
+    assert_clean("at 10:30:45 the MAC 00:1A:2B:3C:4D:5E and std::vector and a::b");
+    assert_clean("sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
+#[test]
+fn credentials() {
+    assert_entity("key AKIAZ7VRSQ5ABCD2EFGH", "credential");
+    assert_entity("ASIAQWERTYUIOPASDF23", "credential");
+    assert_entity(
+        "token = \"ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6\"",
+        "credential",
+    );
+    assert_entity(
+        "xoxb-123456789012-123456789012-abcDEF123ghiJKL456",
+        "credential",
+    );
+    assert_entity("sk_live_4eC39HqLyjWDarjtT1zdp7dc", "credential");
+    assert_entity("Authorization: Bearer abc123DEF456ghi789JKL", "credential");
+    assert_entity(
+        "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        "credential",
+    );
+    assert_entity(
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7bq3Zx9Yw1example0keymaterial0000abcdefgh\n-----END RSA PRIVATE KEY-----",
+        "credential",
+    );
+    assert_clean("AKIAIOSFODNN7EXAMPLE");
+    assert_clean("Authorization: Bearer <YOUR_TOKEN>");
+    assert_clean("Bearer YOUR_ACCESS_TOKEN_HERE");
+    assert_clean("sk-your-key-here");
+    assert_clean("eyJub3Rqc29uIjp9.eyJ4IjoxfQ.abc"); // header has no alg
+    assert_clean(
+        "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\n-----END PUBLIC KEY-----",
+    );
+    assert_clean("what is `-----BEGIN PRIVATE KEY-----`?");
+}
+
+#[test]
+fn matches_are_redacted_and_located() {
+    let c = Classifiers::default();
+    let msgs = [
+        Message::new("system", "be nice"),
+        Message::new("user", "mail bob@example.com"),
+    ];
+    let out = c.classify(&msgs);
+    assert_eq!(out.matches.len(), 1);
+    let m = &out.matches[0];
+    assert_eq!((m.message_index, m.start, m.end), (1, 5, 20));
+    assert_eq!(m.redacted, "b*************m");
+    assert_eq!(&*m.tag, "pii-email");
+    assert!(!out.matches.iter().any(|m| m.redacted.contains("example")));
+    assert_eq!(redact("ab"), "**");
+    assert_eq!(redact("äbcö"), "ä**ö");
+}
+
+#[test]
+fn every_message_is_read() {
+    let c = Classifiers::default();
+    for role in ["system", "assistant", "tool", "user"] {
+        let msgs = [
+            Message::new(role, "SSN 123-45-6789"),
+            Message::new("user", "thanks"),
+        ];
+        assert!(
+            c.classify(&msgs).tags.iter().any(|t| &**t == "pii-ssn"),
+            "{role}"
+        );
+    }
+}
+
+#[test]
+fn from_specs_respects_entities_and_types() {
+    let spec = |t, e: Vec<PiiEntity>| ClassifierSpec {
+        name: "c".into(),
+        type_: t,
+        entities: e,
+        url: None,
+        tags: vec![],
+        timeout: None,
+        failure_mode: None,
+        failure_tag: None,
+    };
+    let only_email = Classifiers::from_specs(&[spec(ClassifierType::Pii, vec![PiiEntity::Email])]);
+    let out = only_email.classify(&[Message::new("user", "a@b.io SSN 123-45-6789")]);
+    let tags: Vec<&str> = out.tags.iter().map(|t| &**t).collect();
+    assert_eq!(tags, ["pii-detected", "pii-email"]);
+    let none = Classifiers::from_specs(&[spec(ClassifierType::External, vec![])]);
+    assert!(none.is_empty());
+    assert!(
+        none.classify(&[Message::new("user", "a@b.io")])
+            .tags
+            .is_empty()
+    );
+    let cx = Classifiers::from_specs(&[spec(ClassifierType::Complexity, vec![])]);
+    let tags = cx.classify(&[Message::new("user", "hi a@b.io")]).tags;
+    assert_eq!(tags.len(), 1);
+    assert_eq!(&*tags[0], "complexity-low");
+}
+
+#[test]
+fn complexity_levels() {
+    let c = Complexity::new(ComplexityConfig::default());
+    assert_eq!(
+        c.level(&[Message::new("user", "Write a haiku about autumn.")]),
+        ComplexityLevel::Low
+    );
+    let medium = "Explain this code and fix the bug?\n```python\ndef f(x):\n    return x / 0\n```\nWhat happens?";
+    assert_eq!(
+        c.level(&[Message::new("user", medium)]),
+        ComplexityLevel::Medium
+    );
+    let mut high = String::from(
+        "First, prove the theorem. Then derive the integral \\int_0^1 x^2 dx and the derivative.\n",
+    );
+    for i in 1..=8 {
+        high.push_str(&format!(
+            "{i}. step {i}: compute the eigenvalue of matrix A_{i}? Then check ≤ bounds.\n"
+        ));
+    }
+    high.push_str(&"context ".repeat(600));
+    assert_eq!(
+        c.level(&[Message::new("user", &high)]),
+        ComplexityLevel::High
+    );
+    let strict = Complexity::new(ComplexityConfig {
+        medium_at: 1,
+        high_at: 2,
+        ..ComplexityConfig::default()
+    });
+    assert_eq!(
+        strict.level(&[Message::new("user", medium)]),
+        ComplexityLevel::High
+    );
+}
+
+#[test]
+fn corpus_meets_targets() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../testdata/classify/corpus.jsonl"
+    ))
+    .unwrap();
+    let examples = parse_jsonl(&text).unwrap();
+    assert!(examples.len() >= 300);
+    let report = evaluate(&Classifiers::default(), &examples);
+    let d = report.tag("pii-detected").unwrap();
+    assert!(d.recall >= 0.98, "recall {d:?} {:?}", report.mistakes);
+    assert!(d.precision >= 0.95, "precision {d:?} {:?}", report.mistakes);
+    assert!(
+        report.tag("complexity-low").is_none(),
+        "complexity is unlabelled, so unscored"
+    );
+}
