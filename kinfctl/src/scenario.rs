@@ -108,7 +108,10 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(name: &str, text: &str) -> Res
         .first()
         .map(|d| d.root.to_json())
         .unwrap_or(serde_json::Value::Null);
-    serde_json::from_value(json).map_err(|e| format!("{name}: {e}"))
+    serde_json::from_value(json).map_err(|e| {
+        let msg = e.to_string();
+        format!("{name}: {msg}{}", unknown_field_hint(&msg))
+    })
 }
 
 /// Reads and parses a file.
@@ -201,5 +204,31 @@ impl StateFile {
             }
         }
         Ok(st)
+    }
+}
+
+/// "did you mean" for serde's `unknown field `x`, expected one of `a`, `b`` messages.
+fn unknown_field_hint(msg: &str) -> String {
+    let Some(rest) = msg.strip_prefix("unknown field `") else {
+        return String::new();
+    };
+    let Some((field, expected)) = rest.split_once('`') else {
+        return String::new();
+    };
+    let names: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    match kinf_lang::suggest::did_you_mean(field, names.iter().copied()) {
+        Some(s) => format!(" (did you mean `{s}`?)"),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    #[test]
+    fn suggests_the_closest_field() {
+        let e = super::parse_yaml::<super::RequestFile>("r.yaml", "model: m\npromptToken: 5\n")
+            .unwrap_err();
+        assert!(e.contains("did you mean `promptTokens`?"), "{e}");
     }
 }
