@@ -502,7 +502,7 @@ impl<'a> Ctx<'a> {
 
     /// Cached blocks of the request per endpoint id (dense; empty without token ids).
     fn prefix_matches(&self, ws: &crate::state::WorkerSetState) -> Vec<u32> {
-        let mut dense = Vec::new();
+        let mut dense = vec![0u32; ws.endpoints.len()];
         let computed;
         let hashes: &[u64] = match (&self.req.token_ids, &self.req.block_hashes) {
             (Some(tokens), _) => {
@@ -513,7 +513,7 @@ impl<'a> Ctx<'a> {
             _ => &[],
         };
         if !hashes.is_empty() {
-            let mut found: Vec<(EndpointId, u32)> = Vec::new();
+            let mut found: Vec<(EndpointId, u32)> = Vec::with_capacity(ws.endpoints.len());
             ws.prefix
                 .match_prefix(hashes, self.state.now_ms, &mut found);
             for (id, blocks) in found {
