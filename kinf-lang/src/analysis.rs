@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use ahash::AHashSet;
 use kinf_policy::{BackendType, OnEmpty};
+use smallvec::SmallVec;
 
 use crate::check::Checker;
 use crate::codes::Code;
@@ -35,16 +36,24 @@ pub(crate) fn check_pool_rules(
     let dag = RuleDag::build(&view);
     debug_assert!(dag.is_acyclic());
     // Rules with errors were lowered partially: neither warn about them nor because of them.
-    let sound = |doc: usize, path: &FieldPath| !ck.broken_rules.contains(&(doc, path.clone()));
+    let sound = |doc: usize, path: &FieldPath| {
+        ck.broken_rules.is_empty() || !ck.broken_rules.contains(&(doc, path.clone()))
+    };
     let sound_rules: Vec<bool> = rules.iter().map(|(_, d, p)| sound(*d, p)).collect();
     let reachable = dag.reachable_rules();
+    // Lowering lists each destination of a pool once; then candidate sets need no dedup.
+    let dests_unique = {
+        let mut seen = AHashSet::new();
+        pool.destinations.iter().all(|id| seen.insert(*id))
+    };
     let mut wild: Vec<usize> = Vec::new();
     let mut by_model: ahash::AHashMap<Arc<str>, Vec<usize>> = ahash::AHashMap::new();
     for (j, (rule, doc, path)) in rules.iter().enumerate() {
         if !sound_rules[j] {
             continue;
         }
-        let span = ck.bundle.value_span(*doc, &path.key("name"));
+        let bundle = ck.bundle;
+        let span = || bundle.value_span(*doc, &path.key("name"));
         // Shadowed: unreachable in the DAG (after a catch-all), or every match entry covered by
         // an earlier rule that rejects when empty.
         let shadow = if !reachable.get(j).copied().unwrap_or(true) {
@@ -99,7 +108,7 @@ pub(crate) fn check_pool_rules(
                     rule.name, pool.name, earlier.name, earlier.policy))
                 .with_path(path.key("name"))
                 .with_help(format!("move `{}` before `{}`, narrow `{}`'s matches, or set `onEmpty: NextRule` on `{}`", rule.name, earlier.name, earlier.name, earlier.name));
-            if let Some(s) = span {
+            if let Some(s) = span() {
                 d = d.at(s, "never applies");
             }
             if let Some(s) = ck.bundle.value_span(*edoc, &epath.key("name")) {
@@ -108,13 +117,13 @@ pub(crate) fn check_pool_rules(
             ck.push(d);
         }
         // Candidate analysis.
-        let possible = possible_destinations(out, pi, rule);
+        let possible = possible_destinations(out, pi, rule, dests_unique);
         if possible.is_empty() {
             let mut d = Diagnostic::new(Code::EmptyCandidates,
                 format!("rule `{}` never has a candidate in pool `{}`: its consider and unconditional excludes leave no destination", rule.name, pool.name))
                 .with_path(path.key("route"))
                 .with_help(format!("check `consider` (models, type, destination) against the pool's destinations: {}", pool_destinations(out, pool)));
-            if let Some(s) = span {
+            if let Some(s) = span() {
                 d = d.at(s, "always empty");
             }
             ck.push(d);
@@ -187,27 +196,49 @@ fn possible_destinations(
     out: &CompiledPolicy,
     pi: usize,
     rule: &CompiledRule,
+    dests_unique: bool,
 ) -> Vec<(DestId, BackendType)> {
     let Some(pool) = out.pools.get(pi) else {
         return Vec::new();
     };
     let mut set: Vec<(DestId, BackendType)> = Vec::new();
-    let serves = |id: DestId, names: &[Arc<str>]| {
-        names.iter().any(|n| {
-            pool.models
-                .get(n)
-                .is_some_and(|v| v.iter().any(|(d, _)| *d == id))
+    // Per consider entry with `models`: a bit set of the destination ids serving any of them
+    // (looked up once per rule rather than once per destination).
+    let words = out.destinations.len().div_ceil(64);
+    let served: Vec<Option<SmallVec<[u64; 4]>>> = rule
+        .consider
+        .iter()
+        .map(|c| {
+            c.models.as_ref().map(|names| {
+                let mut bits: SmallVec<[u64; 4]> = SmallVec::from_elem(0, words);
+                for n in names {
+                    if let Some(v) = pool.models.get(n) {
+                        for (d, _) in v {
+                            let i = d.0 as usize;
+                            // Ids outside `out.destinations` are never asked about below.
+                            if let Some(w) = bits.get_mut(i / 64) {
+                                *w |= 1 << (i % 64);
+                            }
+                        }
+                    }
+                }
+                bits
+            })
         })
+        .collect();
+    let has = |bits: &[u64], id: DestId| {
+        let i = id.0 as usize;
+        bits.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
     };
     for &id in &pool.destinations {
         let Some(d) = out.destination(id) else {
             continue;
         };
         let considered = rule.consider.is_empty()
-            || rule.consider.iter().any(|c| {
+            || rule.consider.iter().zip(&served).any(|(c, served)| {
                 c.backend.is_none_or(|b| b == d.backend)
                     && c.destination.is_none_or(|x| x == id)
-                    && c.models.as_ref().is_none_or(|m| serves(id, m))
+                    && served.as_ref().is_none_or(|bits| has(bits, id))
             });
         if !considered {
             continue;
@@ -226,8 +257,10 @@ fn possible_destinations(
             set.push((id, d.backend));
         }
     }
-    let mut seen = AHashSet::new();
-    set.retain(|(id, _)| seen.insert(*id));
+    if !dests_unique {
+        let mut seen = AHashSet::new();
+        set.retain(|(id, _)| seen.insert(*id));
+    }
     set
 }
 

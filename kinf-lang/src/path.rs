@@ -1,19 +1,26 @@
 //! Field paths inside a resource document (`spec.rules[0].route.select[1]`).
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// One step of a [`FieldPath`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Seg {
-    /// A mapping key.
-    Key(String),
+    /// A mapping key (borrowed when it is a literal of the compiler, as most are).
+    Key(Cow<'static, str>),
     /// A sequence index.
     Index(usize),
 }
 
-impl From<&str> for Seg {
-    fn from(s: &str) -> Self {
-        Seg::Key(s.to_string())
+impl From<&'static str> for Seg {
+    fn from(s: &'static str) -> Self {
+        Seg::Key(Cow::Borrowed(s))
+    }
+}
+
+impl From<String> for Seg {
+    fn from(s: String) -> Self {
+        Seg::Key(Cow::Owned(s))
     }
 }
 
@@ -34,15 +41,17 @@ impl FieldPath {
     }
 
     /// This path extended by one key.
-    pub fn key(&self, k: &str) -> Self {
-        let mut p = self.clone();
-        p.0.push(Seg::Key(k.to_string()));
+    pub fn key(&self, k: impl Into<Cow<'static, str>>) -> Self {
+        let mut p = FieldPath(Vec::with_capacity(self.0.len() + 1));
+        p.0.extend(self.0.iter().cloned());
+        p.0.push(Seg::Key(k.into()));
         p
     }
 
     /// This path extended by one index.
     pub fn index(&self, i: usize) -> Self {
-        let mut p = self.clone();
+        let mut p = FieldPath(Vec::with_capacity(self.0.len() + 1));
+        p.0.extend(self.0.iter().cloned());
         p.0.push(Seg::Index(i));
         p
     }
@@ -56,7 +65,7 @@ impl FieldPath {
                 let s = s.replace("~1", "/").replace("~0", "~");
                 match s.parse::<usize>() {
                     Ok(i) => Seg::Index(i),
-                    Err(_) => Seg::Key(s),
+                    Err(_) => Seg::Key(Cow::Owned(s)),
                 }
             })
             .collect();
@@ -66,7 +75,7 @@ impl FieldPath {
     /// The last key of the path, if it ends in a key.
     pub fn last_key(&self) -> Option<&str> {
         match self.0.last() {
-            Some(Seg::Key(k)) => Some(k),
+            Some(Seg::Key(k)) => Some(k.as_ref()),
             _ => None,
         }
     }

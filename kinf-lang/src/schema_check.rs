@@ -131,7 +131,7 @@ pub fn subschema<'a>(schema: &'a J, path: &FieldPath) -> Option<&'a J> {
         s = match seg {
             Seg::Key(k) => s
                 .get("properties")
-                .and_then(|p| p.get(k))
+                .and_then(|p| p.get(k.as_ref()))
                 .or_else(|| s.get("additionalProperties").filter(|a| a.is_object()))?,
             Seg::Index(_) => s.get("items")?,
         };
@@ -157,6 +157,9 @@ pub fn validate(kind: ResourceKind, root: &Node, json: &J) -> Vec<Diagnostic> {
     let Some(validator) = &ks.validator else {
         return Vec::new();
     };
+    if validator.is_valid(json) {
+        return Vec::new();
+    }
     let mut out = Vec::new();
     for err in validator.iter_errors(json) {
         let path = FieldPath::from_json_pointer(err.instance_path().as_str());
@@ -167,7 +170,7 @@ pub fn validate(kind: ResourceKind, root: &Node, json: &J) -> Vec<Diagnostic> {
 
 fn field_name(path: &FieldPath) -> String {
     match path.0.last() {
-        Some(Seg::Key(k)) => k.clone(),
+        Some(Seg::Key(k)) => k.to_string(),
         Some(Seg::Index(_)) => {
             let parent = path.parent();
             format!("{} item", parent.last_key().unwrap_or("list"))
@@ -272,7 +275,7 @@ fn map_error(
                 .map(property_names)
                 .unwrap_or_default();
             for key in unexpected {
-                let at = root.lookup(&path.key(key));
+                let at = root.lookup(&path.key(key.to_string()));
                 let span = at.key_span.unwrap_or(value_span);
                 let within = if path.0.is_empty() {
                     "the resource".to_string()
@@ -290,7 +293,7 @@ fn map_error(
                         allowed.iter().copied(),
                         "fields allowed here",
                     ))
-                    .with_path(path.key(key)),
+                    .with_path(path.key(key.to_string())),
                 );
             }
             return;
@@ -339,7 +342,7 @@ fn map_error(
             } else {
                 format!("`{path}`")
             };
-            let help = match allowed_values_help(schema, &path.key(prop)) {
+            let help = match allowed_values_help(schema, &path.key(prop.to_string())) {
                 Some(values) => format!("add `{prop}:` with one of: {values}"),
                 None => format!("add `{prop}:`; see `kinfctl schema` for its type"),
             };
@@ -349,7 +352,7 @@ fn map_error(
             )
             .at(span, format!("`{prop}` is required here"))
             .with_help(help)
-            .with_path(path.key(prop))
+            .with_path(path.key(prop.to_string()))
         }
         ValidationErrorKind::Minimum { limit }
         | ValidationErrorKind::ExclusiveMinimum { limit } => Diagnostic::new(

@@ -3,6 +3,7 @@
 //! Scalars are resolved with the YAML 1.2 core schema (plain `true`, `2`, `0.7`, `null`, `~`;
 //! quoted scalars are always strings). Duplicate keys are reported, the first one kept.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use saphyr_parser::{Event, Marker, Parser, ScalarStyle};
@@ -159,12 +160,15 @@ impl Node {
             Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
             Value::Str(s) => J::String(s.clone()),
             Value::Seq(items) => J::Array(items.iter().map(Node::to_json).collect()),
-            Value::Map(entries) => J::Object(
-                entries
-                    .iter()
-                    .map(|e| (e.key.clone(), e.value.to_json()))
-                    .collect(),
-            ),
+            Value::Map(entries) => {
+                // Keys are unique (duplicates are dropped while parsing): plain inserts, without
+                // the sort buffer of `collect`.
+                let mut map = serde_json::Map::new();
+                for e in entries {
+                    map.insert(e.key.clone(), e.value.to_json());
+                }
+                J::Object(map)
+            }
         }
     }
 
@@ -299,11 +303,12 @@ impl Builder<'_> {
                 self.push(node);
             }
             Event::Scalar(text, style, anchor, tag) => {
+                let len = text.len();
                 let (value, style) =
-                    resolve_scalar(&text, style, tag.as_ref().map(|t| t.suffix.as_str()));
+                    resolve_scalar(text, style, tag.as_ref().map(|t| t.suffix.as_str()));
                 let node = Node {
                     value,
-                    span: self.span(start, end.max(start + text.len().min(1))),
+                    span: self.span(start, end.max(start + len.min(1))),
                     style,
                 };
                 if anchor > 0 {
@@ -394,8 +399,9 @@ impl Builder<'_> {
                 ..
             }) => match pending_key.take() {
                 None => {
-                    let key = match &node.value {
-                        Value::Str(s) => s.clone(),
+                    let key_span = node.span;
+                    let key = match node.value {
+                        Value::Str(s) => s,
                         Value::Null => "null".to_string(),
                         Value::Bool(b) => b.to_string(),
                         Value::Int(i) => i.to_string(),
@@ -406,13 +412,13 @@ impl Builder<'_> {
                                     Code::YamlSyntax,
                                     "a mapping key must be a scalar".to_string(),
                                 )
-                                .at(node.span, "complex key")
+                                .at(key_span, "complex key")
                                 .with_help("write keys as plain strings such as `name:`"),
                             );
                             String::new()
                         }
                     };
-                    *pending_key = Some((key, node.span));
+                    *pending_key = Some((key, key_span));
                 }
                 Some((key, key_span)) => {
                     if let Some(first) = entries.iter().find(|e| e.key == key) {
@@ -438,7 +444,9 @@ impl Builder<'_> {
     }
 }
 
-fn resolve_scalar(text: &str, style: ScalarStyle, tag: Option<&str>) -> (Value, Style) {
+/// Takes the scalar's text by value: the parser hands over an owned string for most scalars,
+/// which then becomes the node's without a copy.
+fn resolve_scalar(text: Cow<'_, str>, style: ScalarStyle, tag: Option<&str>) -> (Value, Style) {
     let quoted = match style {
         ScalarStyle::Plain => Style::Plain,
         ScalarStyle::SingleQuoted | ScalarStyle::DoubleQuoted => Style::Quoted,
@@ -446,7 +454,7 @@ fn resolve_scalar(text: &str, style: ScalarStyle, tag: Option<&str>) -> (Value, 
     };
     if let Some(tag) = tag {
         match tag {
-            "str" => return (Value::Str(text.to_string()), quoted),
+            "str" => return (Value::Str(text.into_owned()), quoted),
             "int" => {
                 if let Ok(i) = text.parse() {
                     return (Value::Int(i), quoted);
@@ -461,16 +469,19 @@ fn resolve_scalar(text: &str, style: ScalarStyle, tag: Option<&str>) -> (Value, 
         }
     }
     if quoted != Style::Plain {
-        return (Value::Str(text.to_string()), quoted);
+        return (Value::Str(text.into_owned()), quoted);
     }
-    let value = match text {
+    let value = match &*text {
         "" | "~" | "null" | "Null" | "NULL" => Value::Null,
         "true" | "True" | "TRUE" => Value::Bool(true),
         "false" | "False" | "FALSE" => Value::Bool(false),
         ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => Value::Float(f64::INFINITY),
         "-.inf" | "-.Inf" | "-.INF" => Value::Float(f64::NEG_INFINITY),
         ".nan" | ".NaN" | ".NAN" => Value::Float(f64::NAN),
-        _ => parse_number(text).unwrap_or_else(|| Value::Str(text.to_string())),
+        _ => match parse_number(&text) {
+            Some(v) => v,
+            None => Value::Str(text.into_owned()),
+        },
     };
     (value, Style::Plain)
 }
