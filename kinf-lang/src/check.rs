@@ -1043,16 +1043,21 @@ impl<'a> Checker<'a> {
                 }
                 (None, m) => Pick::Minimize(m.unwrap_or(kinf_policy::Measure::PredictedTtft)),
             };
-            out.push(SelectTier {
-                backend: t.type_,
-                pick,
-            });
+            let name_of = |id: DestId| {
+                scope
+                    .dests
+                    .iter()
+                    .find(|(_, x, _)| *x == id)
+                    .map(|(n, _, _)| &**n)
+            };
+            out.push(SelectTier::new(t.type_, pick, name_of));
         }
         if out.is_empty() && tiers.is_empty() {
-            out.push(SelectTier {
-                backend: None,
-                pick: Pick::Minimize(kinf_policy::Measure::PredictedTtft),
-            });
+            out.push(SelectTier::new(
+                None,
+                Pick::Minimize(kinf_policy::Measure::PredictedTtft),
+                |_| None,
+            ));
         }
         out
     }

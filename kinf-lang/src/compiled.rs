@@ -395,6 +395,41 @@ pub struct SelectTier {
     pub backend: Option<BackendType>,
     /// How the tier picks.
     pub pick: Pick,
+    /// The tier as text (`Local minimize PredictedTTFT`, `Provider order [a, b]`), built once
+    /// at compile time for traces.
+    pub text: Arc<str>,
+}
+
+impl SelectTier {
+    /// A tier; `name_of` names destinations for its text.
+    pub fn new<'n>(
+        backend: Option<BackendType>,
+        pick: Pick,
+        name_of: impl Fn(DestId) -> Option<&'n str>,
+    ) -> Self {
+        let scope = backend.map_or("any ", |b| {
+            if b == BackendType::Local {
+                "Local "
+            } else {
+                "Provider "
+            }
+        });
+        let text = match &pick {
+            Pick::Minimize(m) => format!("{scope}minimize {}", m.as_str()),
+            Pick::Order(ids) => format!(
+                "{scope}order [{}]",
+                ids.iter()
+                    .filter_map(|d| name_of(*d))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        SelectTier {
+            backend,
+            pick,
+            text: text.into(),
+        }
+    }
 }
 
 /// How a select tier picks among its candidates.

@@ -9,7 +9,7 @@ use petgraph::algo::{has_path_connecting, toposort};
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::EdgeRef;
 
-use crate::compiled::{CompiledPolicy, CompiledPool, ConsiderEntry, Pick, SelectTier};
+use crate::compiled::{CompiledPolicy, CompiledPool, ConsiderEntry, SelectTier};
 
 /// A stage of the DAG.
 #[derive(Clone, Debug, PartialEq)]
@@ -260,22 +260,8 @@ pub fn consider_text(c: &[ConsiderEntry], policy: &CompiledPolicy) -> String {
 }
 
 /// Text of a select tier.
-pub fn tier_text(s: &SelectTier, policy: &CompiledPolicy) -> String {
-    let scope = s
-        .backend
-        .map(|b| format!("{} ", b.as_str()))
-        .unwrap_or_else(|| "any ".into());
-    match &s.pick {
-        Pick::Minimize(m) => format!("{scope}minimize {}", m.as_str()),
-        Pick::Order(ids) => format!(
-            "{scope}order [{}]",
-            ids.iter()
-                .filter_map(|d| policy.destination(*d))
-                .map(|d| &*d.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
+pub fn tier_text(s: &SelectTier, _policy: &CompiledPolicy) -> String {
+    s.text.to_string()
 }
 
 /// A readable text rendering of a pool's compiled rules (used by `kinfctl graph` and the golden

@@ -10,7 +10,6 @@ use kinf_lang::compiled::{
     CompiledPolicy, CompiledPool, CompiledRule, ConsiderEntry, DestId, DropCond, Pick, Range,
     RequestCond, SelectTier,
 };
-use kinf_lang::dag::tier_text;
 use kinf_lang::env;
 use kinf_policy::{BackendType, Measure, OnEmpty};
 use smallvec::SmallVec;
@@ -182,17 +181,22 @@ impl Decider {
             }
         }
         // Default route: requested model, Local by PredictedTTFT, then Provider by PredictedTTFT.
-        let tiers = [
-            SelectTier {
-                backend: Some(BackendType::Local),
-                pick: Pick::Minimize(Measure::PredictedTtft),
-            },
-            SelectTier {
-                backend: Some(BackendType::Provider),
-                pick: Pick::Minimize(Measure::PredictedTtft),
-            },
-        ];
-        let (picked, mut stages) = ctx.run_stages(&[], None, &tiers);
+        static DEFAULT_TIERS: std::sync::OnceLock<[SelectTier; 2]> = std::sync::OnceLock::new();
+        let tiers = DEFAULT_TIERS.get_or_init(|| {
+            [
+                SelectTier::new(
+                    Some(BackendType::Local),
+                    Pick::Minimize(Measure::PredictedTtft),
+                    |_| None,
+                ),
+                SelectTier::new(
+                    Some(BackendType::Provider),
+                    Pick::Minimize(Measure::PredictedTtft),
+                    |_| None,
+                ),
+            ]
+        });
+        let (picked, mut stages) = ctx.run_stages(&[], None, tiers);
         match picked {
             Some(c) => {
                 stages.result = "route".into();
@@ -329,7 +333,7 @@ impl<'a> Ctx<'a> {
                 }),
             };
             st.tiers.push(TierTrace {
-                tier: tier_text(tier, self.policy),
+                tier: tier.text.clone(),
                 candidates: in_tier.iter().map(|c| c.id()).collect(),
                 picked: picked.map(Candidate::id),
             });

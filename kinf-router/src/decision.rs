@@ -198,7 +198,7 @@ pub struct DropTrace {
 #[serde(rename_all = "camelCase")]
 pub struct TierTrace {
     /// The tier, as text.
-    pub tier: String,
+    pub tier: Arc<str>,
     /// Candidates it looked at.
     pub candidates: Vec<CandidateRef>,
     /// The one it picked.
