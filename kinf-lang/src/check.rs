@@ -190,27 +190,17 @@ impl<'a> Checker<'a> {
         match kinf_grammar::parse_duration(text) {
             Ok(d) => d,
             Err(e) => {
-                let span = self.bundle.node(doc, path).map(|n| {
-                    let s = n.content_start();
-                    Span::new(
-                        n.span.file,
-                        s + e.span.start,
-                        s + e.span.end.max(e.span.start + 1),
-                    )
-                });
-                let mut d =
-                    Diagnostic::new(
-                        Code::InvalidDuration,
-                        format!("invalid duration `{text}`: {}", e.message),
-                    )
-                    .with_path(path.clone())
-                    .with_help(e.help.unwrap_or_else(|| {
+                self.sub_error(
+                    doc,
+                    path,
+                    Code::InvalidDuration,
+                    format!("invalid duration `{text}`: {}", e.message),
+                    e.span.start,
+                    e.span.end,
+                    Some(e.help.unwrap_or_else(|| {
                         "write a duration such as `500ms`, `30s` or `1m30s`".into()
-                    }));
-                if let Some(s) = span {
-                    d = d.at(s, "here");
-                }
-                self.diags.push(d);
+                    })),
+                );
                 default
             }
         }

@@ -175,6 +175,32 @@ mod tests {
             Load::default()
         );
     }
+
+    #[test]
+    fn precomputed_default_window_equals_the_computed_one_and_expires_on_push() {
+        let mut w = LoadWindow::default();
+        for i in 0..40u64 {
+            w.push(LoadSample {
+                at_ms: i * 1000,
+                queued: i as f64,
+                running: 1.0,
+                kv_usage: 0.5,
+            });
+        }
+        let direct = w.average(DEFAULT_WINDOW, 39_000);
+        w.refresh_default(39_000);
+        assert_eq!(w.average(DEFAULT_WINDOW, 39_000), direct);
+        // Another time or window is computed, not served from the cache.
+        assert_ne!(w.average(DEFAULT_WINDOW, 45_000), direct);
+        w.push(LoadSample {
+            at_ms: 40_000,
+            queued: 1000.0,
+            running: 1.0,
+            kv_usage: 0.5,
+        });
+        assert_ne!(w.average(DEFAULT_WINDOW, 39_000).queued_prompts, 1000.0);
+        assert!(w.average(DEFAULT_WINDOW, 40_000).queued_prompts > direct.queued_prompts);
+    }
 }
 
 /// One vLLM endpoint.
@@ -246,16 +272,19 @@ impl WorkerSetState {
         self.endpoints.iter_mut().find(|e| &*e.address == address)
     }
 
+    /// The prefix-index id of the endpoint at `address`.
+    pub fn index_id(&self, address: &str) -> Option<EndpointId> {
+        self.endpoints
+            .iter()
+            .find(|e| &*e.address == address)
+            .map(|e| e.index_id)
+    }
+
     /// Forgets what an endpoint caches: after a KV-event sequence gap that replay cannot fill,
     /// or a publisher restart ([`crate::kv_events::SeqStatus`]). Returns false when the endpoint
     /// is unknown.
     pub fn reset_endpoint(&mut self, address: &str) -> bool {
-        let Some(id) = self
-            .endpoints
-            .iter()
-            .find(|e| &*e.address == address)
-            .map(|e| e.index_id)
-        else {
+        let Some(id) = self.index_id(address) else {
             return false;
         };
         match &mut self.prefix {
@@ -268,12 +297,7 @@ impl WorkerSetState {
     /// Applies KV events published by one endpoint (exact tracking only; ignored otherwise).
     /// Returns false when the endpoint is unknown.
     pub fn apply_kv_events(&mut self, address: &str, events: &[KvEvent]) -> bool {
-        let Some(id) = self
-            .endpoints
-            .iter()
-            .find(|e| &*e.address == address)
-            .map(|e| e.index_id)
-        else {
+        let Some(id) = self.index_id(address) else {
             return false;
         };
         if let PrefixTracking::Exact(index) = &mut self.prefix {
@@ -405,12 +429,7 @@ impl ClusterState {
         else {
             return;
         };
-        let Some(id) = ws
-            .endpoints
-            .iter()
-            .find(|e| &*e.address == address)
-            .map(|e| e.index_id)
-        else {
+        let Some(id) = ws.index_id(address) else {
             return;
         };
         if let PrefixTracking::Approximate(index) = &mut ws.prefix {
@@ -474,35 +493,4 @@ pub struct PredictionError {
     pub rel_error: f64,
     /// Observations learned from.
     pub observations: u64,
-}
-
-#[cfg(test)]
-mod set_now_tests {
-    use super::*;
-
-    #[test]
-    fn precomputed_default_window_equals_the_computed_one_and_expires_on_push() {
-        let mut w = LoadWindow::default();
-        for i in 0..40u64 {
-            w.push(LoadSample {
-                at_ms: i * 1000,
-                queued: i as f64,
-                running: 1.0,
-                kv_usage: 0.5,
-            });
-        }
-        let direct = w.average(DEFAULT_WINDOW, 39_000);
-        w.refresh_default(39_000);
-        assert_eq!(w.average(DEFAULT_WINDOW, 39_000), direct);
-        // Another time or window is computed, not served from the cache.
-        assert_ne!(w.average(DEFAULT_WINDOW, 45_000), direct);
-        w.push(LoadSample {
-            at_ms: 40_000,
-            queued: 1000.0,
-            running: 1.0,
-            kv_usage: 0.5,
-        });
-        assert_ne!(w.average(DEFAULT_WINDOW, 39_000).queued_prompts, 1000.0);
-        assert!(w.average(DEFAULT_WINDOW, 40_000).queued_prompts > direct.queued_prompts);
-    }
 }
