@@ -144,8 +144,8 @@ pub struct WorkerSetInfo {
 /// KV-event publisher settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvEventsInfo {
-    /// PUB port.
-    pub port: u16,
+    /// PUB port; `None`: discovered from the worker's `GET /kv_event_sources`.
+    pub port: Option<u16>,
     /// ROUTER replay port.
     pub replay_port: Option<u16>,
     /// Topic.

@@ -122,7 +122,7 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                 selector,
                 port: port(s.port.unwrap_or(8000)),
                 kv_events: s.kv_events.as_ref().map(|k| KvEventsInfo {
-                    port: port(k.port),
+                    port: k.port.map(port),
                     replay_port: k.replay_port.map(port),
                     topic: k.topic.as_deref().unwrap_or("kv-events").into(),
                 }),

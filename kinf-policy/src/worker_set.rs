@@ -82,9 +82,11 @@ pub struct InferenceWorkerSetSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KvEventsConfig {
-    /// The PUB socket port on each worker.
+    /// The PUB socket port on each worker. Absent: discovered from each worker's
+    /// `GET /kv_event_sources` (vLLM ≥ 0.32), which also gives the replay port and topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
-    pub port: u32,
+    pub port: Option<u32>,
     /// The ROUTER socket port for replaying missed events. Absent: gaps reset the endpoint's index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
