@@ -55,6 +55,7 @@ mod fleet;
 pub mod hash;
 pub mod metrics;
 mod profile;
+pub mod serve;
 pub mod workload;
 
 pub use engine::{

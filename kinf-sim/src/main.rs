@@ -1,4 +1,5 @@
-//! `kinf-sim`: the simulated vLLM engine's calibration report and speed benchmark.
+//! `kinf-sim`: the simulated vLLM engine's calibration report, speed benchmark and real-time
+//! vLLM-compatible server (`kinf-sim serve`).
 //!
 //! Exit codes: 0 success, 1 the run failed (e.g. an invalid profile), 2 usage error.
 
@@ -13,7 +14,7 @@ use kinf_sim::{PROFILE_NAMES, Profile};
 #[command(
     name = "kinf-sim",
     version,
-    about = "Simulated vLLM engine: calibration and speed"
+    about = "Simulated vLLM engine: calibration, speed and a real-time vLLM-compatible server"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -80,6 +81,9 @@ enum Command {
         #[arg(long, value_enum, default_value = "human")]
         format: Format,
     },
+    /// Serve vLLM 0.32's HTTP API, /metrics and ZMQ KV events from a simulated engine in real
+    /// time. Prints `{"http":…,"kv_events":…,"replay":…}` on stdout once bound.
+    Serve(Box<kinf_sim::serve::ServeArgs>),
     /// Print the built-in profiles' constants.
     Profiles {
         /// Output format.
@@ -155,6 +159,14 @@ fn run(cli: Cli) -> Result<String, String> {
                 Format::Json => json(&report),
             }
         }
+        Command::Serve(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(kinf_sim::serve::run(*args))?;
+            Ok(String::new())
+        }
         Command::Profiles { format } => {
             let all: Vec<Profile> = PROFILE_NAMES
                 .iter()
@@ -173,7 +185,14 @@ fn run(cli: Cli) -> Result<String, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_)) {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .try_init();
+    }
     match run(cli) {
+        Ok(text) if text.is_empty() => ExitCode::SUCCESS,
         Ok(text) => {
             print!("{text}");
             if !text.ends_with('\n') {
