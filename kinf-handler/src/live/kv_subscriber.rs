@@ -1,0 +1,356 @@
+//! Per-endpoint KV-event subscriber.
+//!
+//! The task resolves the endpoint's publishers (the configured port, or vLLM's
+//! `GET /kv_event_sources`, see [`super::discovery`]), then for each publisher connects a `SUB`
+//! socket, subscribes to the topic and decodes every `[topic, seq, payload]` message with
+//! [`kinf_router::kv_events::decode_message`]. Sequence numbers are tracked with a
+//! [`SeqTracker`]:
+//!
+//! * in order: applied to the worker set's prefix index, whole receive bursts under one lock;
+//! * duplicate: dropped;
+//! * gap (`expected..got` missing): when a replay endpoint is known, a `DEALER` asks vLLM's
+//!   replay `ROUTER` for `expected` onwards (`["", expected]`, answers `["", topic, seq,
+//!   payload]`…, end marker seq `-1`); the missing batches are applied in order, then the live
+//!   one. Without a replay endpoint, or when the replay fails (timeout, missing sequence numbers,
+//!   end before `got`), the endpoint's index is reset and the live batch applied;
+//! * restart (sequence back to 0, or lower than expected on a new connection): the publisher
+//!   restarted with an empty cache, so the endpoint's index is reset.
+//!
+//! A connection that receives nothing for [`LiveConfig::kv_idle_reconnect`] is renewed, since
+//! the zeromq crate neither reconnects nor reports a lost publisher.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use kinf_lang::compiled::KvEventsInfo;
+use kinf_router::kv_events::{
+    EventBatch, ReplayItem, SeqStatus, SeqTracker, decode_message, decode_replay_reply,
+    replay_request_frames,
+};
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+use super::SharedState;
+use super::config::LiveConfig;
+use super::discovery::{KvSource, parse_sources, tcp_endpoint};
+use super::http_get::HttpGet;
+use super::status::EndpointStats;
+
+/// Most messages applied under one lock.
+const MAX_BURST: usize = 256;
+
+/// The KV events of one endpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvTarget {
+    /// `namespace/name` of the worker set.
+    pub worker_set: Arc<str>,
+    /// `host:port` of the worker's HTTP server.
+    pub address: Arc<str>,
+    /// Publisher settings from the policy.
+    pub kv: KvEventsInfo,
+}
+
+struct Ctx {
+    shared: Arc<SharedState>,
+    target: KvTarget,
+    config: LiveConfig,
+    stats: Arc<EndpointStats>,
+}
+
+/// Runs the subscriber(s) of one endpoint until the task is aborted.
+pub async fn run_kv_subscriber(
+    shared: Arc<SharedState>,
+    target: KvTarget,
+    config: LiveConfig,
+    stats: Arc<EndpointStats>,
+    http: HttpGet,
+) {
+    let ctx = Ctx {
+        shared,
+        target,
+        config,
+        stats,
+    };
+    let sources = ctx.sources(&http).await;
+    ctx.stats.kv(|k| {
+        k.publishers = sources.iter().map(|s| s.endpoint.clone()).collect();
+        k.replay_endpoints = sources
+            .iter()
+            .filter_map(|s| s.replay_endpoint.clone())
+            .collect();
+        k.topic = sources.first().map(|s| s.topic.clone()).unwrap_or_default();
+    });
+    let connected = AtomicUsize::new(0);
+    let n = sources.len();
+    futures_util::future::join_all(
+        sources
+            .into_iter()
+            .map(|s| ctx.run_source(s, n, &connected)),
+    )
+    .await;
+}
+
+impl Ctx {
+    /// The configured publisher, or the discovered ones (retrying until discovery succeeds).
+    async fn sources(&self, http: &HttpGet) -> Vec<KvSource> {
+        let addr = &*self.target.address;
+        if let Some(port) = self.target.kv.port {
+            return vec![KvSource {
+                rank: "0".into(),
+                endpoint: tcp_endpoint(addr, port),
+                replay_endpoint: self.target.kv.replay_port.map(|p| tcp_endpoint(addr, p)),
+                topic: self.target.kv.topic.to_string(),
+            }];
+        }
+        let url = format!("http://{addr}/kv_event_sources");
+        loop {
+            let r = http
+                .get(&url, self.config.connect_timeout)
+                .await
+                .and_then(|body| parse_sources(&body, addr));
+            match r {
+                Ok(mut sources) => {
+                    // A replay port in the policy overrides the discovered one.
+                    if let Some(p) = self.target.kv.replay_port {
+                        for s in &mut sources {
+                            s.replay_endpoint = Some(tcp_endpoint(addr, p));
+                        }
+                    }
+                    return sources;
+                }
+                Err(e) => {
+                    tracing::debug!(endpoint = %addr, error = %e, "KV-event discovery failed");
+                    self.stats.kv(|k| k.last_error = Some(e));
+                    tokio::time::sleep(self.config.retry_delay).await;
+                }
+            }
+        }
+    }
+
+    async fn run_source(&self, src: KvSource, n_sources: usize, connected: &AtomicUsize) {
+        let mut tracker = SeqTracker::new();
+        let mut first = true;
+        loop {
+            if !first {
+                self.stats.kv(|k| k.reconnects += 1);
+            }
+            first = false;
+            let mut sock = SubSocket::new();
+            if let Err(e) = sock.subscribe(&src.topic).await {
+                self.fail(format!("subscribe: {e}")).await;
+                continue;
+            }
+            match tokio::time::timeout(self.config.connect_timeout, sock.connect(&src.endpoint))
+                .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    self.fail(format!("connect {}: {e}", src.endpoint)).await;
+                    continue;
+                }
+                Err(_) => {
+                    self.fail(format!("connect {}: timed out", src.endpoint))
+                        .await;
+                    continue;
+                }
+            }
+            let c = connected.fetch_add(1, Ordering::Relaxed) + 1;
+            self.stats.kv(|k| k.connected = c == n_sources);
+            let mut fresh = true;
+            loop {
+                let msg =
+                    match tokio::time::timeout(self.config.kv_idle_reconnect, sock.recv()).await {
+                        Err(_) => break,
+                        Ok(Err(e)) => {
+                            self.stats
+                                .kv(|k| k.last_error = Some(format!("receive: {e}")));
+                            break;
+                        }
+                        Ok(Ok(m)) => m,
+                    };
+                let mut burst = vec![msg];
+                while burst.len() < MAX_BURST {
+                    match sock.recv().now_or_never() {
+                        Some(Ok(m)) => burst.push(m),
+                        _ => break,
+                    }
+                }
+                self.process(&mut tracker, &mut fresh, &src, burst).await;
+            }
+            connected.fetch_sub(1, Ordering::Relaxed);
+            self.stats.kv(|k| k.connected = false);
+        }
+    }
+
+    async fn fail(&self, e: String) {
+        tracing::debug!(endpoint = %self.target.address, error = %e, "KV-event subscriber");
+        self.stats.kv(|k| k.last_error = Some(e));
+        tokio::time::sleep(self.config.retry_delay).await;
+    }
+
+    async fn process(
+        &self,
+        tracker: &mut SeqTracker,
+        fresh: &mut bool,
+        src: &KvSource,
+        burst: Vec<ZmqMessage>,
+    ) {
+        let mut pending: Vec<EventBatch> = Vec::with_capacity(burst.len());
+        for m in burst {
+            let frames: Vec<&[u8]> = m.iter().map(|b| b.as_ref()).collect();
+            let batch = match decode_message(&frames) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.stats.kv(|k| {
+                        k.decode_errors += 1;
+                        k.last_error = Some(format!("decode: {e}"));
+                    });
+                    continue;
+                }
+            };
+            self.stats.kv(|k| k.messages += 1);
+            if std::mem::take(fresh) && batch.seq > 0 && batch.seq < tracker.expected() {
+                // A new connection to a publisher that restarted while we were away.
+                self.flush(&mut pending);
+                self.reset("publisher restarted (sequence went back)");
+                self.stats.kv(|k| k.restarts += 1);
+                *tracker = SeqTracker::new();
+            }
+            match tracker.observe(batch.seq) {
+                SeqStatus::InOrder => pending.push(batch),
+                SeqStatus::Duplicate => self.stats.kv(|k| k.duplicates += 1),
+                SeqStatus::Restart { .. } => {
+                    self.flush(&mut pending);
+                    self.reset("publisher restarted (sequence 0)");
+                    self.stats.kv(|k| k.restarts += 1);
+                    pending.push(batch);
+                }
+                SeqStatus::Gap { expected, got } => {
+                    self.flush(&mut pending);
+                    self.stats.kv(|k| {
+                        k.gaps += 1;
+                        k.missed += got.abs_diff(expected);
+                    });
+                    tracing::info!(
+                        endpoint = %self.target.address, expected, got,
+                        "KV-event sequence gap"
+                    );
+                    let mut filled = false;
+                    if let Some(r) = &src.replay_endpoint {
+                        match replay(r.clone(), expected, got, self.config).await {
+                            Ok(mut batches) => {
+                                self.flush(&mut batches);
+                                self.stats.kv(|k| k.replays += 1);
+                                filled = true;
+                            }
+                            Err(e) => {
+                                tracing::warn!(endpoint = %self.target.address, error = %e, "KV-event replay failed");
+                                self.stats.kv(|k| {
+                                    k.replay_failures += 1;
+                                    k.last_error = Some(format!("replay: {e}"));
+                                });
+                            }
+                        }
+                    }
+                    if !filled {
+                        self.reset("unfilled sequence gap");
+                    }
+                    pending.push(batch);
+                }
+            }
+        }
+        self.flush(&mut pending);
+    }
+
+    /// Applies batches under one lock.
+    fn flush(&self, pending: &mut Vec<EventBatch>) {
+        let Some(last) = pending.last().map(|b| b.seq) else {
+            return;
+        };
+        let events: usize = pending.iter().map(|b| b.events.len()).sum();
+        let (key, addr) = (&*self.target.worker_set, &*self.target.address);
+        self.shared.with(|st| {
+            if let Some(ws) = st.worker_sets.get_mut(key) {
+                for b in pending.iter() {
+                    ws.apply_kv_events(addr, &b.events);
+                }
+            }
+        });
+        pending.clear();
+        self.stats.kv(|k| {
+            k.events += events as u64;
+            k.last_seq = Some(last);
+        });
+    }
+
+    fn reset(&self, why: &str) {
+        tracing::info!(endpoint = %self.target.address, why, "resetting the endpoint's prefix index");
+        let (key, addr) = (&*self.target.worker_set, &*self.target.address);
+        self.shared.with(|st| {
+            if let Some(ws) = st.worker_sets.get_mut(key) {
+                ws.reset_endpoint(addr);
+            }
+        });
+        self.stats.kv(|k| k.resets += 1);
+    }
+}
+
+/// Fetches batches `from..until` from a replay `ROUTER`, in a task of its own (within
+/// [`LiveConfig::replay_timeout`]).
+pub async fn replay(
+    endpoint: String,
+    from: i64,
+    until: i64,
+    config: LiveConfig,
+) -> Result<Vec<EventBatch>, String> {
+    let t = config.replay_timeout;
+    let task = tokio::spawn(async move {
+        match tokio::time::timeout(t, replay_inner(&endpoint, from, until)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("{endpoint}: timed out after {t:?}")),
+        }
+    });
+    task.await.map_err(|e| format!("replay task failed: {e}"))?
+}
+
+async fn replay_inner(endpoint: &str, from: i64, until: i64) -> Result<Vec<EventBatch>, String> {
+    let mut out = Vec::new();
+    if from >= until {
+        return Ok(out);
+    }
+    let mut d = DealerSocket::new();
+    d.connect(endpoint)
+        .await
+        .map_err(|e| format!("connect {endpoint}: {e}"))?;
+    let frames: Vec<Bytes> = replay_request_frames(from)
+        .into_iter()
+        .map(Bytes::from)
+        .collect();
+    let msg = ZmqMessage::try_from(frames).map_err(|e| e.to_string())?;
+    d.send(msg).await.map_err(|e| format!("send: {e}"))?;
+    let mut next = from;
+    loop {
+        let m = d.recv().await.map_err(|e| format!("receive: {e}"))?;
+        let frames: Vec<&[u8]> = m.iter().map(|b| b.as_ref()).collect();
+        match decode_replay_reply(&frames).map_err(|e| format!("decode: {e}"))? {
+            ReplayItem::End => {
+                return Err(format!("replay ended at {next}, before {until}"));
+            }
+            ReplayItem::Batch(b) if b.seq < next => {}
+            ReplayItem::Batch(b) if b.seq > next => {
+                return Err(format!(
+                    "replay skipped from {next} to {} (no longer buffered)",
+                    b.seq
+                ));
+            }
+            ReplayItem::Batch(b) => {
+                out.push(b);
+                next += 1;
+                if next >= until {
+                    return Ok(out);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Per-endpoint metrics scraper and health checker.
+//!
+//! Every interval the task `GET`s `http://{address}{metrics_path}` and `http://{address}/health`
+//! concurrently (timeout: the interval, at least [`LiveConfig::min_timeout`]). A successful
+//! scrape pushes a [`LoadSample`] into the endpoint's load window and records vLLM's cache
+//! configuration. The endpoint is marked `stale` when no scrape succeeded for
+//! [`LiveConfig::stale_after_intervals`] intervals (un-stale on the next success), and not
+//! `ready` after [`LiveConfig::unready_after_failures`] consecutive failed health checks (ready
+//! again on the first success). Readiness comes from `/health` only; staleness from
+//! `/metrics` only.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kinf_router::state::LoadSample;
+use tokio::time::MissedTickBehavior;
+
+use super::SharedState;
+use super::config::LiveConfig;
+use super::http_get::HttpGet;
+use super::prom_text::parse_vllm;
+use super::status::EndpointStats;
+
+/// What one scraper task scrapes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScrapeTarget {
+    /// `namespace/name` of the worker set.
+    pub worker_set: Arc<str>,
+    /// `host:port`.
+    pub address: Arc<str>,
+    /// Metrics path (`/metrics`).
+    pub metrics_path: Arc<str>,
+    /// Scrape interval.
+    pub interval: Duration,
+}
+
+/// Runs the scraper of one endpoint until the task is aborted.
+pub async fn run_scraper(
+    shared: Arc<SharedState>,
+    target: ScrapeTarget,
+    config: LiveConfig,
+    stats: Arc<EndpointStats>,
+    http: HttpGet,
+) {
+    let interval = target.interval.max(Duration::from_millis(1));
+    let timeout = interval.max(config.min_timeout);
+    let metrics_url = format!("http://{}{}", target.address, target.metrics_path);
+    let health_url = format!("http://{}/health", target.address);
+    let stale_after_ms =
+        (interval.as_millis() as u64).saturating_mul(u64::from(config.stale_after_intervals));
+    let started_ms = shared.now_ms();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let (metrics, health) = tokio::join!(
+            http.get(&metrics_url, timeout),
+            http.get(&health_url, timeout)
+        );
+        let now = shared.now_ms();
+        let parsed = metrics.and_then(|body| {
+            let text = std::str::from_utf8(&body).map_err(|_| "body is not utf-8".to_owned())?;
+            parse_vllm(text).map_err(|e| format!("{metrics_url}: {e}"))
+        });
+        let mut s = stats.scrape.lock();
+        let sample = match parsed {
+            Ok(m) => {
+                s.last_success_ms = Some(now);
+                s.consecutive_failures = 0;
+                s.scrapes_ok += 1;
+                s.last_sample = Some([m.waiting, m.running, m.kv_usage]);
+                if m.cache_config.is_some() {
+                    s.cache_config = m.cache_config;
+                }
+                Some(LoadSample {
+                    at_ms: now,
+                    queued: m.waiting,
+                    running: m.running,
+                    kv_usage: m.kv_usage,
+                })
+            }
+            Err(e) => {
+                s.consecutive_failures = s.consecutive_failures.saturating_add(1);
+                s.scrapes_failed += 1;
+                tracing::debug!(endpoint = %target.address, error = %e, "scrape failed");
+                s.last_error = Some(e);
+                None
+            }
+        };
+        match health {
+            Ok(_) => {
+                s.health_consecutive_failures = 0;
+                s.health_ok += 1;
+                s.ready = true;
+            }
+            Err(e) => {
+                s.health_consecutive_failures = s.health_consecutive_failures.saturating_add(1);
+                s.health_failed += 1;
+                s.last_health_error = Some(e);
+                if s.health_consecutive_failures >= config.unready_after_failures {
+                    if s.ready {
+                        tracing::warn!(endpoint = %target.address, "endpoint not ready: health checks failing");
+                    }
+                    s.ready = false;
+                }
+            }
+        }
+        let last_ok = s.last_success_ms.unwrap_or(started_ms);
+        let stale = now.saturating_sub(last_ok) >= stale_after_ms;
+        if stale && !s.stale {
+            tracing::warn!(endpoint = %target.address, "endpoint metrics stale");
+        }
+        s.stale = stale;
+        let ready = s.ready;
+        let scraped_bs = s.cache_config.as_ref().and_then(|c| c.block_size);
+        let mismatch = shared.with(|st| {
+            let ws = st.worker_sets.get_mut(&*target.worker_set)?;
+            let bs = ws.block_size;
+            let ep = ws
+                .endpoints
+                .iter_mut()
+                .find(|e| e.address == target.address)?;
+            if let Some(sample) = sample {
+                ep.load.push(sample);
+            }
+            ep.stale = stale;
+            ep.ready = ready;
+            Some(scraped_bs.is_some_and(|b| b as usize != bs))
+        });
+        let mismatch = mismatch.unwrap_or(false);
+        if mismatch && !s.block_size_mismatch {
+            tracing::warn!(
+                endpoint = %target.address,
+                scraped = ?scraped_bs,
+                "vLLM block size differs from the worker set's; exact prefix matches will fail"
+            );
+        }
+        s.block_size_mismatch = mismatch;
+    }
+}

@@ -1,0 +1,125 @@
+//! Per-endpoint ingestion status, shared between the ingestion tasks and the admin/status and
+//! `/metrics` views.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::prom_text::CacheConfig;
+
+/// Metrics-scrape and health-check status of one endpoint.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScrapeStatus {
+    /// Server time (ms, [`super::SharedState::now_ms`]) of the last successful scrape.
+    pub last_success_ms: Option<u64>,
+    /// The last scrape error, kept after later successes.
+    pub last_error: Option<String>,
+    /// Scrapes failed since the last success.
+    pub consecutive_failures: u32,
+    /// Successful scrapes.
+    pub scrapes_ok: u64,
+    /// Failed scrapes.
+    pub scrapes_failed: u64,
+    /// Health checks failed since the last success.
+    pub health_consecutive_failures: u32,
+    /// Successful health checks.
+    pub health_ok: u64,
+    /// Failed health checks.
+    pub health_failed: u64,
+    /// The last health-check error.
+    pub last_health_error: Option<String>,
+    /// No successful scrape for the stale limit.
+    pub stale: bool,
+    /// Passes health checks.
+    pub ready: bool,
+    /// The newest sample: `[queued, running, kv_usage]`.
+    pub last_sample: Option<[f64; 3]>,
+    /// `vllm:cache_config_info` as last scraped.
+    pub cache_config: Option<CacheConfig>,
+    /// The worker set's configured block size differs from the scraped one.
+    pub block_size_mismatch: bool,
+}
+
+/// KV-event subscription status of one endpoint (all its publishers together).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KvStatus {
+    /// Publisher endpoints subscribed to (`tcp://host:port`), once known.
+    pub publishers: Vec<String>,
+    /// Replay endpoints, once known.
+    pub replay_endpoints: Vec<String>,
+    /// Subscribed topic.
+    pub topic: String,
+    /// Connected to every publisher.
+    pub connected: bool,
+    /// Last sequence number applied.
+    pub last_seq: Option<i64>,
+    /// Messages (batches) received.
+    pub messages: u64,
+    /// Events applied to the index.
+    pub events: u64,
+    /// Messages that did not decode.
+    pub decode_errors: u64,
+    /// Sequence gaps seen.
+    pub gaps: u64,
+    /// Batches skipped over by gaps.
+    pub missed: u64,
+    /// Gaps filled by a replay.
+    pub replays: u64,
+    /// Replays that failed (followed by a reset).
+    pub replay_failures: u64,
+    /// Times the endpoint's index was reset (unfilled gap, publisher restart).
+    pub resets: u64,
+    /// Publisher restarts seen (sequence back to 0).
+    pub restarts: u64,
+    /// Duplicate batches dropped.
+    pub duplicates: u64,
+    /// Reconnections of the `SUB` socket.
+    pub reconnects: u64,
+    /// The last error (connection, discovery, decode, replay).
+    pub last_error: Option<String>,
+}
+
+/// Snapshot of one endpoint's ingestion.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStatus {
+    /// `namespace/name` of the worker set.
+    pub worker_set: String,
+    /// `host:port`.
+    pub address: String,
+    /// Scrape and health.
+    pub scrape: ScrapeStatus,
+    /// KV events, when the worker set publishes them.
+    pub kv: Option<KvStatus>,
+}
+
+/// Live counters of one endpoint, written by its tasks.
+#[derive(Debug, Default)]
+pub struct EndpointStats {
+    /// Scrape and health.
+    pub scrape: Mutex<ScrapeStatus>,
+    /// KV events (`None` without KV events).
+    pub kv: Mutex<Option<KvStatus>>,
+}
+
+impl EndpointStats {
+    /// Fresh stats; `kv` says whether KV events are subscribed.
+    pub fn new(kv: bool) -> Arc<Self> {
+        Arc::new(EndpointStats {
+            scrape: Mutex::new(ScrapeStatus {
+                ready: true,
+                ..ScrapeStatus::default()
+            }),
+            kv: Mutex::new(kv.then(KvStatus::default)),
+        })
+    }
+
+    /// Updates the KV status (no effect without KV events).
+    pub fn kv(&self, f: impl FnOnce(&mut KvStatus)) {
+        if let Some(k) = self.kv.lock().as_mut() {
+            f(k);
+        }
+    }
+}

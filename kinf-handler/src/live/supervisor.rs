@@ -1,0 +1,358 @@
+//! [`LiveIngest`]: starts and stops the scraper and KV-subscriber tasks of every endpoint of
+//! every worker set, and reports their status and counters.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kinf_lang::CompiledPolicy;
+use kinf_lang::compiled::KvEventsInfo;
+use kinf_router::ClusterState;
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+
+use super::SharedState;
+use super::config::LiveConfig;
+use super::http_get::HttpGet;
+use super::kv_subscriber::{KvTarget, run_kv_subscriber};
+use super::scraper::{ScrapeTarget, run_scraper};
+use super::status::{EndpointStats, EndpointStatus};
+
+/// What is ingested from one endpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndpointSpec {
+    /// `namespace/name` of the worker set (the [`ClusterState::worker_sets`] key).
+    pub worker_set: Arc<str>,
+    /// `host:port`.
+    pub address: Arc<str>,
+    /// Metrics path.
+    pub metrics_path: Arc<str>,
+    /// Scrape (and health-check) interval.
+    pub metrics_interval: Duration,
+    /// KV-event publisher settings; `None`: no subscription.
+    pub kv_events: Option<KvEventsInfo>,
+}
+
+impl EndpointSpec {
+    /// The endpoints of every worker set of a policy (static endpoints only: endpoints chosen
+    /// by a label selector are not in the policy; pass them to [`LiveIngest::sync_endpoints`]).
+    pub fn from_policy(policy: &CompiledPolicy) -> Vec<EndpointSpec> {
+        let mut out = Vec::new();
+        for d in &policy.destinations {
+            let Some(w) = &d.worker_set else { continue };
+            let key = ClusterState::key(&d.namespace, &d.name);
+            for a in &w.endpoints {
+                out.push(EndpointSpec {
+                    worker_set: key.clone(),
+                    address: a.clone(),
+                    metrics_path: w.metrics_path.clone(),
+                    metrics_interval: w.metrics_interval,
+                    kv_events: w.kv_events.clone(),
+                });
+            }
+        }
+        out
+    }
+}
+
+struct Running {
+    spec: EndpointSpec,
+    stats: Arc<EndpointStats>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+type Key = (Arc<str>, Arc<str>);
+
+/// Live ingestion for all endpoints: one scraper task per endpoint, plus one KV-subscriber task
+/// per endpoint of worker sets with KV events. Tasks stop when their endpoint disappears (on
+/// [`LiveIngest::sync`]) or when this is dropped.
+pub struct LiveIngest {
+    shared: Arc<SharedState>,
+    config: LiveConfig,
+    http: HttpGet,
+    running: Mutex<BTreeMap<Key, Running>>,
+}
+
+impl std::fmt::Debug for LiveIngest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveIngest")
+            .field("config", &self.config)
+            .field("endpoints", &self.running.lock().len())
+            .finish()
+    }
+}
+
+impl LiveIngest {
+    /// Starts ingestion for a policy's endpoints (must be called within a tokio runtime).
+    pub fn start(shared: Arc<SharedState>, policy: &CompiledPolicy) -> Self {
+        let ingest = Self::with_config(shared, LiveConfig::default());
+        ingest.sync(policy);
+        ingest
+    }
+
+    /// No endpoints yet; tasks use `config`.
+    pub fn with_config(shared: Arc<SharedState>, config: LiveConfig) -> Self {
+        LiveIngest {
+            shared,
+            config,
+            http: HttpGet::new(),
+            running: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Follows a new policy: stops the tasks of endpoints that disappeared or whose settings
+    /// changed, starts those of new ones, leaves the others running.
+    pub fn sync(&self, policy: &CompiledPolicy) {
+        self.sync_endpoints(EndpointSpec::from_policy(policy));
+    }
+
+    /// Like [`LiveIngest::sync`], from an explicit endpoint list.
+    pub fn sync_endpoints(&self, specs: Vec<EndpointSpec>) {
+        let mut running = self.running.lock();
+        let mut want: BTreeMap<Key, EndpointSpec> = BTreeMap::new();
+        for s in specs {
+            want.insert((s.worker_set.clone(), s.address.clone()), s);
+        }
+        running.retain(|k, r| want.get(k).is_some_and(|s| *s == r.spec));
+        for (k, spec) in want {
+            if running.contains_key(&k) {
+                continue;
+            }
+            let r = self.spawn(spec);
+            running.insert(k, r);
+        }
+    }
+
+    fn spawn(&self, spec: EndpointSpec) -> Running {
+        let stats = EndpointStats::new(spec.kv_events.is_some());
+        let mut tasks = vec![tokio::spawn(run_scraper(
+            self.shared.clone(),
+            ScrapeTarget {
+                worker_set: spec.worker_set.clone(),
+                address: spec.address.clone(),
+                metrics_path: spec.metrics_path.clone(),
+                interval: spec.metrics_interval,
+            },
+            self.config,
+            stats.clone(),
+            self.http.clone(),
+        ))];
+        if let Some(kv) = &spec.kv_events {
+            tasks.push(tokio::spawn(run_kv_subscriber(
+                self.shared.clone(),
+                KvTarget {
+                    worker_set: spec.worker_set.clone(),
+                    address: spec.address.clone(),
+                    kv: kv.clone(),
+                },
+                self.config,
+                stats.clone(),
+                self.http.clone(),
+            )));
+        }
+        Running { spec, stats, tasks }
+    }
+
+    /// Stops every task.
+    pub fn shutdown(&self) {
+        self.running.lock().clear();
+    }
+
+    /// The endpoints being ingested, sorted by worker set and address.
+    pub fn endpoints(&self) -> Vec<EndpointSpec> {
+        self.running
+            .lock()
+            .values()
+            .map(|r| r.spec.clone())
+            .collect()
+    }
+
+    /// Per-endpoint status, sorted by worker set and address (serializable, camelCase).
+    pub fn status(&self) -> Vec<EndpointStatus> {
+        let stats: Vec<(Key, Arc<EndpointStats>)> = self
+            .running
+            .lock()
+            .iter()
+            .map(|(k, r)| (k.clone(), r.stats.clone()))
+            .collect();
+        stats
+            .into_iter()
+            .map(|((ws, addr), s)| EndpointStatus {
+                worker_set: ws.to_string(),
+                address: addr.to_string(),
+                scrape: s.scrape.lock().clone(),
+                kv: s.kv.lock().clone(),
+            })
+            .collect()
+    }
+
+    /// The status of one endpoint.
+    pub fn endpoint_status(&self, worker_set: &str, address: &str) -> Option<EndpointStatus> {
+        self.status()
+            .into_iter()
+            .find(|s| s.worker_set == worker_set && s.address == address)
+    }
+
+    /// Appends the ingestion metrics in Prometheus text format (with `# HELP`/`# TYPE`).
+    pub fn render_metrics(&self, out: &mut String) {
+        render_metrics(&self.status(), out);
+    }
+}
+
+impl Drop for LiveIngest {
+    fn drop(&mut self) {
+        self.running.get_mut().clear();
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Renders a status snapshot as Prometheus text (see `docs/reference/live-state.md`).
+pub fn render_metrics(status: &[EndpointStatus], out: &mut String) {
+    type Get = fn(&EndpointStatus) -> Vec<(&'static str, f64)>;
+    let families: [(&str, &str, &str, Get); 13] = [
+        (
+            "kinference_scrapes_total",
+            "counter",
+            "Metrics scrapes by result.",
+            |s| {
+                vec![
+                    ("result=\"ok\"", s.scrape.scrapes_ok as f64),
+                    ("result=\"error\"", s.scrape.scrapes_failed as f64),
+                ]
+            },
+        ),
+        (
+            "kinference_health_checks_total",
+            "counter",
+            "Health checks by result.",
+            |s| {
+                vec![
+                    ("result=\"ok\"", s.scrape.health_ok as f64),
+                    ("result=\"error\"", s.scrape.health_failed as f64),
+                ]
+            },
+        ),
+        (
+            "kinference_endpoint_stale",
+            "gauge",
+            "1 when the endpoint's metrics are stale.",
+            |s| vec![("", f64::from(u8::from(s.scrape.stale)))],
+        ),
+        (
+            "kinference_endpoint_ready",
+            "gauge",
+            "1 when the endpoint passes health checks.",
+            |s| vec![("", f64::from(u8::from(s.scrape.ready)))],
+        ),
+        (
+            "kinference_kv_connected",
+            "gauge",
+            "1 when connected to every KV-event publisher of the endpoint.",
+            |s| {
+                s.kv.as_ref()
+                    .map_or(vec![], |k| vec![("", f64::from(u8::from(k.connected)))])
+            },
+        ),
+        (
+            "kinference_kv_event_batches_total",
+            "counter",
+            "KV-event messages received.",
+            |s| {
+                s.kv.as_ref()
+                    .map_or(vec![], |k| vec![("", k.messages as f64)])
+            },
+        ),
+        (
+            "kinference_kv_events_total",
+            "counter",
+            "KV events applied to the prefix index.",
+            |s| {
+                s.kv.as_ref()
+                    .map_or(vec![], |k| vec![("", k.events as f64)])
+            },
+        ),
+        (
+            "kinference_kv_event_decode_errors_total",
+            "counter",
+            "KV-event messages that did not decode.",
+            |s| {
+                s.kv.as_ref()
+                    .map_or(vec![], |k| vec![("", k.decode_errors as f64)])
+            },
+        ),
+        (
+            "kinference_kv_event_gaps_total",
+            "counter",
+            "KV-event sequence gaps.",
+            |s| s.kv.as_ref().map_or(vec![], |k| vec![("", k.gaps as f64)]),
+        ),
+        (
+            "kinference_kv_event_missed_total",
+            "counter",
+            "KV-event batches skipped over by gaps.",
+            |s| {
+                s.kv.as_ref()
+                    .map_or(vec![], |k| vec![("", k.missed as f64)])
+            },
+        ),
+        (
+            "kinference_kv_replays_total",
+            "counter",
+            "Replays by result.",
+            |s| {
+                s.kv.as_ref().map_or(vec![], |k| {
+                    vec![
+                        ("result=\"ok\"", k.replays as f64),
+                        ("result=\"error\"", k.replay_failures as f64),
+                    ]
+                })
+            },
+        ),
+        (
+            "kinference_kv_resets_total",
+            "counter",
+            "Resets of the endpoint's prefix index.",
+            |s| {
+                s.kv.as_ref()
+                    .map_or(vec![], |k| vec![("", k.resets as f64)])
+            },
+        ),
+        (
+            "kinference_kv_publisher_restarts_total",
+            "counter",
+            "KV-event publisher restarts seen.",
+            |s| {
+                s.kv.as_ref()
+                    .map_or(vec![], |k| vec![("", k.restarts as f64)])
+            },
+        ),
+    ];
+    for (name, kind, help, get) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for s in status {
+            let base = format!(
+                "worker_set=\"{}\",endpoint=\"{}\"",
+                escape(&s.worker_set),
+                escape(&s.address)
+            );
+            for (extra, v) in get(s) {
+                let sep = if extra.is_empty() { "" } else { "," };
+                let _ = writeln!(out, "{name}{{{base}{sep}{extra}}} {v}");
+            }
+        }
+    }
+}

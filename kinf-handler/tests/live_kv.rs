@@ -1,0 +1,436 @@
+//! KV-event subscriber against an in-test zeromq publisher (frames captured from vLLM 0.32).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use kinf_handler::live::{EndpointSpec, KvStatus, LiveConfig, LiveIngest, SharedState};
+use kinf_lang::compiled::KvEventsInfo;
+use kinf_router::ClusterState;
+use kinf_router::kv_events::decode_payload;
+use kinf_router::predictor::TtftModel;
+use kinf_router::prefix_index::{EndpointId, IndexStats, PrefixIndex};
+use kinf_router::state::{EndpointState, LoadWindow, PrefixTracking, WorkerSetState};
+use zeromq::{Endpoint, PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const FRAMES: &str = include_str!("../../testdata/vllm-0.32.0-cpu/kv_frames_run2_evictions.jsonl");
+const TOPIC: &str = "kv@pod-b@tiny";
+const WS: &str = "default/pool";
+
+struct Frame {
+    seq: i64,
+    payload: Vec<u8>,
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn frames() -> Vec<Frame> {
+    FRAMES
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["topic"], TOPIC);
+            Frame {
+                seq: v["seq"].as_i64().unwrap(),
+                payload: hex(v["payload_hex"].as_str().unwrap()),
+            }
+        })
+        .collect()
+}
+
+fn state(address: &str) -> Arc<SharedState> {
+    let mut st = ClusterState::default();
+    st.worker_sets.insert(
+        WS.into(),
+        WorkerSetState {
+            endpoints: vec![EndpointState {
+                address: address.into(),
+                ready: true,
+                stale: false,
+                load: LoadWindow::default(),
+                ttft: TtftModel::from_prior(5000.0, 0.02),
+                index_id: EndpointId(0),
+                assumed_cached_tokens: None,
+            }],
+            prefix: PrefixTracking::Exact(PrefixIndex::new(32)),
+            block_size: 32,
+        },
+    );
+    SharedState::new(st)
+}
+
+/// A fresh index fed `frames[i]` for each `i` in `which`; `(endpoint blocks, stats)`.
+fn reference(frames: &[Frame], which: &[usize]) -> (usize, IndexStats) {
+    let mut idx = PrefixIndex::new(32);
+    for &i in which {
+        let (_, events, _) = decode_payload(&frames[i].payload).unwrap();
+        idx.apply_all(EndpointId(0), &events);
+    }
+    (idx.endpoint_blocks(EndpointId(0)), idx.stats())
+}
+
+fn index(shared: &SharedState) -> (usize, IndexStats) {
+    shared.with(|st| match &st.worker_sets[WS].prefix {
+        PrefixTracking::Exact(i) => (i.endpoint_blocks(EndpointId(0)), i.stats()),
+        PrefixTracking::Approximate(_) => panic!("approximate"),
+    })
+}
+
+fn config() -> LiveConfig {
+    LiveConfig {
+        retry_delay: Duration::from_millis(50),
+        replay_timeout: Duration::from_secs(5),
+        ..LiveConfig::default()
+    }
+}
+
+async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn kv(ingest: &LiveIngest, address: &str) -> KvStatus {
+    ingest.endpoint_status(WS, address).unwrap().kv.unwrap()
+}
+
+fn port_of(ep: &Endpoint) -> u16 {
+    match ep {
+        Endpoint::Tcp(_, p) => *p,
+        _ => panic!("not tcp"),
+    }
+}
+
+fn msg(frames: Vec<Vec<u8>>) -> ZmqMessage {
+    ZmqMessage::try_from(frames.into_iter().map(Bytes::from).collect::<Vec<_>>()).unwrap()
+}
+
+struct Publisher {
+    sock: PubSocket,
+    port: u16,
+}
+
+impl Publisher {
+    async fn bind() -> Self {
+        let mut sock = PubSocket::new();
+        let ep = sock.bind("tcp://127.0.0.1:0").await.unwrap();
+        Publisher {
+            port: port_of(&ep),
+            sock,
+        }
+    }
+
+    /// Sends undecodable probes until the subscriber has counted one, so that the
+    /// subscription is known to have reached the publisher (no slow-joiner loss).
+    async fn await_subscriber(&mut self, ingest: &LiveIngest, address: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let before = kv(ingest, address).decode_errors;
+        loop {
+            self.sock
+                .send(msg(vec![TOPIC.into(), b"probe".to_vec(), vec![]]))
+                .await
+                .unwrap();
+            if kv(ingest, address).decode_errors > before {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "subscriber never joined"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn publish(&mut self, f: &Frame) {
+        self.sock
+            .send(msg(vec![
+                TOPIC.into(),
+                f.seq.to_be_bytes().to_vec(),
+                f.payload.clone(),
+            ]))
+            .await
+            .unwrap();
+    }
+}
+
+fn spec(address: &str, port: Option<u16>, replay_port: Option<u16>) -> EndpointSpec {
+    EndpointSpec {
+        worker_set: WS.into(),
+        address: address.into(),
+        metrics_path: "/metrics".into(),
+        metrics_interval: Duration::from_secs(3600),
+        kv_events: Some(KvEventsInfo {
+            port,
+            replay_port,
+            topic: TOPIC.into(),
+        }),
+    }
+}
+
+/// An address on which nothing listens (for the scraper, which these tests ignore).
+const NO_HTTP: &str = "127.0.0.1:9";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_is_stored_minus_removed_then_cleared_and_restart_resets() {
+    let fr = frames();
+    let mut publ = Publisher::bind().await;
+    let shared = state(NO_HTTP);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    ingest.sync_endpoints(vec![spec(NO_HTTP, Some(publ.port), None)]);
+    publ.await_subscriber(&ingest, NO_HTTP).await;
+    for f in &fr[..4] {
+        publ.publish(f).await;
+    }
+    wait_until("seq 3 applied", || kv(&ingest, NO_HTTP).last_seq == Some(3)).await;
+
+    // Independent check: engine hashes stored minus removed.
+    let mut live = std::collections::HashSet::new();
+    for f in &fr[..4] {
+        let (_, events, _) = decode_payload(&f.payload).unwrap();
+        for e in events {
+            match e {
+                kinf_router::kv_events::KvEvent::BlockStored(s) => live.extend(s.block_hashes),
+                kinf_router::kv_events::KvEvent::BlockRemoved(r) => {
+                    for h in r.block_hashes {
+                        live.remove(&h);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let (blocks, stats) = index(&shared);
+    assert_eq!(blocks, live.len());
+    assert_eq!((blocks, stats), reference(&fr, &[0, 1, 2, 3]));
+    assert!(blocks > 0);
+
+    // AllBlocksCleared.
+    publ.publish(&fr[4]).await;
+    wait_until("seq 4 applied", || kv(&ingest, NO_HTTP).last_seq == Some(4)).await;
+    assert_eq!(index(&shared).0, 0);
+
+    // The publisher restarts: sequence 0 again.
+    publ.publish(&fr[1]).await; // seq 1 < expected 5: a duplicate, dropped
+    publ.publish(&fr[0]).await;
+    wait_until("restart", || kv(&ingest, NO_HTTP).restarts == 1).await;
+    wait_until("seq 0 applied", || kv(&ingest, NO_HTTP).last_seq == Some(0)).await;
+    let k = kv(&ingest, NO_HTTP);
+    assert_eq!((k.resets, k.gaps, k.duplicates, k.messages), (1, 0, 1, 7));
+    assert_eq!(index(&shared).0, reference(&fr, &[0]).0);
+    assert!(k.connected);
+    assert_eq!(k.publishers, vec![format!("tcp://127.0.0.1:{}", publ.port)]);
+
+    let mut text = String::new();
+    ingest.render_metrics(&mut text);
+    assert!(
+        text.contains(&format!(
+            "kinference_kv_resets_total{{worker_set=\"{WS}\",endpoint=\"{NO_HTTP}\"}} 1"
+        )),
+        "{text}"
+    );
+}
+
+/// A replay `ROUTER` serving the fixture frames like vLLM 0.32; returns its port.
+async fn replay_server(fr: Vec<Frame>, requests: Arc<std::sync::atomic::AtomicU32>) -> u16 {
+    let mut router = RouterSocket::new();
+    let port = port_of(&router.bind("tcp://127.0.0.1:0").await.unwrap());
+    tokio::spawn(async move {
+        loop {
+            let m = router.recv().await.unwrap();
+            let v: Vec<Bytes> = m.into_vec();
+            assert_eq!(v.len(), 3, "[identity, \"\", start_seq]");
+            assert!(v[1].is_empty());
+            let start = i64::from_be_bytes(v[2].as_ref().try_into().unwrap());
+            requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            for f in fr.iter().filter(|f| f.seq >= start) {
+                let reply = vec![
+                    v[0].to_vec(),
+                    vec![],
+                    TOPIC.into(),
+                    f.seq.to_be_bytes().to_vec(),
+                    f.payload.clone(),
+                ];
+                router.send(msg(reply)).await.unwrap();
+            }
+            let end = vec![
+                v[0].to_vec(),
+                vec![],
+                vec![],
+                (-1i64).to_be_bytes().to_vec(),
+                vec![],
+            ];
+            router.send(msg(end)).await.unwrap();
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_is_filled_by_replay() {
+    let fr = frames();
+    let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    // The replay buffer holds what was published: 0..=3.
+    let replay_port = replay_server(frames().into_iter().take(4).collect(), requests.clone()).await;
+    let mut publ = Publisher::bind().await;
+    let shared = state(NO_HTTP);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    ingest.sync_endpoints(vec![spec(NO_HTTP, Some(publ.port), Some(replay_port))]);
+    publ.await_subscriber(&ingest, NO_HTTP).await;
+    publ.publish(&fr[0]).await;
+    publ.publish(&fr[1]).await;
+    publ.publish(&fr[3]).await; // seq 2 is lost
+    wait_until("seq 3 applied", || kv(&ingest, NO_HTTP).last_seq == Some(3)).await;
+    let k = kv(&ingest, NO_HTTP);
+    assert_eq!(
+        (k.gaps, k.missed, k.replays, k.replay_failures, k.resets),
+        (1, 1, 1, 0, 0)
+    );
+    assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_without_replay_resets_the_endpoint() {
+    let fr = frames();
+    let mut publ = Publisher::bind().await;
+    let shared = state(NO_HTTP);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    ingest.sync_endpoints(vec![spec(NO_HTTP, Some(publ.port), None)]);
+    publ.await_subscriber(&ingest, NO_HTTP).await;
+    publ.publish(&fr[0]).await;
+    publ.publish(&fr[1]).await;
+    wait_until("seq 1 applied", || kv(&ingest, NO_HTTP).last_seq == Some(1)).await;
+    assert_eq!(index(&shared).0, 6);
+    publ.publish(&fr[3]).await; // seq 2 is lost
+    wait_until("seq 3 applied", || kv(&ingest, NO_HTTP).last_seq == Some(3)).await;
+    let k = kv(&ingest, NO_HTTP);
+    assert_eq!((k.gaps, k.replays, k.resets), (1, 0, 1));
+    // Everything known before the gap is forgotten (the reset empties the endpoint's index);
+    // what remains is exactly what seq 3 stored, a prompt of its own (no parent).
+    assert_eq!(index(&shared).0, reference(&fr, &[3]).0);
+    assert_eq!(index(&shared).0, 3);
+    assert_ne!(index(&shared).0, reference(&fr, &[0, 1, 2, 3]).0);
+}
+
+/// Serves `/kv_event_sources` pointing at a publisher.
+async fn sources_server(body: String) -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let body = Arc::new(body);
+    let task = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let body = body.clone();
+            conns.spawn(async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let body = body.clone();
+                    async move {
+                        let (status, b) = match req.uri().path() {
+                            "/kv_event_sources" => (200, body.to_string()),
+                            _ => (404, String::new()),
+                        };
+                        Ok::<_, Infallible>(
+                            hyper::Response::builder()
+                                .status(status)
+                                .body(Full::new(Bytes::from(b)))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (port, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publisher_discovered_from_kv_event_sources() {
+    let fr = frames();
+    let mut publ = Publisher::bind().await;
+    let body = format!(
+        r#"{{"0":{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:{}","replay_endpoint":null,"buffer_steps":10000,"hwm":100000,"max_queue_size":100000,"topic":"{TOPIC}"}}}}"#,
+        publ.port
+    );
+    let (http_port, _server) = sources_server(body).await;
+    let address = format!("127.0.0.1:{http_port}");
+    let shared = state(&address);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    let mut s = spec(&address, None, None);
+    s.kv_events.as_mut().unwrap().topic = "".into(); // the discovered topic is used
+    ingest.sync_endpoints(vec![s]);
+    publ.await_subscriber(&ingest, &address).await;
+    for f in &fr[..4] {
+        publ.publish(f).await;
+    }
+    wait_until("seq 3 applied", || {
+        kv(&ingest, &address).last_seq == Some(3)
+    })
+    .await;
+    assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
+    let k = kv(&ingest, &address);
+    assert_eq!(k.publishers, vec![format!("tcp://127.0.0.1:{}", publ.port)]);
+    assert_eq!(k.topic, TOPIC);
+    assert!(k.replay_endpoints.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_to_a_restarted_publisher_and_resets() {
+    let fr = frames();
+    let mut publ = Publisher::bind().await;
+    let port = publ.port;
+    let shared = state(NO_HTTP);
+    let cfg = LiveConfig {
+        kv_idle_reconnect: Duration::from_millis(200),
+        ..config()
+    };
+    let ingest = LiveIngest::with_config(shared.clone(), cfg);
+    ingest.sync_endpoints(vec![spec(NO_HTTP, Some(port), None)]);
+    publ.await_subscriber(&ingest, NO_HTTP).await;
+    for f in &fr[..4] {
+        publ.publish(f).await;
+    }
+    wait_until("seq 3 applied", || kv(&ingest, NO_HTTP).last_seq == Some(3)).await;
+    assert_eq!(index(&shared).0, reference(&fr, &[0, 1, 2, 3]).0);
+
+    // The publisher process restarts on the same port.
+    drop(publ);
+    let mut publ = Publisher {
+        sock: PubSocket::new(),
+        port,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while publ
+        .sock
+        .bind(&format!("tcp://127.0.0.1:{port}"))
+        .await
+        .is_err()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "cannot rebind");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    publ.await_subscriber(&ingest, NO_HTTP).await;
+    publ.publish(&fr[0]).await;
+    wait_until("restart", || kv(&ingest, NO_HTTP).restarts == 1).await;
+    wait_until("seq 0 applied", || kv(&ingest, NO_HTTP).last_seq == Some(0)).await;
+    let k = kv(&ingest, NO_HTTP);
+    assert!(k.reconnects >= 1);
+    assert_eq!(k.resets, 1);
+    assert_eq!(index(&shared).0, reference(&fr, &[0]).0);
+}
