@@ -421,10 +421,20 @@ impl<'a> Ctx<'a> {
                         continue;
                     };
                     let cached_blocks = self.prefix_matches(ws);
+                    // Stale endpoints (metrics not scraped lately: load unknown) are used only
+                    // when no fresh endpoint of the set is ready.
+                    let any_fresh = ws.endpoints.iter().any(|e| e.ready && !e.stale);
                     for (i, ep) in ws.endpoints.iter().enumerate() {
                         if !ep.ready {
                             st.unavailable
                                 .push(format!("{}@{}: not ready", d.name, ep.address));
+                            continue;
+                        }
+                        if ep.stale && any_fresh {
+                            st.unavailable.push(format!(
+                                "{}@{}: stale metrics (a fresh endpoint of the set is ready)",
+                                d.name, ep.address
+                            ));
                             continue;
                         }
                         let cached = ep

@@ -480,6 +480,48 @@ impl ClusterState {
     }
 }
 
+impl ClusterState {
+    /// Carries what was learned in `old` over to a state freshly built for a new policy
+    /// ([`ClusterState::from_policy`]): a worker set whose endpoints, block size and prefix
+    /// tracking mode are unchanged keeps its whole state (prefix index included); otherwise each
+    /// endpoint at an unchanged address keeps its readiness, staleness, load and TTFT model,
+    /// and its cache contents are learned again. Providers keep their state.
+    pub fn carry_over_from(&mut self, mut old: ClusterState) {
+        for (key, ws) in &mut self.worker_sets {
+            let Some(prev) = old.worker_sets.remove(key) else {
+                continue;
+            };
+            let same_endpoints = prev.endpoints.len() == ws.endpoints.len()
+                && prev
+                    .endpoints
+                    .iter()
+                    .zip(&ws.endpoints)
+                    .all(|(a, b)| a.address == b.address);
+            if same_endpoints
+                && prev.block_size == ws.block_size
+                && prev.prefix.mode() == ws.prefix.mode()
+            {
+                *ws = prev;
+                continue;
+            }
+            for ep in &mut ws.endpoints {
+                if let Some(p) = prev.endpoints.iter().find(|p| p.address == ep.address) {
+                    ep.ready = p.ready;
+                    ep.stale = p.stale;
+                    ep.load = p.load.clone();
+                    ep.ttft = p.ttft.clone();
+                }
+            }
+        }
+        for (key, p) in &mut self.providers {
+            if let Some(prev) = old.providers.remove(key) {
+                *p = prev;
+            }
+        }
+        self.now_ms = old.now_ms;
+    }
+}
+
 /// TTFT prediction error of one endpoint (moving averages).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PredictionError {

@@ -354,3 +354,36 @@ fn caller_supplied_block_hashes_match_like_token_ids() {
     let d = Decider::decide(&policy, &hashed, &state);
     assert_eq!(d.route().map(|r| r.cached_tokens), Some(0));
 }
+
+/// Stale endpoints (no recent metrics) are passed over while a fresh one is ready, and used when
+/// every ready endpoint of the set is stale.
+#[test]
+fn stale_endpoints_are_used_only_when_no_fresh_one_is_ready() {
+    let policy = compile(CLUSTER);
+    let mut state = ClusterState::from_policy(&policy, 16);
+    let ws = state.worker_sets.get_mut("default/local").unwrap();
+    // The best-looking endpoint (idle) is stale; the others carry load.
+    ws.endpoints[0].stale = true;
+    for ep in &mut ws.endpoints[1..] {
+        ep.load.push(LoadSample {
+            at_ms: 0,
+            queued: 4.0,
+            running: 8.0,
+            kv_usage: 0.5,
+        });
+    }
+    let req = Request::new("m", 1000);
+    let d = Decider::decide(&policy, &req, &state);
+    let ep = &d.route().unwrap().endpoint;
+    assert_ne!(
+        &**ep, "10.0.0.1:8000",
+        "a stale endpoint won over fresh ones"
+    );
+
+    let ws = state.worker_sets.get_mut("default/local").unwrap();
+    for ep in &mut ws.endpoints {
+        ep.stale = true;
+    }
+    let d = Decider::decide(&policy, &req, &state);
+    assert_eq!(d.route().unwrap().backend_type, BackendType::Local);
+}
