@@ -1,0 +1,18 @@
+//! Generates the gRPC code (Kinference's `Handler` service and the subset of Envoy's
+//! external-processing protocol) from `proto/`, with `protox` (a pure-Rust protobuf compiler:
+//! no `protoc` needed).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto");
+    println!("cargo:rerun-if-changed={}", root.display());
+    let files = [
+        "kinference/handler/v1/handler.proto",
+        "envoy/service/ext_proc/v3/external_processor.proto",
+    ];
+    let fds = protox::compile(files, [&root])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,729 @@
+//! The request path: admission, decision, forwarding, and the response passed through.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, header};
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kinf_policy::{BackendType, Qos};
+use kinf_router::classify::Message;
+use kinf_router::usage::TokenUsage;
+use kinf_router::{Decider, Decision, Outcome};
+use smallvec::SmallVec;
+
+use super::errors::{Api, ApiError};
+use super::parse::{DEFAULT_MAX_TOKENS, Parsed, Prompt, parse};
+use super::sse_tap::{SseTap, body_usage};
+use super::tokens::prompt_tokens;
+use super::{Gateway, host, not_ready};
+
+/// Pooled HTTP/1.1 client for upstream workers.
+#[derive(Clone, Debug)]
+pub struct UpstreamClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl UpstreamClient {
+    /// A client with keep-alive pooling and `TCP_NODELAY`.
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        UpstreamClient { client }
+    }
+}
+
+impl Default for UpstreamClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Request headers passed on to the upstream (everything else is dropped: the client's
+/// credentials are for Kinference, not for the worker).
+const FORWARDED_HEADERS: [HeaderName; 3] =
+    [header::ACCEPT, header::USER_AGENT, header::CONTENT_TYPE];
+
+/// The chosen route, with what its prediction was based on (for learning from the outcome).
+#[derive(Clone, Debug)]
+pub struct Chosen {
+    /// `host:port` of the endpoint.
+    pub endpoint: Arc<str>,
+    /// Worker set name.
+    pub destination: Arc<str>,
+    /// Its namespace.
+    pub namespace: Arc<str>,
+    /// The model to send upstream.
+    pub model: Arc<str>,
+    /// `namespace/policy/rule` of the deciding rule, or `default`.
+    pub rule: String,
+    /// Headers to set (`x-kinference-*`).
+    pub headers: Vec<(String, String)>,
+    local: bool,
+    uncached_tokens: f64,
+    queued: f64,
+    running: f64,
+}
+
+/// What was observed of one response, for learning and accounting.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResponseObservation {
+    /// Upstream HTTP status.
+    pub status: u16,
+    /// Time from forwarding to the first token (streamed responses).
+    pub ttft_s: Option<f64>,
+    /// Mean gap between tokens (streamed responses with two tokens or more).
+    pub mean_itl_s: Option<f64>,
+    /// Usage the upstream reported.
+    pub usage: Option<TokenUsage>,
+    /// Whether the response ended properly.
+    pub completed: bool,
+    /// Time from receiving the request to the end of the response.
+    pub duration_s: f64,
+}
+
+/// Learns from a finished response routed by `plan`: the endpoint's TTFT model, latency
+/// histograms, token counters.
+pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
+    let labels_dest: [(&'static str, &str); 2] =
+        [("destination", &c.destination), ("endpoint", &c.endpoint)];
+    if let Some(ttft) = o.ttft_s {
+        gw.metrics.observe(
+            "kinference_upstream_ttft_seconds",
+            "Time from forwarding a request to its first token, per endpoint.",
+            &labels_dest,
+            ttft,
+        );
+        if c.local {
+            let err = gw.state.with(|st| {
+                st.observe_ttft(
+                    &c.namespace,
+                    &c.destination,
+                    &c.endpoint,
+                    c.uncached_tokens,
+                    c.queued,
+                    c.running,
+                    ttft,
+                )
+            });
+            if let Some(e) = err {
+                gw.metrics.observe(
+                    "kinference_ttft_prediction_error_seconds",
+                    "|observed − predicted| TTFT of routed requests.",
+                    &[("destination", &c.destination)],
+                    e.abs(),
+                );
+            }
+        }
+    }
+    if let Some(itl) = o.mean_itl_s {
+        gw.metrics.observe(
+            "kinference_upstream_itl_seconds",
+            "Mean inter-token gap of streamed responses, per endpoint.",
+            &labels_dest,
+            itl,
+        );
+    }
+    gw.metrics.observe(
+        "kinference_request_duration_seconds",
+        "Time from receiving a request to the end of its response, by API.",
+        &[("api", api.label())],
+        o.duration_s,
+    );
+    if let Some(u) = o.usage {
+        for (kind, v) in [
+            ("cached_prompt", u.cached_prompt_tokens),
+            ("uncached_prompt", u.uncached_prompt_tokens),
+            ("output", u.output_tokens),
+        ] {
+            gw.metrics.add(
+                "kinference_tokens_total",
+                "Tokens reported by upstreams, by model sent upstream, destination and kind.",
+                &[
+                    ("model", &c.model),
+                    ("destination", &c.destination),
+                    ("kind", kind),
+                ],
+                v as f64,
+            );
+        }
+    }
+    let outcome = if o.completed {
+        "completed"
+    } else {
+        "incomplete"
+    };
+    gw.metrics.add(
+        "kinference_responses_total",
+        "Responses passed through, by destination, upstream status and whether they completed.",
+        &[
+            ("destination", &c.destination),
+            ("status", &o.status.to_string()),
+            ("outcome", outcome),
+        ],
+        1.0,
+    );
+}
+
+/// What to learn once a proxied response is over.
+#[derive(Debug)]
+struct Report {
+    gw: Arc<Gateway>,
+    api: Api,
+    chosen: Chosen,
+    started: Instant,
+    sent_at: Instant,
+    status: u16,
+}
+
+/// Serves one inference request end to end.
+pub async fn handle(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
+    match admit_and_forward(&gw, api, &headers, body, started).await {
+        Ok(r) => r,
+        Err(e) => {
+            count_request(&gw, api, e.status.as_u16(), e.code);
+            e.into_response_for(api)
+        }
+    }
+}
+
+fn count_request(gw: &Gateway, api: Api, status: u16, code: &str) {
+    gw.metrics.add(
+        "kinference_requests_total",
+        "Requests received, by API, status sent to the client and code.",
+        &[
+            ("api", api.label()),
+            ("status", &status.to_string()),
+            ("code", code),
+        ],
+        1.0,
+    );
+}
+
+/// A request that passed admission: parsed, classified, tokenized, ready to be decided.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The parsed request; its body already carries the injected `stream_options`.
+    pub parsed: Parsed,
+    /// The request as the decision engine sees it.
+    pub request: kinf_router::Request,
+    /// Whether `stream_options.include_usage` was injected (the usage chunk must be removed).
+    pub inject_usage: bool,
+    /// The policy it is decided with.
+    pub policy: Arc<kinf_lang::CompiledPolicy>,
+}
+
+/// Admission: parses `bytes` as an `api` request, applies the front door's limits, classifies
+/// and tokenizes it. No I/O.
+pub fn admit(
+    rt: &super::runtime::Runtime,
+    api: Api,
+    headers: &HeaderMap,
+    bytes: &[u8],
+) -> Result<Admitted, ApiError> {
+    let door = rt.door(host(headers));
+    if bytes.len() > door.max_body_bytes {
+        return Err(too_large(door.max_body_bytes));
+    }
+    let mut parsed = parse(api, bytes)?;
+    if let Some(max) = door.max_messages
+        && parsed.message_count() > max as usize
+    {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "the request has {} messages; the limit is {max}",
+                parsed.message_count()
+            ),
+        ));
+    }
+    let tags = match &parsed.prompt {
+        Prompt::Chat(msgs) if !door.classifiers.is_empty() => {
+            let m: Vec<Message<'_>> = msgs
+                .iter()
+                .map(|m| Message::new(&m.role, &m.content))
+                .collect();
+            door.classifiers.classify(&m).tags
+        }
+        Prompt::Text(t) if !door.classifiers.is_empty() => {
+            door.classifiers.classify(&[Message::new("user", t)]).tags
+        }
+        _ => Vec::new(),
+    };
+    let tokenizer = rt.tokenizers.get(parsed.model.as_str()).map(|t| &**t);
+    let tokens = prompt_tokens(&parsed, tokenizer);
+    let prompt_tokens = u32::try_from(tokens.ids.len()).unwrap_or(u32::MAX);
+    if let Some(max) = door.max_prompt_tokens
+        && u64::from(prompt_tokens) > max
+    {
+        let field = if api == Api::Completions {
+            "prompt"
+        } else {
+            "messages"
+        };
+        return Err(ApiError::invalid(
+            field,
+            format!("the prompt has {prompt_tokens} tokens; the limit is {max}"),
+        ));
+    }
+    let qos = match headers
+        .get("x-kinference-qos")
+        .map(|v| v.to_str().unwrap_or(""))
+    {
+        None | Some("interactive") => Qos::Interactive,
+        Some("batch") => Qos::Batch,
+        Some("deferrable") => Qos::Deferrable,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "x-kinference-qos",
+                format!(
+                    "header `x-kinference-qos` is `{other}`; expected `interactive`, `batch` or `deferrable`"
+                ),
+            ));
+        }
+    };
+    let request = kinf_router::Request {
+        pool: door.pool.clone(),
+        tenant: None,
+        model: parsed.model.as_str().into(),
+        tags: tags.into_iter().collect::<SmallVec<_>>(),
+        qos,
+        prompt_tokens,
+        token_ids: Some(tokens.ids.clone()),
+        block_hashes: None,
+        max_tokens: parsed.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        headers: headers
+            .iter()
+            .filter_map(|(k, v)| Some((Arc::from(k.as_str()), Arc::from(v.to_str().ok()?))))
+            .collect(),
+        stream: parsed.stream,
+        messages: u32::try_from(parsed.message_count()).unwrap_or(u32::MAX),
+    };
+    // Injected `include_usage` lets the gateway account streamed responses; the extra chunk
+    // is removed before it reaches the client.
+    let inject_usage = parsed.stream && !parsed.client_wants_usage && api != Api::Messages;
+    if inject_usage {
+        let opts = parsed
+            .body
+            .entry("stream_options")
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        if let serde_json::Value::Object(o) = opts {
+            o.insert("include_usage".into(), serde_json::Value::Bool(true));
+        }
+    }
+    Ok(Admitted {
+        parsed,
+        request,
+        inject_usage,
+        policy: rt.applied.policy.clone(),
+    })
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("the request body is larger than the limit of {limit} bytes"),
+    )
+}
+
+/// Decides an admitted request: the chosen local endpoint, or the error to send (policy
+/// rejections, unknown models, provider routes this build cannot serve).
+pub fn plan(gw: &Gateway, a: &Admitted) -> Result<Chosen, ApiError> {
+    let decide_start = Instant::now();
+    let token_ids = a
+        .request
+        .token_ids
+        .clone()
+        .unwrap_or_else(|| Arc::from(Vec::new()));
+    let (decision, chosen) = decide(gw, &a.policy, &a.request, &token_ids);
+    gw.metrics.observe(
+        "kinference_decision_seconds",
+        "Time to decide a request (tokenization excluded).",
+        &[],
+        decide_start.elapsed().as_secs_f64(),
+    );
+    match (decision.outcome, chosen) {
+        (Outcome::Reject(r), _) => {
+            let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            let mut e = ApiError::new(status, r.code, r.message);
+            if r.code == "model_not_found" {
+                e.param = Some("model".into());
+            }
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                e.retry_after_s = Some(1);
+            }
+            Err(e)
+        }
+        (Outcome::Route(_), Some(c)) => {
+            gw.metrics.add(
+                "kinference_decisions_total",
+                "Routing decisions, by deciding rule (`namespace/policy/rule` or `default`) and destination.",
+                &[("rule", &c.rule), ("destination", &c.destination)],
+                1.0,
+            );
+            Ok(c)
+        }
+        (Outcome::Route(r), None) => Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "provider_unsupported",
+            format!(
+                "the policy routed this request to provider `{}`, and this build of Kinference does not forward to providers yet",
+                r.destination
+            ),
+        )),
+    }
+}
+
+/// The body to send upstream: the client's, with `model` set to the decided upstream model.
+pub fn upstream_body(a: &Admitted, c: &Chosen) -> Bytes {
+    let mut body = a.parsed.body.clone();
+    body.insert(
+        "model".into(),
+        serde_json::Value::String(c.model.to_string()),
+    );
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+async fn admit_and_forward(
+    gw: &Arc<Gateway>,
+    api: Api,
+    headers: &HeaderMap,
+    body: Body,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    let Some(rt) = gw.runtime() else {
+        return Ok(not_ready(api));
+    };
+    let limit = rt.door(host(headers)).max_body_bytes;
+    let bytes = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large(limit))?;
+    let admitted = admit(&rt, api, headers, &bytes)?;
+    let mut retried = false;
+    loop {
+        let chosen = plan(gw, &admitted)?;
+        let body = upstream_body(&admitted, &chosen);
+        match send(gw, api, headers, &chosen, body).await {
+            Ok(upstream) => {
+                return Ok(respond(
+                    gw,
+                    api,
+                    chosen,
+                    upstream,
+                    admitted.inject_usage,
+                    started,
+                ));
+            }
+            Err(SendError::Connect(e)) if !retried => {
+                // Nothing reached the worker: mark it down (health checks bring it back) and
+                // decide again once.
+                tracing::warn!(endpoint = %chosen.endpoint, error = %e, "upstream unreachable; retrying on the next best endpoint");
+                gw.metrics.add(
+                    "kinference_upstream_retries_total",
+                    "Requests retried on another endpoint after a connection failure.",
+                    &[("endpoint", &chosen.endpoint)],
+                    1.0,
+                );
+                mark_unready(gw, &chosen);
+                retried = true;
+            }
+            Err(SendError::Connect(e)) => {
+                mark_unready(gw, &chosen);
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_unreachable",
+                    format!("endpoint {} is unreachable: {e}", chosen.endpoint),
+                ));
+            }
+            Err(SendError::Timeout) => {
+                return Err(ApiError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream_timeout",
+                    format!("endpoint {} did not answer in time", chosen.endpoint),
+                ));
+            }
+            Err(SendError::Other(e)) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_error",
+                    format!("endpoint {} failed: {e}", chosen.endpoint),
+                ));
+            }
+        }
+    }
+}
+
+fn mark_unready(gw: &Gateway, c: &Chosen) {
+    gw.state.with(|st| {
+        if let Some(ws) = st
+            .worker_sets
+            .get_mut(format!("{}/{}", c.namespace, c.destination).as_str())
+            && let Some(ep) = ws.endpoints.iter_mut().find(|e| e.address == c.endpoint)
+        {
+            ep.ready = false;
+        }
+    });
+}
+
+/// Decides under the state lock and notes what the prediction was based on.
+fn decide(
+    gw: &Gateway,
+    policy: &kinf_lang::CompiledPolicy,
+    req: &kinf_router::Request,
+    token_ids: &[u32],
+) -> (Decision, Option<Chosen>) {
+    let now = gw.state.now_ms();
+    gw.state.with(|st| {
+        if now != st.now_ms {
+            st.set_now(now);
+        }
+        let d = Decider::decide(policy, req, st);
+        let chosen = d
+            .route()
+            .filter(|r| r.backend_type == BackendType::Local)
+            .map(|r| {
+                st.record_routed(&r.namespace, &r.destination, &r.endpoint, token_ids, now);
+                let load = st
+                    .worker_set(&r.namespace, &r.destination)
+                    .and_then(|ws| ws.endpoints.iter().find(|e| e.address == r.endpoint))
+                    .map(|e| e.load.average(kinf_lang::check::DEFAULT_WINDOW, now))
+                    .unwrap_or_default();
+                Chosen {
+                    endpoint: r.endpoint.clone(),
+                    destination: r.destination.clone(),
+                    namespace: r.namespace.clone(),
+                    model: r.model.clone(),
+                    rule: match (&d.policy, &d.rule) {
+                        (Some(p), Some(rule)) => format!("{p}/{rule}"),
+                        _ => "default".into(),
+                    },
+                    headers: r.headers.clone(),
+                    local: true,
+                    uncached_tokens: f64::from(req.prompt_tokens.saturating_sub(r.cached_tokens)),
+                    queued: load.queued_prompts,
+                    running: load.running_prompts,
+                }
+            });
+        (d, chosen)
+    })
+}
+
+enum SendError {
+    Connect(String),
+    Timeout,
+    Other(String),
+}
+
+async fn send(
+    gw: &Gateway,
+    api: Api,
+    headers: &HeaderMap,
+    c: &Chosen,
+    body: Bytes,
+) -> Result<hyper::Response<hyper::body::Incoming>, SendError> {
+    let uri = format!("http://{}{}", c.endpoint, api.path());
+    let mut b = Request::builder().method("POST").uri(uri);
+    for h in FORWARDED_HEADERS.iter() {
+        if let Some(v) = headers.get(h) {
+            b = b.header(h, v);
+        }
+    }
+    if !headers.contains_key(header::CONTENT_TYPE) {
+        b = b.header(header::CONTENT_TYPE, "application/json");
+    }
+    for key in ["anthropic-version", "anthropic-beta", "x-request-id"] {
+        if let Some(v) = headers.get(key) {
+            b = b.header(key, v);
+        }
+    }
+    for (k, v) in &c.headers {
+        b = b.header(k.as_str(), v.as_str());
+    }
+    let req = b
+        .body(Full::new(body))
+        .map_err(|e| SendError::Other(e.to_string()))?;
+    match tokio::time::timeout(gw.options.upstream_timeout, gw.client.client.request(req)).await {
+        Err(_) => Err(SendError::Timeout),
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) if e.is_connect() => Err(SendError::Connect(e.to_string())),
+        Ok(Err(e)) => Err(SendError::Other(e.to_string())),
+    }
+}
+
+fn respond(
+    gw: &Arc<Gateway>,
+    api: Api,
+    chosen: Chosen,
+    upstream: hyper::Response<hyper::body::Incoming>,
+    inject_usage: bool,
+    started: Instant,
+) -> Response {
+    let (parts, body) = upstream.into_parts();
+    let status = parts.status;
+    count_request(
+        gw,
+        api,
+        status.as_u16(),
+        if status.is_success() {
+            "ok"
+        } else {
+            "upstream_status"
+        },
+    );
+    let is_sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let mut builder = Response::builder().status(status);
+    for (k, v) in parts.headers.iter() {
+        if k == header::CONTENT_LENGTH || k == header::TRANSFER_ENCODING || k == header::CONNECTION
+        {
+            continue;
+        }
+        builder = builder.header(k, v);
+    }
+    for (k, v) in &chosen.headers {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::try_from(k.as_str()),
+            HeaderValue::try_from(v.as_str()),
+        ) {
+            builder = builder.header(k, v);
+        }
+    }
+    let report = Report {
+        gw: gw.clone(),
+        api,
+        chosen,
+        started,
+        sent_at: started,
+        status: status.as_u16(),
+    };
+    let body = if is_sse {
+        Body::from_stream(tap_stream(api, body, inject_usage, report))
+    } else {
+        Body::from_stream(buffered_stream(api, body, report))
+    };
+    builder.body(body).unwrap_or_else(|e| {
+        ApiError::new(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string())
+            .into_response_for(api)
+    })
+}
+
+/// Accounting that runs when the response is over, however it ended (a client that goes away
+/// drops the stream; what was seen until then is still counted).
+struct Finisher {
+    report: Option<Report>,
+    tap: SseTap,
+}
+
+impl Drop for Finisher {
+    fn drop(&mut self) {
+        if let Some(r) = self.report.take() {
+            let o = &self.tap.observed;
+            let obs = ResponseObservation {
+                status: r.status,
+                ttft_s: o
+                    .first_token_at
+                    .map(|t| t.duration_since(r.sent_at).as_secs_f64()),
+                mean_itl_s: (o.token_events > 1)
+                    .then(|| o.gaps_sum_s / (o.token_events - 1) as f64),
+                usage: o.usage,
+                completed: o.completed,
+                duration_s: r.started.elapsed().as_secs_f64(),
+            };
+            report(&r.gw, r.api, &r.chosen, &obs);
+        }
+    }
+}
+
+fn tap_stream(
+    api: Api,
+    body: hyper::body::Incoming,
+    strip_usage: bool,
+    report: Report,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let fin = Finisher {
+        report: Some(report),
+        tap: SseTap::new(api, strip_usage),
+    };
+    let frames = body.into_data_stream();
+    futures_util::stream::unfold(Some((frames, fin)), move |st| async move {
+        let (mut frames, mut fin) = st?;
+        loop {
+            match frames.next().await {
+                Some(Ok(chunk)) => {
+                    let out = fin.tap.feed(&chunk, Instant::now());
+                    if !out.is_empty() {
+                        return Some((Ok(out), Some((frames, fin))));
+                    }
+                }
+                Some(Err(e)) => {
+                    let mut out = fin.tap.finish().to_vec();
+                    let err = ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_error",
+                        format!("the upstream stream failed: {e}"),
+                    );
+                    out.extend_from_slice(err.sse_event(api).as_bytes());
+                    // Dropping the finisher here accounts what was seen.
+                    drop(fin);
+                    return Some((Ok(Bytes::from(out)), None));
+                }
+                None => {
+                    let rest = fin.tap.finish();
+                    let completed = fin.tap.observed.completed;
+                    let mut out = rest.to_vec();
+                    if !completed {
+                        let err = ApiError::new(
+                            StatusCode::BAD_GATEWAY,
+                            "upstream_incomplete",
+                            "the upstream ended the stream before it was complete",
+                        );
+                        out.extend_from_slice(err.sse_event(api).as_bytes());
+                    }
+                    drop(fin);
+                    if out.is_empty() {
+                        return None;
+                    }
+                    return Some((Ok(Bytes::from(out)), None));
+                }
+            }
+        }
+    })
+}
+
+fn buffered_stream(
+    api: Api,
+    body: hyper::body::Incoming,
+    report: Report,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    futures_util::stream::once(async move {
+        let mut fin = Finisher {
+            report: Some(report),
+            tap: SseTap::new(api, false),
+        };
+        match body.collect().await {
+            Ok(c) => {
+                let bytes = c.to_bytes();
+                fin.tap.observed.usage = body_usage(api, &bytes);
+                fin.tap.observed.completed = true;
+                Ok(bytes)
+            }
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
+    })
+}

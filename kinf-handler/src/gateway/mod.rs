@@ -1,0 +1,353 @@
+//! The HTTP gateway: OpenAI- and Anthropic-compatible endpoints in front of vLLM workers.
+//!
+//! Per request: read the body (size-limited), parse it ([`parse`]), classify and tokenize it,
+//! decide with [`kinf_router::Decider`] on the live [`SharedState`], rewrite the body's model,
+//! forward to the chosen endpoint ([`forward`]) and pass the response through, observing
+//! first-token time, inter-token gaps and usage on the way ([`sse_tap`]); what was observed
+//! feeds the TTFT predictor and the metrics.
+
+pub mod errors;
+pub mod forward;
+pub mod parse;
+pub mod runtime;
+pub mod sse_tap;
+pub mod tokens;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use crate::live::SharedState;
+use crate::metrics::Metrics;
+use crate::policy_store::{ApplyOutcome, PolicyStore};
+use errors::{Api, ApiError};
+use runtime::{Runtime, TokenizerCache};
+
+/// Status of the live-state ingestion, for `/admin/status` and `/metrics`; implemented by the
+/// ingestion supervisor.
+pub trait LiveStatus: Send + Sync {
+    /// A JSON view of every endpoint's ingestion state.
+    fn status_json(&self) -> serde_json::Value;
+    /// Appends ingestion metrics in the text exposition format.
+    fn render_metrics(&self, out: &mut String);
+}
+
+/// Gateway settings.
+#[derive(Clone, Debug)]
+pub struct GatewayOptions {
+    /// Directory relative tokenizer paths are resolved against.
+    pub base_dir: PathBuf,
+    /// Longest wait for an upstream's response headers.
+    pub upstream_timeout: Duration,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions {
+            base_dir: PathBuf::from("."),
+            upstream_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Everything a request handler needs.
+pub struct Gateway {
+    /// The policy store (the last good policy and the last refusal).
+    pub store: PolicyStore,
+    runtime: ArcSwapOption<Runtime>,
+    tokenizers: parking_lot::Mutex<TokenizerCache>,
+    /// Live cluster state.
+    pub state: Arc<SharedState>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Ingestion status, when ingestion runs.
+    pub live: ArcSwapOption<Box<dyn LiveStatus>>,
+    client: forward::UpstreamClient,
+    options: GatewayOptions,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// A gateway with no policy yet.
+    pub fn new(options: GatewayOptions) -> Arc<Self> {
+        Arc::new(Gateway {
+            store: PolicyStore::new(),
+            runtime: ArcSwapOption::empty(),
+            tokenizers: parking_lot::Mutex::new(TokenizerCache::default()),
+            state: SharedState::new(kinf_router::ClusterState::default()),
+            metrics: Metrics::new(),
+            live: ArcSwapOption::empty(),
+            client: forward::UpstreamClient::new(),
+            options,
+        })
+    }
+
+    /// The runtime in force.
+    pub fn runtime(&self) -> Option<Arc<Runtime>> {
+        self.runtime.load_full()
+    }
+
+    /// Compiles and applies a bundle. On success the runtime and the cluster state are rebuilt
+    /// for the new policy (keeping what was learned about unchanged endpoints); on failure the
+    /// last good policy stays in force and the refusal is recorded.
+    pub fn apply(&self, sources: &kinf_lang::Sources) -> ApplyOutcome {
+        let outcome = self.store.apply(sources);
+        let result = match &outcome {
+            ApplyOutcome::Applied { .. } => "applied",
+            ApplyOutcome::Unchanged => "unchanged",
+            ApplyOutcome::Refused { .. } => "refused",
+        };
+        self.metrics.add(
+            "kinference_policy_reloads_total",
+            "Policy bundles read, by result (applied, unchanged, refused).",
+            &[("result", result)],
+            1.0,
+        );
+        match &outcome {
+            ApplyOutcome::Applied { generation } => {
+                if let Some(applied) = self.store.current() {
+                    let rt = Runtime::build(
+                        applied.clone(),
+                        &self.options.base_dir,
+                        &mut self.tokenizers.lock(),
+                    );
+                    for p in &rt.problems {
+                        tracing::warn!(problem = %p, "policy runtime");
+                    }
+                    self.state.with(|st| {
+                        let mut fresh = kinf_router::ClusterState::from_policy(&applied.policy, 32);
+                        fresh.carry_over_from(std::mem::take(st));
+                        *st = fresh;
+                    });
+                    self.runtime.store(Some(Arc::new(rt)));
+                    for w in &applied.warnings {
+                        tracing::warn!("{w}");
+                    }
+                }
+                tracing::info!(generation, "policy applied");
+                self.metrics.set(
+                    "kinference_policy_generation",
+                    "Generation of the policy in force.",
+                    &[],
+                    *generation as f64,
+                );
+                self.metrics.set(
+                    "kinference_policy_refused",
+                    "1 when the newest bundle was refused (the last good policy stays in force).",
+                    &[],
+                    0.0,
+                );
+            }
+            ApplyOutcome::Unchanged => {
+                self.metrics.set(
+                    "kinference_policy_refused",
+                    "1 when the newest bundle was refused (the last good policy stays in force).",
+                    &[],
+                    0.0,
+                );
+            }
+            ApplyOutcome::Refused { errors } => {
+                if let Some(r) = self.store.last_rejected() {
+                    for e in &r.errors {
+                        tracing::error!("{e}");
+                    }
+                }
+                tracing::error!(
+                    errors,
+                    "policy bundle refused; the last good policy stays in force"
+                );
+                self.metrics.set(
+                    "kinference_policy_refused",
+                    "1 when the newest bundle was refused (the last good policy stays in force).",
+                    &[],
+                    1.0,
+                );
+            }
+        }
+        outcome
+    }
+
+    /// The client-facing routes (`/v1/*`, `/healthz`, `/readyz`, `/metrics`).
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .route("/v1/completions", post(completions))
+            .route("/v1/messages", post(messages))
+            .route("/v1/models", get(models))
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
+            .with_state(self.clone())
+    }
+
+    /// The client-facing routes plus `/admin/status` (when no separate admin listener is used).
+    pub fn router_with_admin(self: &Arc<Self>) -> Router {
+        self.router().merge(
+            Router::new()
+                .route("/admin/status", get(admin_status))
+                .with_state(self.clone()),
+        )
+    }
+
+    /// The admin routes (`/admin/status`, plus `/healthz`, `/readyz`, `/metrics`).
+    pub fn admin_router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/admin/status", get(admin_status))
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
+            .with_state(self.clone())
+    }
+}
+
+async fn chat(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -> Response {
+    forward::handle(gw, Api::Chat, headers, body).await
+}
+
+async fn completions(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -> Response {
+    forward::handle(gw, Api::Completions, headers, body).await
+}
+
+async fn messages(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -> Response {
+    forward::handle(gw, Api::Messages, headers, body).await
+}
+
+/// `GET /v1/models`: every client-facing name (model names and aliases) of the front door's
+/// pool, sorted.
+async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let Some(rt) = gw.runtime() else {
+        return not_ready(Api::Chat);
+    };
+    let door = rt.door(host(&headers));
+    let policy = &rt.applied.policy;
+    let pool = match &door.pool {
+        Some(p) => p.split_once('/').and_then(|(ns, n)| policy.pool(ns, n)),
+        None => policy.find_pool(None),
+    };
+    let mut names: Vec<&str> = match pool {
+        Some(p) => p.model_names(),
+        None => policy.pools.iter().flat_map(|p| p.model_names()).collect(),
+    };
+    names.sort_unstable();
+    names.dedup();
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let data: Vec<_> = names
+        .iter()
+        .map(|n| json!({"id": n, "object": "model", "created": created, "owned_by": "kinference"}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// `GET /readyz`: 200 once a policy is in force; the body says which generation and whether
+/// the newest bundle was refused (with its errors).
+async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
+    let current = gw.store.current();
+    let rejected = gw.store.last_rejected();
+    let body = json!({
+        "ready": current.is_some(),
+        "generation": current.as_ref().map(|c| c.generation),
+        "lastRefused": rejected.as_ref().map(|r| json!({"errors": r.errors, "codes": r.codes})),
+    });
+    let status = if current.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    let mut out = String::with_capacity(8192);
+    gw.metrics.render(&mut out);
+    if let Some(live) = gw.live.load_full() {
+        live.render_metrics(&mut out);
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
+}
+
+/// `GET /admin/status`: the policy in force, the last refusal, runtime problems, every
+/// endpoint's state and the ingestion status.
+async fn admin_status(State(gw): State<Arc<Gateway>>) -> Response {
+    let current = gw.store.current();
+    let rejected = gw.store.last_rejected();
+    let rt = gw.runtime();
+    let endpoints = gw.state.with(|st| {
+        let mut v: Vec<serde_json::Value> = st
+            .worker_sets
+            .iter()
+            .flat_map(|(k, ws)| {
+                ws.endpoints.iter().map(move |e| {
+                    json!({
+                        "workerSet": &**k,
+                        "endpoint": &*e.address,
+                        "ready": e.ready,
+                        "stale": e.stale,
+                        "prefixTracking": ws.prefix.mode(),
+                        "blockSize": ws.block_size,
+                        "ttftObservations": e.ttft.observations(),
+                    })
+                })
+            })
+            .collect();
+        v.sort_by_key(|x| x.to_string());
+        v
+    });
+    let body = json!({
+        "policy": current.as_ref().map(|c| json!({
+            "generation": c.generation,
+            "fingerprint": format!("{:016x}", c.fingerprint),
+            "warnings": c.warnings,
+        })),
+        "lastRefused": rejected.as_ref().map(|r| json!({"errors": r.errors, "codes": r.codes})),
+        "problems": rt.as_ref().map(|r| r.problems.clone()).unwrap_or_default(),
+        "tokenizers": rt.as_ref().map(|r| {
+            let mut v: Vec<&str> = r.tokenizers.keys().map(|k| &**k).collect();
+            v.sort_unstable();
+            v.into_iter().map(str::to_owned).collect::<Vec<_>>()
+        }).unwrap_or_default(),
+        "endpoints": endpoints,
+        "ingestion": gw.live.load_full().map(|l| l.status_json()),
+    });
+    axum::Json(body).into_response()
+}
+
+/// The `Host` header.
+pub(crate) fn host(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::HOST).and_then(|h| h.to_str().ok())
+}
+
+pub(crate) fn not_ready(api: Api) -> Response {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        "no policy is in force yet; see /readyz",
+    )
+    .into_response_for(api)
+}

@@ -1,0 +1,367 @@
+//! Parsing of OpenAI and Anthropic request bodies into what the gateway needs: the model, the
+//! stream flags, `max_tokens`, and the text every message carries (for tokenization and
+//! classification). Errors name the field at fault. The body itself is kept as a JSON object so
+//! that it can be forwarded with only `model` and `stream_options` changed.
+
+use serde_json::{Map, Value};
+
+use super::errors::{Api, ApiError};
+use kinf_router::tokenize::ChatMessage;
+
+/// Default output budget assumed for estimates when the request sets none.
+pub const DEFAULT_MAX_TOKENS: u32 = 256;
+
+/// The prompt of a request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// Chat messages (chat completions, Anthropic messages with `system` first).
+    Chat(Vec<ChatMessage>),
+    /// A completions prompt as text.
+    Text(String),
+    /// A completions prompt given as token ids.
+    Tokens(Vec<u32>),
+}
+
+/// A parsed inference request.
+#[derive(Clone, Debug)]
+pub struct Parsed {
+    /// The API it came in on.
+    pub api: Api,
+    /// The body, to be forwarded after mutation.
+    pub body: Map<String, Value>,
+    /// Body `model`.
+    pub model: String,
+    /// Body `stream`.
+    pub stream: bool,
+    /// Whether the client asked for the usage chunk (`stream_options.include_usage`).
+    pub client_wants_usage: bool,
+    /// `max_tokens` / `max_completion_tokens`, when given.
+    pub max_tokens: Option<u32>,
+    /// The prompt.
+    pub prompt: Prompt,
+}
+
+impl Parsed {
+    /// Number of messages (1 for completions).
+    pub fn message_count(&self) -> usize {
+        match &self.prompt {
+            Prompt::Chat(m) => m.len(),
+            Prompt::Text(_) | Prompt::Tokens(_) => 1,
+        }
+    }
+
+    /// Total bytes of prompt text (an estimate of size when no tokenizer is known).
+    pub fn prompt_bytes(&self) -> usize {
+        match &self.prompt {
+            Prompt::Chat(m) => m.iter().map(|m| m.content.len() + m.role.len() + 2).sum(),
+            Prompt::Text(t) => t.len(),
+            Prompt::Tokens(t) => t.len() * 4,
+        }
+    }
+}
+
+/// Parses a request body for `api`.
+pub fn parse(api: Api, bytes: &[u8]) -> Result<Parsed, ApiError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid("body", format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(body) = value else {
+        return Err(ApiError::invalid("body", "the body must be a JSON object"));
+    };
+    let model = match body.get("model") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::String(_)) => return Err(ApiError::invalid("model", "`model` is empty")),
+        Some(_) => return Err(ApiError::invalid("model", "`model` must be a string")),
+        None => return Err(ApiError::invalid("model", "`model` is required")),
+    };
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::invalid("stream", "`stream` must be a boolean")),
+    };
+    let client_wants_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "stream_options.include_usage",
+                    "`stream_options.include_usage` must be a boolean",
+                ));
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` must be an object",
+            ));
+        }
+    };
+    let max_tokens = max_tokens(&body, api)?;
+    let prompt = match api {
+        Api::Chat => Prompt::Chat(chat_messages(&body)?),
+        Api::Completions => completion_prompt(&body)?,
+        Api::Messages => Prompt::Chat(anthropic_messages(&body)?),
+    };
+    Ok(Parsed {
+        api,
+        body,
+        model,
+        stream,
+        client_wants_usage,
+        max_tokens,
+        prompt,
+    })
+}
+
+fn max_tokens(body: &Map<String, Value>, api: Api) -> Result<Option<u32>, ApiError> {
+    for field in ["max_completion_tokens", "max_tokens"] {
+        match body.get(field) {
+            None | Some(Value::Null) => {}
+            Some(v) => {
+                let n = v.as_u64().ok_or_else(|| {
+                    ApiError::invalid(field, format!("`{field}` must be a non-negative integer"))
+                })?;
+                return Ok(Some(u32::try_from(n).unwrap_or(u32::MAX)));
+            }
+        }
+    }
+    if api == Api::Messages {
+        return Err(ApiError::invalid("max_tokens", "`max_tokens` is required"));
+    }
+    Ok(None)
+}
+
+/// The text of a `content` value: a string, or an array of parts whose `text` fields are
+/// joined (images and other non-text parts contribute nothing).
+fn content_text(v: &Value, field: &str) -> Result<String, ApiError> {
+    match v {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for (i, p) in parts.iter().enumerate() {
+                let Value::Object(o) = p else {
+                    return Err(ApiError::invalid(
+                        format!("{field}[{i}]"),
+                        format!("`{field}[{i}]` must be an object"),
+                    ));
+                };
+                match o.get("text") {
+                    Some(Value::String(t)) => out.push_str(t),
+                    Some(_) => {
+                        return Err(ApiError::invalid(
+                            format!("{field}[{i}].text"),
+                            format!("`{field}[{i}].text` must be a string"),
+                        ));
+                    }
+                    // tool_result blocks carry their text in `content`.
+                    None => {
+                        if let Some(c) = o.get("content") {
+                            out.push_str(&content_text(c, &format!("{field}[{i}].content"))?);
+                        }
+                    }
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be a string or an array of content parts"),
+        )),
+    }
+}
+
+fn messages_array(body: &Map<String, Value>) -> Result<&Vec<Value>, ApiError> {
+    match body.get("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => Ok(a),
+        Some(Value::Array(_)) => Err(ApiError::invalid("messages", "`messages` is empty")),
+        Some(_) => Err(ApiError::invalid("messages", "`messages` must be an array")),
+        None => Err(ApiError::invalid("messages", "`messages` is required")),
+    }
+}
+
+fn one_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
+    let Value::Object(o) = m else {
+        return Err(ApiError::invalid(
+            format!("messages[{i}]"),
+            format!("`messages[{i}]` must be an object"),
+        ));
+    };
+    let role = match o.get("role") {
+        Some(Value::String(r)) => r.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!("`messages[{i}].role` must be a string"),
+            ));
+        }
+        None => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!("`messages[{i}].role` is required"),
+            ));
+        }
+    };
+    let content = match o.get("content") {
+        Some(c) => content_text(c, &format!("messages[{i}].content"))?,
+        None => String::new(),
+    };
+    Ok(ChatMessage { role, content })
+}
+
+fn chat_messages(body: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    messages_array(body)?
+        .iter()
+        .enumerate()
+        .map(|(i, m)| one_message(i, m))
+        .collect()
+}
+
+fn anthropic_messages(body: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out = Vec::new();
+    if let Some(sys) = body.get("system") {
+        let text = content_text(sys, "system")?;
+        if !text.is_empty() {
+            out.push(ChatMessage::new("system", text));
+        }
+    }
+    for (i, m) in messages_array(body)?.iter().enumerate() {
+        let msg = one_message(i, m)?;
+        if msg.role != "user" && msg.role != "assistant" {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!(
+                    "`messages[{i}].role` must be `user` or `assistant`, not `{}`",
+                    msg.role
+                ),
+            ));
+        }
+        out.push(msg);
+    }
+    Ok(out)
+}
+
+fn completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "prompt",
+            "`prompt` must be a string, an array of strings, or an array of token ids",
+        )
+    };
+    match body.get("prompt") {
+        None => Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(items)) if items.is_empty() => {
+            Err(ApiError::invalid("prompt", "`prompt` is empty"))
+        }
+        Some(Value::Array(items)) => {
+            if items.iter().all(Value::is_string) {
+                // Several prompts are several sequences; the first decides placement.
+                Ok(Prompt::Text(
+                    items[0].as_str().map(str::to_owned).unwrap_or_default(),
+                ))
+            } else if items.iter().all(Value::is_u64) {
+                let ids = items
+                    .iter()
+                    .map(|v| {
+                        v.as_u64()
+                            .and_then(|n| u32::try_from(n).ok())
+                            .ok_or_else(bad)
+                    })
+                    .collect::<Result<Vec<u32>, ApiError>>()?;
+                Ok(Prompt::Tokens(ids))
+            } else {
+                Err(bad())
+            }
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn err(api: Api, body: &str) -> ApiError {
+        match parse(api, body.as_bytes()) {
+            Ok(_) => panic!("expected an error for {body}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(err(Api::Chat, "{").param.as_deref(), Some("body"));
+        assert_eq!(err(Api::Chat, "[]").param.as_deref(), Some("body"));
+        assert_eq!(
+            err(Api::Chat, r#"{"messages":[]}"#).param.as_deref(),
+            Some("model")
+        );
+        assert_eq!(
+            err(Api::Chat, r#"{"model":"m"}"#).param.as_deref(),
+            Some("messages")
+        );
+        assert_eq!(
+            err(Api::Chat, r#"{"model":"m","messages":[{"content":"x"}]}"#)
+                .param
+                .as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(
+            err(
+                Api::Chat,
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#
+            )
+            .param
+            .as_deref(),
+            Some("stream")
+        );
+        assert_eq!(
+            err(
+                Api::Messages,
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#
+            )
+            .param
+            .as_deref(),
+            Some("max_tokens")
+        );
+        assert_eq!(
+            err(Api::Completions, r#"{"model":"m","prompt":{}}"#)
+                .param
+                .as_deref(),
+            Some("prompt")
+        );
+    }
+
+    #[test]
+    fn anthropic_system_comes_first_and_blocks_are_joined() {
+        let p = parse(
+            Api::Messages,
+            br#"{"model":"m","max_tokens":5,"system":[{"type":"text","text":"be brief"}],
+                 "messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(
+            p.prompt,
+            Prompt::Chat(vec![
+                ChatMessage::new("system", "be brief"),
+                ChatMessage::new("user", "ab")
+            ])
+        );
+        assert_eq!(p.max_tokens, Some(5));
+    }
+
+    #[test]
+    fn stream_options_and_token_prompts() {
+        let p = parse(
+            Api::Completions,
+            br#"{"model":"m","prompt":[1,2,3],"stream":true,"stream_options":{"include_usage":true},"max_tokens":7}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(p.stream && p.client_wants_usage);
+        assert_eq!(p.prompt, Prompt::Tokens(vec![1, 2, 3]));
+        assert_eq!(p.max_tokens, Some(7));
+    }
+}

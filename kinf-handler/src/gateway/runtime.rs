@@ -1,0 +1,173 @@
+//! What the gateway derives from a compiled policy when it is applied, off the request path:
+//! the tokenizer of each client-facing model, the classifiers and request limits of each front
+//! door. Swapped in together with the policy.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ahash::AHashMap;
+use kinf_lang::CompiledPolicy;
+use kinf_policy::Quantity;
+use kinf_router::classify::Classifiers;
+use kinf_router::tokenize::ChatTokenizer;
+
+use crate::policy_store::Applied;
+
+/// Default request body limit when no `GatewayBackend` sets `limits.maxBodyBytes`.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+
+/// One front door's settings, from a `GatewayBackend`.
+#[derive(Debug)]
+pub struct FrontDoor {
+    /// `namespace/name` of the `GatewayBackend` (absent when the bundle declares none).
+    pub gateway: Option<Arc<str>>,
+    /// Host names it answers for; empty: every host.
+    pub hosts: Vec<String>,
+    /// `namespace/name` of the pool it serves.
+    pub pool: Option<Arc<str>>,
+    /// Its classifiers.
+    pub classifiers: Classifiers,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Most messages per request.
+    pub max_messages: Option<u32>,
+    /// Most prompt tokens per request.
+    pub max_prompt_tokens: Option<u64>,
+}
+
+/// The policy in force and everything derived from it.
+#[derive(Debug)]
+pub struct Runtime {
+    /// The applied policy.
+    pub applied: Arc<Applied>,
+    /// Tokenizer per client-facing model name (precise token counts and prefix matching).
+    pub tokenizers: AHashMap<Arc<str>, Arc<ChatTokenizer>>,
+    /// Front doors; the first is the default for hosts no door names.
+    pub doors: Vec<FrontDoor>,
+    /// Problems found while deriving (tokenizers that failed to load); shown in status.
+    pub problems: Vec<String>,
+}
+
+/// Loaded tokenizers by resolved directory, kept across policy generations.
+#[derive(Debug, Default)]
+pub struct TokenizerCache {
+    loaded: AHashMap<PathBuf, Arc<ChatTokenizer>>,
+}
+
+impl TokenizerCache {
+    /// The tokenizer in `dir` (`tokenizer.json`, optional `tokenizer_config.json`).
+    pub fn load(&mut self, dir: &Path) -> Result<Arc<ChatTokenizer>, String> {
+        if let Some(t) = self.loaded.get(dir) {
+            return Ok(t.clone());
+        }
+        let tj = std::fs::read_to_string(dir.join("tokenizer.json"))
+            .map_err(|e| format!("cannot read {}/tokenizer.json: {e}", dir.display()))?;
+        let tc = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok();
+        let t = ChatTokenizer::from_files_content(&tj, tc.as_deref())
+            .map_err(|e| format!("cannot load the tokenizer in {}: {e}", dir.display()))?;
+        let t = Arc::new(t);
+        self.loaded.insert(dir.to_path_buf(), t.clone());
+        Ok(t)
+    }
+}
+
+fn quantity_bytes(q: &Quantity) -> Option<usize> {
+    match q {
+        Quantity::Number(n) if *n >= 0.0 => Some(*n as usize),
+        Quantity::Number(_) => None,
+        Quantity::Text(s) => kinf_grammar::parse_quantity(s)
+            .ok()
+            .and_then(|n| usize::try_from(n).ok()),
+    }
+}
+
+impl Runtime {
+    /// Derives the runtime of `applied`; relative tokenizer paths are resolved against
+    /// `base_dir`.
+    pub fn build(applied: Arc<Applied>, base_dir: &Path, cache: &mut TokenizerCache) -> Self {
+        let policy: &CompiledPolicy = &applied.policy;
+        let mut problems = Vec::new();
+        let mut tokenizers = AHashMap::new();
+        for pool in &policy.pools {
+            for (name, targets) in &pool.models {
+                for (dest, _) in targets {
+                    let Some(ws) = policy
+                        .destination(*dest)
+                        .and_then(|d| d.worker_set.as_ref())
+                    else {
+                        continue;
+                    };
+                    let Some(path) = &ws.tokenizer else { continue };
+                    let dir = base_dir.join(&**path);
+                    match cache.load(&dir) {
+                        Ok(t) => {
+                            tokenizers.entry(name.clone()).or_insert(t);
+                        }
+                        Err(e) => problems.push(e),
+                    }
+                    break;
+                }
+            }
+        }
+        problems.sort();
+        problems.dedup();
+        let mut doors: Vec<FrontDoor> = policy
+            .gateways
+            .iter()
+            .map(|g| {
+                let limits = g.spec.limits.as_ref();
+                FrontDoor {
+                    pool: policy
+                        .pools
+                        .get(g.pool)
+                        .map(|p| Arc::from(format!("{}/{}", p.namespace, p.name))),
+                    classifiers: Classifiers::from_specs(&g.spec.classifiers),
+                    max_body_bytes: limits
+                        .and_then(|l| l.max_body_bytes.as_ref())
+                        .and_then(quantity_bytes)
+                        .unwrap_or(DEFAULT_MAX_BODY_BYTES),
+                    max_messages: limits.and_then(|l| l.max_messages),
+                    max_prompt_tokens: limits.and_then(|l| l.max_prompt_tokens),
+                    gateway: Some(Arc::from(format!("{}/{}", g.namespace, g.name))),
+                    hosts: g.spec.hosts.clone(),
+                }
+            })
+            .collect();
+        if doors.is_empty() {
+            doors.push(FrontDoor {
+                gateway: None,
+                hosts: Vec::new(),
+                pool: None,
+                classifiers: Classifiers::default(),
+                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                max_messages: None,
+                max_prompt_tokens: None,
+            });
+        }
+        Runtime {
+            applied,
+            tokenizers,
+            doors,
+            problems,
+        }
+    }
+
+    /// The front door for a request's `Host` (port ignored): the first door naming the host,
+    /// else the first door that names no hosts, else the first door.
+    pub fn door(&self, host: Option<&str>) -> &FrontDoor {
+        let host = host.map(|h| h.rsplit_once(':').map_or(h, |(h, _)| h));
+        if let Some(h) = host
+            && let Some(d) = self
+                .doors
+                .iter()
+                .find(|d| d.hosts.iter().any(|x| x.eq_ignore_ascii_case(h)))
+        {
+            return d;
+        }
+        self.doors
+            .iter()
+            .find(|d| d.hosts.is_empty())
+            // `build` always creates at least one door.
+            .unwrap_or(&self.doors[0])
+    }
+}

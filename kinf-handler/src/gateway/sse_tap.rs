@@ -1,0 +1,261 @@
+//! Watches a response as it passes through: splits SSE into events, removes the usage chunk
+//! the gateway asked for on the client's behalf, and notes the first-token time, inter-token
+//! gaps and usage. Complete events are passed on as soon as they arrive; only a trailing
+//! partial event waits for the rest of its bytes.
+
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use kinf_router::usage::TokenUsage;
+use serde_json::Value;
+
+use super::errors::Api;
+
+/// What was observed on one response.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observed {
+    /// When the first token arrived.
+    pub first_token_at: Option<Instant>,
+    /// When the last token arrived.
+    pub last_token_at: Option<Instant>,
+    /// Token-carrying events seen.
+    pub token_events: u64,
+    /// Sum of gaps between token-carrying events (seconds).
+    pub gaps_sum_s: f64,
+    /// Usage reported by the upstream.
+    pub usage: Option<TokenUsage>,
+    /// The upstream ended the stream properly (`[DONE]` / `message_stop`).
+    pub completed: bool,
+}
+
+/// The streaming tap.
+#[derive(Debug)]
+pub struct SseTap {
+    api: Api,
+    strip_usage_chunk: bool,
+    pending: BytesMut,
+    /// What was seen so far.
+    pub observed: Observed,
+    anthropic_input: Option<(u64, u64)>,
+}
+
+impl SseTap {
+    /// A tap for `api`; `strip_usage_chunk` removes the final usage-only chunk (OpenAI APIs).
+    pub fn new(api: Api, strip_usage_chunk: bool) -> Self {
+        SseTap {
+            api,
+            strip_usage_chunk,
+            pending: BytesMut::new(),
+            observed: Observed::default(),
+            anthropic_input: None,
+        }
+    }
+
+    /// Feeds bytes from upstream; returns the bytes to send to the client now.
+    pub fn feed(&mut self, chunk: &[u8], now: Instant) -> Bytes {
+        self.pending.extend_from_slice(chunk);
+        let mut out = BytesMut::new();
+        while let Some(end) = find_event_end(&self.pending) {
+            let event = self.pending.split_to(end);
+            if self.keep(&event, now) {
+                out.extend_from_slice(&event);
+            }
+        }
+        out.freeze()
+    }
+
+    /// Whatever is left when the upstream ends (a partial event is passed on as is).
+    pub fn finish(&mut self) -> Bytes {
+        std::mem::take(&mut self.pending).freeze()
+    }
+
+    /// Inspects one complete event (terminator included); false drops it.
+    fn keep(&mut self, event: &[u8], now: Instant) -> bool {
+        let mut event_name: Option<&[u8]> = None;
+        let mut data: Option<&[u8]> = None;
+        for line in event.split(|b| *b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if let Some(v) = line.strip_prefix(b"data:") {
+                data = Some(v.strip_prefix(b" ").unwrap_or(v));
+            } else if let Some(v) = line.strip_prefix(b"event:") {
+                event_name = Some(v.strip_prefix(b" ").unwrap_or(v));
+            }
+        }
+        let Some(data) = data else { return true };
+        if data == b"[DONE]" {
+            self.observed.completed = true;
+            return true;
+        }
+        let Ok(v) = serde_json::from_slice::<Value>(data) else {
+            return true;
+        };
+        match self.api {
+            Api::Chat | Api::Completions => self.openai_chunk(&v, now),
+            Api::Messages => {
+                self.anthropic_event(event_name, &v, now);
+                true
+            }
+        }
+    }
+
+    fn token(&mut self, now: Instant) {
+        if let Some(last) = self.observed.last_token_at {
+            self.observed.gaps_sum_s += now.duration_since(last).as_secs_f64();
+        } else {
+            self.observed.first_token_at = Some(now);
+        }
+        self.observed.last_token_at = Some(now);
+        self.observed.token_events += 1;
+    }
+
+    fn openai_chunk(&mut self, v: &Value, now: Instant) -> bool {
+        let choices_empty = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_none_or(|c| c.is_empty());
+        if !choices_empty {
+            self.token(now);
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            self.observed.usage = Some(openai_usage(u));
+            if choices_empty && self.strip_usage_chunk {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn anthropic_event(&mut self, name: Option<&[u8]>, v: &Value, now: Instant) {
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .map(str::as_bytes)
+            .or(name);
+        match kind {
+            Some(b"message_start") => {
+                if let Some(u) = v.pointer("/message/usage") {
+                    let input = u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0);
+                    let cached = u
+                        .get("cache_read_input_tokens")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0);
+                    self.anthropic_input = Some((input, cached));
+                }
+            }
+            Some(b"content_block_delta") => self.token(now),
+            Some(b"message_delta") => {
+                if let Some(u) = v.get("usage") {
+                    let out = u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0);
+                    let (input, cached) = self.anthropic_input.unwrap_or_default();
+                    let input = u
+                        .get("input_tokens")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(input);
+                    self.observed.usage = Some(anthropic_usage(input, cached, out));
+                }
+            }
+            Some(b"message_stop") => self.observed.completed = true,
+            _ => {}
+        }
+    }
+}
+
+/// Usage of an OpenAI `usage` object.
+pub fn openai_usage(u: &Value) -> TokenUsage {
+    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    TokenUsage::from_openai(
+        n("/prompt_tokens"),
+        n("/prompt_tokens_details/cached_tokens"),
+        n("/completion_tokens"),
+    )
+}
+
+/// Usage of Anthropic counts: `input_tokens` are the uncached ones, cache reads come apart.
+pub fn anthropic_usage(input: u64, cache_read: u64, output: u64) -> TokenUsage {
+    TokenUsage {
+        cached_prompt_tokens: cache_read,
+        uncached_prompt_tokens: input,
+        output_tokens: output,
+    }
+}
+
+/// Usage of a complete (non-streaming) response body.
+pub fn body_usage(api: Api, body: &[u8]) -> Option<TokenUsage> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let u = v.get("usage")?;
+    Some(match api {
+        Api::Chat | Api::Completions => openai_usage(u),
+        Api::Messages => anthropic_usage(
+            u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0),
+            u.get("cache_read_input_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
+        ),
+    })
+}
+
+/// End (exclusive) of the first complete event: after a blank line (`\n\n` or `\r\n\r\n`).
+fn find_event_end(buf: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while i + 1 < buf.len() {
+        if buf[i] == b'\n' {
+            if buf[i + 1] == b'\n' {
+                return Some(i + 2);
+            }
+            if buf[i + 1] == b'\r' && buf.get(i + 2) == Some(&b'\n') {
+                return Some(i + 3);
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHAT: &str = include_str!("../../../testdata/vllm-0.32.0-cpu/chat_stream.txt");
+    const MESSAGES: &str = include_str!("../../../testdata/vllm-0.32.0-cpu/messages_stream.txt");
+
+    #[test]
+    fn strips_the_injected_usage_chunk_and_keeps_the_rest_byte_for_byte() {
+        let mut tap = SseTap::new(Api::Chat, true);
+        let now = Instant::now();
+        // Feed in awkward pieces: events must still come out whole.
+        let mut out = Vec::new();
+        for piece in CHAT.as_bytes().chunks(7) {
+            out.extend_from_slice(&tap.feed(piece, now));
+        }
+        out.extend_from_slice(&tap.finish());
+        let out = String::from_utf8(out).unwrap_or_default();
+        assert!(
+            !out.contains("\"usage\":{"),
+            "usage chunk not stripped: {out}"
+        );
+        assert!(out.ends_with("data: [DONE]\n\n"));
+        let usage = tap.observed.usage.unwrap_or_default();
+        assert!(usage.prompt_tokens() > 0 && usage.output_tokens > 0);
+        assert!(tap.observed.first_token_at.is_some());
+        assert!(tap.observed.completed);
+        // Without stripping, the stream passes through unchanged.
+        let mut tap = SseTap::new(Api::Chat, false);
+        let mut out = tap.feed(CHAT.as_bytes(), now).to_vec();
+        out.extend_from_slice(&tap.finish());
+        assert_eq!(out, CHAT.as_bytes());
+    }
+
+    #[test]
+    fn anthropic_usage_comes_from_start_and_delta() {
+        let mut tap = SseTap::new(Api::Messages, false);
+        let out = tap.feed(MESSAGES.as_bytes(), Instant::now());
+        let mut all = out.to_vec();
+        all.extend_from_slice(&tap.finish());
+        assert_eq!(all, MESSAGES.as_bytes());
+        let u = tap.observed.usage.unwrap_or_default();
+        assert!(u.output_tokens > 0, "{u:?}");
+        assert!(tap.observed.completed);
+        assert!(tap.observed.token_events > 0);
+    }
+}

@@ -1,0 +1,502 @@
+//! `envoy.service.ext_proc.v3.ExternalProcessor`: the Gateway API Inference Extension's
+//! endpoint-picker protocol, so Envoy (or any gateway speaking it) can route through
+//! Kinference's decisions while forwarding the bytes itself.
+//!
+//! Per stream (one HTTP exchange):
+//! 1. `request_headers`: remembered. Without a body (`end_of_stream`), or for a path that is
+//!    not an inference API, the request passes through untouched. Otherwise an empty
+//!    `HeadersResponse` is sent (in `FULL_DUPLEX_STREAMED` request-body mode, nothing is
+//!    sent until the body is complete).
+//! 2. `request_body` chunks are collected until `end_of_stream`; earlier chunks are answered
+//!    with `clear_body` (STREAMED mode), the last one with the decision.
+//! 3. The decision ([`forward::admit`] and [`forward::plan`]): a route answers with a
+//!    `BodyResponse` whose `CommonResponse` sets `x-gateway-destination-endpoint: host:port`,
+//!    the `x-kinference-*` headers and `content-length`, clears the route cache and replaces the
+//!    body with the rewritten one (in `FULL_DUPLEX_STREAMED` mode: a `HeadersResponse` with the
+//!    headers, then a `BodyResponse` with a `streamed_response`). A rejection answers with an
+//!    `ImmediateResponse` carrying the API-shaped error.
+//! 4. `response_headers` / `response_body` pass through; when Envoy sends response bodies,
+//!    first-token time, inter-token gaps and usage are observed and reported
+//!    ([`forward::report`]) at `end_of_stream`, or when the stream closes.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use super::ext_proc_v3::external_processor_server::ExternalProcessor;
+use super::ext_proc_v3::processing_request::Request as Req;
+use super::ext_proc_v3::processing_response::Response as Resp;
+use super::ext_proc_v3::{
+    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody,
+    HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
+    body_mutation, common_response,
+};
+use super::proto::envoy::config::core::v3::{HeaderValue, HeaderValueOption, header_value_option};
+use super::proto::envoy::r#type::v3::HttpStatus;
+use super::{api_for_path, count_request, error_body, header_map, not_ready_error, uninject_usage};
+use crate::gateway::Gateway;
+use crate::gateway::errors::{Api, ApiError};
+use crate::gateway::forward::{self, Chosen, ResponseObservation};
+use crate::gateway::sse_tap::{SseTap, body_usage};
+
+/// The header carrying the chosen endpoint (`host:port`), as in the Gateway API Inference
+/// Extension.
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+
+/// `BodySendMode` values of Envoy's `ProcessingMode`.
+mod body_mode {
+    pub const STREAMED: i32 = 1;
+    pub const BUFFERED: i32 = 2;
+    pub const BUFFERED_PARTIAL: i32 = 3;
+    pub const FULL_DUPLEX_STREAMED: i32 = 4;
+}
+
+/// Largest non-streamed response body kept to read its usage.
+const MAX_RESPONSE_BODY: usize = 8 << 20;
+
+/// The external processor.
+#[derive(Debug)]
+pub struct ExtProcService {
+    gw: Arc<Gateway>,
+}
+
+impl ExtProcService {
+    /// The processor on `gw`.
+    pub fn new(gw: Arc<Gateway>) -> Self {
+        ExtProcService { gw }
+    }
+}
+
+type ProcessStream =
+    Pin<Box<dyn futures_util::Stream<Item = Result<ProcessingResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for ExtProcService {
+    type ProcessStream = ProcessStream;
+
+    async fn process(
+        &self,
+        request: tonic::Request<tonic::Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel::<Result<ProcessingResponse, tonic::Status>>(16);
+        let gw = self.gw.clone();
+        tokio::spawn(async move {
+            let mut ex = Exchange::new(gw);
+            while let Some(msg) = inbound.next().await {
+                let msg = match msg {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "ext_proc stream ended with an error");
+                        break;
+                    }
+                };
+                let out = ex.on_message(msg);
+                for r in out {
+                    if tx.send(Ok(r)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            ex.finish();
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+}
+
+/// A routed request, waiting for its response.
+struct Routed {
+    api: Api,
+    chosen: Chosen,
+    started: Instant,
+    sent_at: Instant,
+    stream: bool,
+    strip_usage: bool,
+    tap: SseTap,
+    status: u16,
+    response_seen: bool,
+    body: Vec<u8>,
+    reported: bool,
+}
+
+/// The state of one ext_proc stream (one HTTP exchange).
+struct Exchange {
+    gw: Arc<Gateway>,
+    started: Instant,
+    request_mode: i32,
+    response_mode: i32,
+    observability: bool,
+    headers: Vec<(String, Vec<u8>)>,
+    api: Option<Api>,
+    body: Vec<u8>,
+    routed: Option<Routed>,
+}
+
+impl Exchange {
+    fn new(gw: Arc<Gateway>) -> Self {
+        Exchange {
+            gw,
+            started: Instant::now(),
+            request_mode: body_mode::BUFFERED,
+            response_mode: 0,
+            observability: false,
+            headers: Vec::new(),
+            api: None,
+            body: Vec::new(),
+            routed: None,
+        }
+    }
+
+    fn duplex_request(&self) -> bool {
+        self.request_mode == body_mode::FULL_DUPLEX_STREAMED
+    }
+
+    fn duplex_response(&self) -> bool {
+        self.response_mode == body_mode::FULL_DUPLEX_STREAMED
+    }
+
+    /// Whether Envoy will send response bodies (so an injected usage chunk can be removed).
+    fn sees_response_body(&self) -> bool {
+        matches!(
+            self.response_mode,
+            body_mode::STREAMED
+                | body_mode::BUFFERED
+                | body_mode::BUFFERED_PARTIAL
+                | body_mode::FULL_DUPLEX_STREAMED
+        )
+    }
+
+    /// Handles one message; returns the responses to send (none in observability mode).
+    fn on_message(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
+        if let Some(pc) = msg.protocol_config {
+            self.request_mode = pc.request_body_mode;
+            self.response_mode = pc.response_body_mode;
+        }
+        self.observability = msg.observability_mode;
+        let out = match msg.request {
+            Some(Req::RequestHeaders(h)) => self.on_request_headers(h),
+            Some(Req::RequestBody(b)) => self.on_request_body(b),
+            Some(Req::ResponseHeaders(h)) => self.on_response_headers(&h),
+            Some(Req::ResponseBody(b)) => self.on_response_body(b),
+            Some(Req::RequestTrailers(_)) => vec![resp(Resp::RequestTrailers(Default::default()))],
+            Some(Req::ResponseTrailers(_)) => {
+                vec![resp(Resp::ResponseTrailers(Default::default()))]
+            }
+            None => Vec::new(),
+        };
+        if self.observability { Vec::new() } else { out }
+    }
+
+    fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
+        self.started = Instant::now();
+        self.headers = h
+            .headers
+            .map(|m| m.headers)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|hv| {
+                let v = if hv.raw_value.is_empty() {
+                    hv.value.into_bytes()
+                } else {
+                    hv.raw_value
+                };
+                (hv.key.to_ascii_lowercase(), v)
+            })
+            .collect();
+        let path = self
+            .headers
+            .iter()
+            .find(|(k, _)| k == ":path")
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        self.api = if h.end_of_stream {
+            None
+        } else {
+            api_for_path(&path)
+        };
+        if self.api.is_some() && self.duplex_request() {
+            // The headers are answered once the body is complete, with the decision.
+            return Vec::new();
+        }
+        vec![resp(Resp::RequestHeaders(HeadersResponse::default()))]
+    }
+
+    fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        let Some(api) = self.api else {
+            return vec![self.pass_request_body(b)];
+        };
+        self.body.extend_from_slice(&b.body);
+        if !b.end_of_stream {
+            if self.duplex_request() {
+                return Vec::new();
+            }
+            // STREAMED mode: hold the chunk back; the whole new body goes with the last one.
+            return vec![resp(Resp::RequestBody(BodyResponse {
+                response: Some(CommonResponse {
+                    body_mutation: Some(BodyMutation {
+                        mutation: Some(body_mutation::Mutation::ClearBody(true)),
+                    }),
+                    ..Default::default()
+                }),
+            }))];
+        }
+        let body = std::mem::take(&mut self.body);
+        match self.decide(api, &body) {
+            Ok((chosen, new_body, strip_usage, stream)) => {
+                let mut set = vec![
+                    set_header(DESTINATION_HEADER, chosen.endpoint.as_bytes()),
+                    set_header("content-length", new_body.len().to_string().as_bytes()),
+                ];
+                for (n, v) in &chosen.headers {
+                    set.push(set_header(n, v.as_bytes()));
+                }
+                let mutation = HeaderMutation {
+                    set_headers: set,
+                    remove_headers: Vec::new(),
+                };
+                let out = if self.duplex_request() {
+                    vec![
+                        resp(Resp::RequestHeaders(HeadersResponse {
+                            response: Some(CommonResponse {
+                                header_mutation: Some(mutation),
+                                clear_route_cache: true,
+                                ..Default::default()
+                            }),
+                        })),
+                        resp(Resp::RequestBody(BodyResponse {
+                            response: Some(CommonResponse {
+                                body_mutation: Some(BodyMutation {
+                                    mutation: Some(body_mutation::Mutation::StreamedResponse(
+                                        StreamedBodyResponse {
+                                            body: new_body.to_vec(),
+                                            end_of_stream: true,
+                                        },
+                                    )),
+                                }),
+                                ..Default::default()
+                            }),
+                        })),
+                    ]
+                } else {
+                    vec![resp(Resp::RequestBody(BodyResponse {
+                        response: Some(CommonResponse {
+                            status: common_response::ResponseStatus::Continue as i32,
+                            header_mutation: Some(mutation),
+                            body_mutation: Some(BodyMutation {
+                                mutation: Some(body_mutation::Mutation::Body(new_body.to_vec())),
+                            }),
+                            clear_route_cache: true,
+                        }),
+                    }))]
+                };
+                let now = Instant::now();
+                self.routed = Some(Routed {
+                    api,
+                    chosen,
+                    started: self.started,
+                    sent_at: now,
+                    stream,
+                    strip_usage,
+                    tap: SseTap::new(api, strip_usage),
+                    status: 0,
+                    response_seen: false,
+                    body: Vec::new(),
+                    reported: false,
+                });
+                out
+            }
+            Err(e) => {
+                count_request(&self.gw, api, e.status.as_u16(), e.code);
+                vec![immediate(&e, api)]
+            }
+        }
+    }
+
+    /// Admission and decision; the chosen route, the body to send, whether the response's
+    /// usage chunk must be removed, and whether the request streams.
+    fn decide(&self, api: Api, body: &[u8]) -> Result<(Chosen, Bytes, bool, bool), ApiError> {
+        let rt = self.gw.runtime().ok_or_else(not_ready_error)?;
+        let (headers, _) = header_map(self.headers.iter().map(|(k, v)| (k.as_str(), &v[..])));
+        let mut admitted = forward::admit(&rt, api, &headers, body)?;
+        let chosen = forward::plan(&self.gw, &admitted)?;
+        let strip = admitted.inject_usage && self.sees_response_body();
+        if admitted.inject_usage && !strip {
+            // The response will not be seen: do not add a chunk the client did not ask for.
+            uninject_usage(&mut admitted.parsed.body);
+        }
+        let new_body = forward::upstream_body(&admitted, &chosen);
+        count_request(&self.gw, api, 200, "routed");
+        Ok((chosen, new_body, strip, admitted.parsed.stream))
+    }
+
+    fn pass_request_body(&self, b: HttpBody) -> ProcessingResponse {
+        if self.duplex_request() {
+            // Full duplex: every chunk must be echoed back.
+            return resp(Resp::RequestBody(BodyResponse {
+                response: Some(CommonResponse {
+                    body_mutation: Some(BodyMutation {
+                        mutation: Some(body_mutation::Mutation::StreamedResponse(
+                            StreamedBodyResponse {
+                                body: b.body,
+                                end_of_stream: b.end_of_stream,
+                            },
+                        )),
+                    }),
+                    ..Default::default()
+                }),
+            }));
+        }
+        resp(Resp::RequestBody(BodyResponse::default()))
+    }
+
+    fn on_response_headers(&mut self, h: &HttpHeaders) -> Vec<ProcessingResponse> {
+        if let Some(r) = &mut self.routed {
+            r.response_seen = true;
+            r.status = h
+                .headers
+                .as_ref()
+                .and_then(|m| m.headers.iter().find(|hv| hv.key == ":status"))
+                .and_then(|hv| {
+                    let v = if hv.raw_value.is_empty() {
+                        hv.value.as_bytes()
+                    } else {
+                        &hv.raw_value[..]
+                    };
+                    std::str::from_utf8(v).ok()?.parse().ok()
+                })
+                .unwrap_or(0);
+            let ok = (200..300).contains(&r.status);
+            count_request(
+                &self.gw,
+                r.api,
+                r.status,
+                if ok { "ok" } else { "upstream_status" },
+            );
+            if h.end_of_stream {
+                self.report(false);
+            }
+        }
+        // The body changes size when the usage chunk is removed: drop content-length.
+        let strip = self
+            .routed
+            .as_ref()
+            .is_some_and(|r| r.strip_usage && r.stream);
+        let response = strip.then(|| CommonResponse {
+            header_mutation: Some(HeaderMutation {
+                set_headers: Vec::new(),
+                remove_headers: vec!["content-length".into()],
+            }),
+            ..Default::default()
+        });
+        vec![resp(Resp::ResponseHeaders(HeadersResponse { response }))]
+    }
+
+    fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        let duplex = self.duplex_response();
+        let now = Instant::now();
+        let mut replace: Option<Vec<u8>> = None;
+        if let Some(r) = &mut self.routed {
+            if r.stream {
+                let mut out = r.tap.feed(&b.body, now).to_vec();
+                if b.end_of_stream {
+                    out.extend_from_slice(&r.tap.finish());
+                }
+                if r.strip_usage {
+                    replace = Some(out);
+                }
+            } else if r.body.len() + b.body.len() <= MAX_RESPONSE_BODY {
+                r.body.extend_from_slice(&b.body);
+            }
+        }
+        if b.end_of_stream {
+            self.report(true);
+        }
+        let body = if duplex {
+            Some(body_mutation::Mutation::StreamedResponse(
+                StreamedBodyResponse {
+                    body: replace.unwrap_or(b.body),
+                    end_of_stream: b.end_of_stream,
+                },
+            ))
+        } else {
+            replace.map(body_mutation::Mutation::Body)
+        };
+        vec![resp(Resp::ResponseBody(BodyResponse {
+            response: body.map(|m| CommonResponse {
+                body_mutation: Some(BodyMutation { mutation: Some(m) }),
+                ..Default::default()
+            }),
+        }))]
+    }
+
+    /// Reports the routed request's outcome once.
+    fn report(&mut self, ended: bool) {
+        let Some(r) = &mut self.routed else {
+            return;
+        };
+        if r.reported || !r.response_seen {
+            return;
+        }
+        r.reported = true;
+        if !r.stream {
+            r.tap.observed.usage = body_usage(r.api, &r.body);
+            r.tap.observed.completed = ended;
+        }
+        let o = &r.tap.observed;
+        let obs = ResponseObservation {
+            status: r.status,
+            ttft_s: o
+                .first_token_at
+                .map(|t| t.duration_since(r.sent_at).as_secs_f64()),
+            mean_itl_s: (o.token_events > 1).then(|| o.gaps_sum_s / (o.token_events - 1) as f64),
+            usage: o.usage,
+            completed: o.completed,
+            duration_s: r.started.elapsed().as_secs_f64(),
+        };
+        forward::report(&self.gw, r.api, &r.chosen, &obs);
+    }
+
+    /// The stream closed: report what was seen, if the response started.
+    fn finish(&mut self) {
+        self.report(false);
+    }
+}
+
+fn resp(r: Resp) -> ProcessingResponse {
+    ProcessingResponse { response: Some(r) }
+}
+
+fn set_header(name: &str, value: &[u8]) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(HeaderValue {
+            key: name.to_string(),
+            value: String::new(),
+            raw_value: value.to_vec(),
+        }),
+        append_action: header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+        keep_empty_value: false,
+    }
+}
+
+fn immediate(e: &ApiError, api: Api) -> ProcessingResponse {
+    let mut set = vec![set_header("content-type", b"application/json")];
+    if let Some(s) = e.retry_after_s {
+        set.push(set_header("retry-after", s.to_string().as_bytes()));
+    }
+    resp(Resp::ImmediateResponse(ImmediateResponse {
+        status: Some(HttpStatus {
+            code: i32::from(e.status.as_u16()),
+        }),
+        headers: Some(HeaderMutation {
+            set_headers: set,
+            remove_headers: Vec::new(),
+        }),
+        body: error_body(e, api),
+        details: format!("kinference_{}", e.code),
+    }))
+}

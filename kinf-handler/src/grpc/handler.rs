@@ -1,0 +1,159 @@
+//! `kinference.handler.v1.Handler`: decisions for proxies that forward requests themselves.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use kinf_router::usage::TokenUsage;
+
+use super::handler_v1::handler_server::Handler;
+use super::handler_v1::{
+    DecideRequest, DecideResponse, Header, Reject, ReportRequest, ReportResponse, Route,
+    decide_response,
+};
+use super::pending::{Pending, PendingDecision};
+use super::{api_for_path, count_request, error_body, header_map, not_ready_error};
+use crate::gateway::Gateway;
+use crate::gateway::errors::{Api, ApiError};
+use crate::gateway::forward::{self, ResponseObservation};
+
+/// The `Handler` service.
+#[derive(Debug)]
+pub struct HandlerService {
+    gw: Arc<Gateway>,
+    pending: Arc<Pending>,
+}
+
+impl HandlerService {
+    /// The service on `gw`, keeping decisions awaiting their report in `pending`.
+    pub fn new(gw: Arc<Gateway>, pending: Arc<Pending>) -> Self {
+        HandlerService { gw, pending }
+    }
+
+    /// Decides one request (the body of `Decide`).
+    pub fn decide_request(&self, req: &DecideRequest) -> DecideResponse {
+        let outcome = match api_for_path(&req.path) {
+            None => reject(
+                &ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "unknown_path",
+                    format!(
+                        "`{}` is not an inference path; expected /v1/chat/completions, /v1/completions or /v1/messages",
+                        req.path
+                    ),
+                ),
+                Api::Chat,
+            ),
+            Some(api) => match self.route(api, req) {
+                Ok(r) => decide_response::Outcome::Route(r),
+                Err(e) => {
+                    count_request(&self.gw, api, e.status.as_u16(), e.code);
+                    reject(&e, api)
+                }
+            },
+        };
+        DecideResponse {
+            outcome: Some(outcome),
+        }
+    }
+
+    fn route(&self, api: Api, req: &DecideRequest) -> Result<Route, ApiError> {
+        let rt = self.gw.runtime().ok_or_else(not_ready_error)?;
+        let (headers, bad) = header_map(
+            req.headers
+                .iter()
+                .map(|h| (h.name.as_str(), h.value.as_bytes())),
+        );
+        if bad > 0 {
+            return Err(ApiError::invalid(
+                "headers",
+                format!("{bad} request header(s) are not valid HTTP headers"),
+            ));
+        }
+        let admitted = forward::admit(&rt, api, &headers, &req.body)?;
+        let chosen = forward::plan(&self.gw, &admitted)?;
+        let body = forward::upstream_body(&admitted, &chosen);
+        count_request(&self.gw, api, 200, "routed");
+        let decision_id = self.pending.insert(PendingDecision {
+            api,
+            chosen: chosen.clone(),
+        });
+        Ok(Route {
+            endpoint: chosen.endpoint.to_string(),
+            body: body.to_vec(),
+            headers_to_set: chosen
+                .headers
+                .iter()
+                .map(|(n, v)| Header {
+                    name: n.clone(),
+                    value: v.clone(),
+                })
+                .collect(),
+            model: chosen.model.to_string(),
+            rule: chosen.rule.clone(),
+            decision_id,
+            destination: format!("{}/{}", chosen.namespace, chosen.destination),
+            usage_injected: admitted.inject_usage,
+        })
+    }
+
+    /// Learns from a reported outcome (the body of `Report`).
+    #[allow(clippy::result_large_err)]
+    pub fn report_outcome(&self, req: &ReportRequest) -> Result<(), tonic::Status> {
+        let Some(p) = self.pending.take(&req.decision_id) else {
+            return Err(tonic::Status::not_found(format!(
+                "no pending decision `{}` (never made, already reported, or expired)",
+                req.decision_id
+            )));
+        };
+        let finite = |x: Option<f64>| x.filter(|v| v.is_finite() && *v >= 0.0);
+        let obs = ResponseObservation {
+            status: u16::try_from(req.status).unwrap_or(0),
+            ttft_s: finite(req.ttft_seconds),
+            mean_itl_s: finite(req.mean_itl_seconds),
+            usage: req.usage.map(|u| {
+                TokenUsage::from_openai(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+            }),
+            completed: req.completed,
+            duration_s: finite(Some(req.duration_seconds)).unwrap_or(0.0),
+        };
+        forward::report(&self.gw, p.api, &p.chosen, &obs);
+        Ok(())
+    }
+}
+
+fn reject(e: &ApiError, api: Api) -> decide_response::Outcome {
+    let mut headers = vec![Header {
+        name: "content-type".into(),
+        value: "application/json".into(),
+    }];
+    if let Some(s) = e.retry_after_s {
+        headers.push(Header {
+            name: "retry-after".into(),
+            value: s.to_string(),
+        });
+    }
+    decide_response::Outcome::Reject(Reject {
+        http_status: u32::from(e.status.as_u16()),
+        body: error_body(e, api),
+        headers,
+        code: e.code.to_string(),
+    })
+}
+
+#[tonic::async_trait]
+impl Handler for HandlerService {
+    async fn decide(
+        &self,
+        request: tonic::Request<DecideRequest>,
+    ) -> Result<tonic::Response<DecideResponse>, tonic::Status> {
+        Ok(tonic::Response::new(self.decide_request(request.get_ref())))
+    }
+
+    async fn report(
+        &self,
+        request: tonic::Request<ReportRequest>,
+    ) -> Result<tonic::Response<ReportResponse>, tonic::Status> {
+        self.report_outcome(request.get_ref())?;
+        Ok(tonic::Response::new(ReportResponse {}))
+    }
+}

@@ -1,0 +1,175 @@
+//! `kinference serve`: the gateway on a directory of YAML resources, reloaded live.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kinf_lang::CompiledPolicy;
+
+use crate::config_dir;
+use crate::gateway::{Gateway, GatewayOptions};
+use crate::policy_store::ApplyOutcome;
+
+/// Settings of `kinference serve`.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// The configuration directory (or one file).
+    pub config: PathBuf,
+    /// Client-facing listener.
+    pub listen: SocketAddr,
+    /// Admin listener (`/admin/status`); `None`: the admin routes are served on `listen`.
+    pub admin_listen: Option<SocketAddr>,
+    /// gRPC listener (`kinference.handler.v1.Handler` and Envoy's `ExternalProcessor`);
+    /// `None`: no gRPC.
+    pub grpc_listen: Option<SocketAddr>,
+    /// How often the configuration directory is checked for changes.
+    pub reload_interval: Duration,
+    /// Longest wait for an upstream's response headers.
+    pub upstream_timeout: Duration,
+}
+
+/// Called with each newly applied policy (starts and stops live-state ingestion).
+pub type OnApplied = Arc<dyn Fn(&Arc<Gateway>, &Arc<CompiledPolicy>) + Send + Sync>;
+
+/// Reads the configuration and applies it when it changed since `last`. Returns the new
+/// content hash.
+pub fn reload(
+    gw: &Arc<Gateway>,
+    dir: &Path,
+    last: Option<u64>,
+    on_applied: &OnApplied,
+) -> Option<u64> {
+    let sources = match config_dir::read_dir(dir) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the configuration; the last good policy stays in force");
+            return last;
+        }
+    };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (_, f) in sources.iter() {
+        for b in f.name.bytes().chain([0]).chain(f.text.bytes()).chain([0]) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    if last == Some(h) {
+        return last;
+    }
+    if let ApplyOutcome::Applied { .. } = gw.apply(&sources)
+        && let Some(applied) = gw.store.current()
+    {
+        on_applied(gw, &applied.policy);
+    }
+    Some(h)
+}
+
+/// Runs the server until SIGINT/SIGTERM.
+pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result<()> {
+    let base_dir = if opts.config.is_dir() {
+        opts.config.clone()
+    } else {
+        opts.config
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    };
+    let gw = Gateway::new(GatewayOptions {
+        base_dir,
+        upstream_timeout: opts.upstream_timeout,
+    });
+    let mut last = reload(&gw, &opts.config, None, &on_applied);
+    if !gw.store.is_ready() {
+        tracing::error!("no policy in force: /readyz answers 503 until the configuration compiles");
+    }
+    let listener = tokio::net::TcpListener::bind(opts.listen).await?;
+    let local = listener.local_addr()?;
+    let app;
+    let admin_addr = match opts.admin_listen {
+        Some(a) => {
+            let l = tokio::net::TcpListener::bind(a).await?;
+            let addr = l.local_addr()?;
+            let admin = gw.admin_router();
+            app = gw.router();
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(l, admin).await {
+                    tracing::error!(error = %e, "admin listener failed");
+                }
+            });
+            addr
+        }
+        None => {
+            app = gw.router_with_admin();
+            local
+        }
+    };
+    let grpc_addr = match opts.grpc_listen {
+        Some(a) => {
+            let l = tokio::net::TcpListener::bind(a).await?;
+            let addr = l.local_addr()?;
+            let gw = gw.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::grpc::serve_grpc(gw, l).await {
+                    tracing::error!(error = %e, "gRPC listener failed");
+                }
+            });
+            Some(addr.to_string())
+        }
+        None => None,
+    };
+    // One line on stdout so scripts and tests can find the ports.
+    println!(
+        "{}",
+        serde_json::json!({
+            "listen": local.to_string(),
+            "admin": admin_addr.to_string(),
+            "grpc": grpc_addr,
+        })
+    );
+    tracing::info!(%local, admin = %admin_addr, "kinference listening");
+    let watcher = {
+        let gw = gw.clone();
+        let dir = opts.config.clone();
+        let every = opts.reload_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let gw2 = gw.clone();
+                let dir2 = dir.clone();
+                let cb = on_applied.clone();
+                let prev = last;
+                last = tokio::task::spawn_blocking(move || reload(&gw2, &dir2, prev, &cb))
+                    .await
+                    .unwrap_or(prev);
+            }
+        })
+    };
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    watcher.abort();
+    result
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down");
+}

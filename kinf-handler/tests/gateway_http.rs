@@ -1,0 +1,501 @@
+//! The HTTP gateway against upstreams that replay real vLLM 0.32 responses (captured bytes in
+//! testdata/vllm-0.32.0-cpu): pass-through, model rewrite, usage injection and stripping,
+//! errors in the caller's shape, retry on connection failure, live reload.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use kinf_handler::gateway::{Gateway, GatewayOptions};
+use kinf_handler::serve::{OnApplied, reload};
+use parking_lot::Mutex;
+use serde_json::Value;
+
+const CHAT: &str = include_str!("../../testdata/vllm-0.32.0-cpu/chat1.json");
+const CHAT_STREAM: &str = include_str!("../../testdata/vllm-0.32.0-cpu/chat_stream.txt");
+const MESSAGES: &str = include_str!("../../testdata/vllm-0.32.0-cpu/messages_nonstream.json");
+
+/// What an upstream received.
+#[derive(Default)]
+struct Seen {
+    bodies: Vec<Value>,
+    headers: Vec<HeaderMap>,
+}
+
+#[derive(Clone)]
+struct Upstream {
+    seen: Arc<Mutex<Seen>>,
+    /// Stop streaming half way and drop the connection.
+    die_mid_stream: bool,
+}
+
+async fn replay(State(u): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    let stream = v["stream"].as_bool().unwrap_or(false);
+    {
+        let mut s = u.seen.lock();
+        s.bodies.push(v);
+        s.headers.push(headers);
+    }
+    if !stream {
+        return ([("content-type", "application/json")], CHAT).into_response();
+    }
+    let events: Vec<String> = CHAT_STREAM
+        .split_inclusive("\n\n")
+        .map(str::to_owned)
+        .collect();
+    let die = u.die_mid_stream;
+    let s =
+        futures_util::stream::iter(events.into_iter().enumerate()).then(move |(i, e)| async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            if die && i == 3 {
+                Err(std::io::Error::other("worker died"))
+            } else {
+                Ok::<_, std::io::Error>(Bytes::from(e))
+            }
+        });
+    (
+        [("content-type", "text/event-stream")],
+        Body::from_stream(s),
+    )
+        .into_response()
+}
+
+async fn messages(State(u): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    {
+        let mut s = u.seen.lock();
+        s.bodies.push(v);
+        s.headers.push(headers);
+    }
+    ([("content-type", "application/json")], MESSAGES).into_response()
+}
+
+use futures_util::StreamExt;
+
+async fn start_upstream(die_mid_stream: bool) -> (SocketAddr, Arc<Mutex<Seen>>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let app = Router::new()
+        .route("/v1/chat/completions", post(replay))
+        .route("/v1/completions", post(replay))
+        .route("/v1/messages", post(messages))
+        .with_state(Upstream {
+            seen: seen.clone(),
+            die_mid_stream,
+        });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (addr, seen)
+}
+
+fn config(endpoints: &[String], max_body: &str) -> String {
+    let eps = endpoints
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: tiny, namespace: test }}
+spec:
+  endpoints: [{eps}]
+  models:
+  - name: tiny-llama
+    aliases: [tiny, small-model]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: test }}
+spec:
+  destinations: [ {{ kind: InferenceWorkerSet, name: tiny }} ]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: GatewayBackend
+metadata: {{ name: gw, namespace: test }}
+spec:
+  pool: pool
+  limits: {{ maxBodyBytes: {max_body} }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {{ name: p, namespace: test }}
+spec:
+  rules:
+  - name: small
+    matches: [ {{ model: small-model }} ]
+    route:
+      select: [ {{ type: Local, minimize: PredictedTTFT }} ]
+"#
+    )
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "kinf-gw-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn noop() -> OnApplied {
+    Arc::new(|_, _| {})
+}
+
+async fn start_gateway(dir: &Path) -> (Arc<Gateway>, SocketAddr) {
+    let gw = Gateway::new(GatewayOptions {
+        base_dir: dir.to_path_buf(),
+        upstream_timeout: Duration::from_secs(10),
+    });
+    reload(&gw, dir, None, &noop());
+    assert!(gw.store.is_ready(), "{:?}", gw.store.last_rejected());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let app = gw.router_with_admin();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (gw, addr)
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+async fn call(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str)]) -> Reply {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut b = hyper::Request::builder()
+        .method(if body.is_empty() { "GET" } else { "POST" })
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = client
+        .request(b.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+const HELLO: &str = r#"{"model":"small-model","messages":[{"role":"user","content":"Hello there"}],"max_tokens":8}"#;
+
+#[tokio::test]
+async fn plain_chat_is_rewritten_forwarded_and_passed_back_unchanged() {
+    let (up, seen) = start_upstream(false).await;
+    let dir = temp_dir("plain");
+    std::fs::write(dir.join("c.yaml"), config(&[up.to_string()], "64Ki")).unwrap();
+    let (gw, addr) = start_gateway(&dir).await;
+
+    let r = call(
+        addr,
+        "/v1/chat/completions",
+        HELLO,
+        &[("authorization", "Bearer sk-client")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body, CHAT, "the response passes through byte for byte");
+    assert_eq!(r.headers["x-kinference-endpoint"], up.to_string().as_str());
+    assert_eq!(r.headers["x-kinference-model"], "tiny-llama");
+    assert_eq!(r.headers["x-kinference-rule"], "test/p/small");
+    let (body0, headers0) = {
+        let s = seen.lock();
+        (s.bodies[0].clone(), s.headers[0].clone())
+    };
+    assert_eq!(body0["model"], "tiny-llama", "model rewritten upstream");
+    assert_eq!(body0["messages"][0]["content"], "Hello there");
+    assert!(body0.get("stream_options").is_none());
+    assert!(
+        !headers0.contains_key("authorization"),
+        "client credentials are not forwarded"
+    );
+    let usage = gw.metrics.value(
+        "kinference_tokens_total",
+        &[
+            ("model", "tiny-llama"),
+            ("destination", "tiny"),
+            ("kind", "output"),
+        ],
+    );
+    assert_eq!(usage, Some(16.0));
+
+    // /v1/models lists names and aliases.
+    let m = call(addr, "/v1/models", "", &[]).await.json();
+    let ids: Vec<&str> = m["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["small-model", "tiny", "tiny-llama"]);
+}
+
+#[tokio::test]
+async fn streams_get_usage_injected_and_the_extra_chunk_removed() {
+    let (up, seen) = start_upstream(false).await;
+    let dir = temp_dir("stream");
+    std::fs::write(dir.join("c.yaml"), config(&[up.to_string()], "64Ki")).unwrap();
+    let (gw, addr) = start_gateway(&dir).await;
+
+    let body = r#"{"model":"tiny","messages":[{"role":"user","content":"Hi"}],"stream":true}"#;
+    let r = call(addr, "/v1/chat/completions", body, &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        seen.lock().bodies[0]["stream_options"]["include_usage"],
+        true
+    );
+    assert!(
+        !r.body.contains("\"usage\""),
+        "usage chunk leaked: {}",
+        r.body
+    );
+    assert!(r.body.ends_with("data: [DONE]\n\n"));
+    let expected: String = CHAT_STREAM
+        .split_inclusive("\n\n")
+        .filter(|e| !e.contains("\"usage\""))
+        .collect();
+    assert_eq!(
+        r.body, expected,
+        "every other event passes through unchanged"
+    );
+    // The usage was still accounted, and the TTFT observed.
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_tokens_total",
+            &[
+                ("model", "tiny-llama"),
+                ("destination", "tiny"),
+                ("kind", "uncached_prompt")
+            ],
+        ),
+        Some(85.0)
+    );
+    let mut m = String::new();
+    gw.metrics.render(&mut m);
+    assert!(
+        m.contains("kinference_upstream_ttft_seconds_count{destination=\"tiny\""),
+        "{m}"
+    );
+
+    // A client that asked for usage gets it.
+    let body = r#"{"model":"tiny","messages":[{"role":"user","content":"Hi"}],"stream":true,"stream_options":{"include_usage":true}}"#;
+    let r = call(addr, "/v1/chat/completions", body, &[]).await;
+    assert_eq!(r.body, CHAT_STREAM);
+}
+
+#[tokio::test]
+async fn errors_come_in_the_callers_shape() {
+    let (up, _) = start_upstream(false).await;
+    let dir = temp_dir("errors");
+    std::fs::write(dir.join("c.yaml"), config(&[up.to_string()], "1Ki")).unwrap();
+    let (_gw, addr) = start_gateway(&dir).await;
+
+    let r = call(addr, "/v1/chat/completions", "{not json", &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["error"]["param"], "body");
+
+    let r = call(addr, "/v1/chat/completions", r#"{"model":"tiny"}"#, &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["error"]["param"], "messages");
+
+    let r = call(
+        addr,
+        "/v1/chat/completions",
+        r#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "model_not_found");
+    assert_eq!(e["error"]["param"], "model");
+    assert!(e["error"]["message"].as_str().unwrap().contains("nope"));
+
+    let r = call(
+        addr,
+        "/v1/messages",
+        r#"{"model":"nope","max_tokens":5,"messages":[{"role":"user","content":"x"}]}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(r.json()["type"], "error");
+    assert_eq!(r.json()["error"]["type"], "not_found_error");
+
+    let big = format!(
+        r#"{{"model":"tiny","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(2000)
+    );
+    let r = call(addr, "/v1/chat/completions", &big, &[]).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(r.json()["error"]["code"], "body_too_large");
+
+    let r = call(
+        addr,
+        "/v1/chat/completions",
+        HELLO,
+        &[("x-kinference-qos", "urgent")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["error"]["param"], "x-kinference-qos");
+
+    // Anthropic requests pass through to /v1/messages with the model rewritten.
+    let r = call(
+        addr,
+        "/v1/messages",
+        r#"{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":"x"}]}"#,
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, MESSAGES);
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_is_retried_on_the_next_one() {
+    let (up, seen) = start_upstream(false).await;
+    // A port that refuses connections.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let dir = temp_dir("retry");
+    std::fs::write(
+        dir.join("c.yaml"),
+        config(&[dead.to_string(), up.to_string()], "64Ki"),
+    )
+    .unwrap();
+    let (gw, addr) = start_gateway(&dir).await;
+    for _ in 0..4 {
+        let r = call(addr, "/v1/chat/completions", HELLO, &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        assert_eq!(r.headers["x-kinference-endpoint"], up.to_string().as_str());
+    }
+    assert_eq!(seen.lock().bodies.len(), 4);
+    let retries = gw
+        .metrics
+        .value(
+            "kinference_upstream_retries_total",
+            &[("endpoint", &dead.to_string())],
+        )
+        .unwrap_or(0.0);
+    assert!(retries >= 1.0, "{retries}");
+}
+
+#[tokio::test]
+async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
+    let (up, _) = start_upstream(true).await;
+    let dir = temp_dir("die");
+    std::fs::write(dir.join("c.yaml"), config(&[up.to_string()], "64Ki")).unwrap();
+    let (gw, addr) = start_gateway(&dir).await;
+    let body = r#"{"model":"tiny","messages":[{"role":"user","content":"Hi"}],"stream":true}"#;
+    let r = call(addr, "/v1/chat/completions", body, &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let events: Vec<&str> = r.body.split_inclusive("\n\n").collect();
+    assert_eq!(events.len(), 3 + 2, "{}", r.body);
+    assert!(events[3].starts_with("data: {\"error\""), "{}", events[3]);
+    assert_eq!(events[4], "data: [DONE]\n\n");
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_responses_total",
+            &[
+                ("destination", "tiny"),
+                ("status", "200"),
+                ("outcome", "incomplete")
+            ]
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn a_broken_bundle_is_refused_and_the_last_good_policy_stays() {
+    let (up, _) = start_upstream(false).await;
+    let dir = temp_dir("reload");
+    std::fs::write(dir.join("c.yaml"), config(&[up.to_string()], "64Ki")).unwrap();
+    let (gw, addr) = start_gateway(&dir).await;
+    let first = gw.store.current().unwrap().generation;
+
+    // An edit with an error: refused, visible, and requests still work.
+    std::fs::write(
+        dir.join("c.yaml"),
+        config(&[up.to_string()], "64Ki").replace("minimize: PredictedTTFT", "minimize: Speed"),
+    )
+    .unwrap();
+    reload(&gw, &dir, Some(0), &noop());
+    assert_eq!(gw.store.current().unwrap().generation, first);
+    let ready = call(addr, "/readyz", "", &[]).await;
+    assert_eq!(ready.status, StatusCode::OK);
+    let detail = ready.json();
+    let errors = detail["lastRefused"]["errors"].as_array().unwrap();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.as_str().unwrap().contains("c.yaml:")),
+        "errors name the file and line: {detail}"
+    );
+    let status = call(addr, "/admin/status", "", &[]).await.json();
+    assert!(
+        status["lastRefused"]["codes"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty())
+    );
+    assert_eq!(
+        call(addr, "/v1/chat/completions", HELLO, &[]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        gw.metrics.value("kinference_policy_refused", &[]),
+        Some(1.0)
+    );
+
+    // Fixed: applied, refusal cleared.
+    std::fs::write(
+        dir.join("c.yaml"),
+        config(&[up.to_string()], "64Ki").replace("small-model]", "small-model, little]"),
+    )
+    .unwrap();
+    reload(&gw, &dir, Some(0), &noop());
+    assert_eq!(gw.store.current().unwrap().generation, first + 1);
+    assert!(gw.store.last_rejected().is_none());
+    let r = call(
+        addr,
+        "/v1/chat/completions",
+        &HELLO.replace("small-model", "little"),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}

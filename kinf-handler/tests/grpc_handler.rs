@@ -1,0 +1,435 @@
+//! The gRPC decision service and the Envoy ext_proc adapter, end to end over a real socket.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kinf_handler::gateway::{Gateway, GatewayOptions};
+use kinf_handler::grpc::ext_proc_v3::external_processor_client::ExternalProcessorClient;
+use kinf_handler::grpc::ext_proc_v3::processing_request::Request as Req;
+use kinf_handler::grpc::ext_proc_v3::processing_response::Response as Resp;
+use kinf_handler::grpc::ext_proc_v3::{
+    CommonResponse, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, body_mutation,
+};
+use kinf_handler::grpc::handler_v1::handler_client::HandlerClient;
+use kinf_handler::grpc::handler_v1::{
+    DecideRequest, Header, ReportRequest, Usage, decide_response,
+};
+use kinf_handler::grpc::proto::envoy::config::core::v3::{HeaderMap, HeaderValue};
+use serde_json::{Value, json};
+
+const QWEN: [&str; 2] = ["10.0.2.1:8000", "10.0.2.2:8000"];
+const GLM: [&str; 2] = ["10.0.1.1:8000", "10.0.1.2:8000"];
+
+async fn start() -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/policies/model-aliases");
+    let gw = Gateway::new(GatewayOptions {
+        base_dir: dir.clone(),
+        ..GatewayOptions::default()
+    });
+    let sources = kinf_handler::config_dir::read_dir(&dir).unwrap();
+    gw.apply(&sources);
+    assert!(gw.runtime().is_some(), "the policy applies");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(kinf_handler::grpc::serve_grpc(Arc::clone(&gw), listener));
+    format!("http://{addr}")
+}
+
+fn chat(model: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 16
+    }))
+    .unwrap()
+}
+
+fn decide_req(body: Vec<u8>) -> DecideRequest {
+    DecideRequest {
+        path: "/v1/chat/completions".into(),
+        headers: vec![Header {
+            name: "content-type".into(),
+            value: "application/json".into(),
+        }],
+        body,
+    }
+}
+
+#[tokio::test]
+async fn decide_routes_an_alias_and_report_finds_it() {
+    let url = start().await;
+    let mut c = HandlerClient::connect(url).await.unwrap();
+    let r = c
+        .decide(decide_req(chat("qwen")))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(decide_response::Outcome::Route(route)) = r.outcome else {
+        panic!("expected a route, got {r:?}");
+    };
+    assert!(QWEN.contains(&route.endpoint.as_str()), "{route:?}");
+    assert_eq!(route.model, "Qwen/Qwen3.6-27B");
+    let body: Value = serde_json::from_slice(&route.body).unwrap();
+    assert_eq!(body["model"], "Qwen/Qwen3.6-27B");
+    assert_eq!(body["messages"][0]["content"], "hello there");
+    assert!(!route.headers_to_set.is_empty());
+    assert!(
+        route
+            .headers_to_set
+            .iter()
+            .all(|h| h.name.starts_with("x-kinference-")),
+        "{:?}",
+        route.headers_to_set
+    );
+    assert!(!route.decision_id.is_empty());
+    assert!(!route.rule.is_empty());
+
+    // The abstract name goes to either worker set.
+    let r = c
+        .decide(decide_req(chat("standard-model")))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(decide_response::Outcome::Route(r2)) = r.outcome else {
+        panic!("expected a route, got {r:?}");
+    };
+    assert!(QWEN.contains(&r2.endpoint.as_str()) || GLM.contains(&r2.endpoint.as_str()));
+
+    let rep = ReportRequest {
+        decision_id: route.decision_id.clone(),
+        status: 200,
+        ttft_seconds: Some(0.05),
+        mean_itl_seconds: Some(0.01),
+        usage: Some(Usage {
+            prompt_tokens: 10,
+            cached_tokens: 2,
+            completion_tokens: 5,
+        }),
+        completed: true,
+        duration_seconds: 0.2,
+    };
+    c.report(rep.clone()).await.unwrap();
+    // Reported once: a second report is unknown.
+    let e = c.report(rep).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    let e = c
+        .report(ReportRequest {
+            decision_id: "nope".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn decide_rejects_unknown_models_and_bad_json() {
+    let url = start().await;
+    let mut c = HandlerClient::connect(url).await.unwrap();
+    let r = c
+        .decide(decide_req(chat("no-such-model")))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(decide_response::Outcome::Reject(rej)) = r.outcome else {
+        panic!("expected a reject, got {r:?}");
+    };
+    assert_eq!(rej.http_status, 404);
+    let body: Value = serde_json::from_slice(&rej.body).unwrap();
+    assert_eq!(body["error"]["param"], "model", "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+
+    let r = c
+        .decide(decide_req(b"{not json".to_vec()))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(decide_response::Outcome::Reject(rej)) = r.outcome else {
+        panic!("expected a reject, got {r:?}");
+    };
+    assert_eq!(rej.http_status, 400);
+    let body: Value = serde_json::from_slice(&rej.body).unwrap();
+    assert!(body["error"]["message"].is_string(), "{body}");
+
+    // Anthropic shape on /v1/messages.
+    let mut req = decide_req(chat("no-such-model"));
+    req.path = "/v1/messages".into();
+    let r = c.decide(req).await.unwrap().into_inner();
+    let Some(decide_response::Outcome::Reject(rej)) = r.outcome else {
+        panic!("expected a reject, got {r:?}");
+    };
+    let body: Value = serde_json::from_slice(&rej.body).unwrap();
+    assert_eq!(body["type"], "error", "{body}");
+}
+
+fn hv(k: &str, v: &str) -> HeaderValue {
+    HeaderValue {
+        key: k.into(),
+        value: String::new(),
+        raw_value: v.as_bytes().to_vec(),
+    }
+}
+
+fn headers_msg(path: &str) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Req::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    hv(":method", "POST"),
+                    hv(":path", path),
+                    hv(":authority", "gateway.example"),
+                    hv("content-type", "application/json"),
+                ],
+            }),
+            end_of_stream: false,
+        })),
+        ..Default::default()
+    }
+}
+
+fn body_msg(b: &[u8], eos: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Req::RequestBody(HttpBody {
+            body: b.to_vec(),
+            end_of_stream: eos,
+        })),
+        ..Default::default()
+    }
+}
+
+async fn ext_proc(url: String, msgs: Vec<ProcessingRequest>) -> Vec<ProcessingResponse> {
+    let mut c = ExternalProcessorClient::connect(url).await.unwrap();
+    let n = msgs.len();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let mut inbound = c
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    for m in msgs {
+        tx.send(m).await.unwrap();
+        // One response per message (non-duplex modes).
+        let r = tokio::time::timeout(std::time::Duration::from_secs(10), inbound.message())
+            .await
+            .unwrap()
+            .unwrap();
+        match r {
+            Some(r) => {
+                let stop = matches!(r.response, Some(Resp::ImmediateResponse(_)));
+                out.push(r);
+                if stop {
+                    break;
+                }
+            }
+            None => break,
+        }
+    }
+    drop(tx);
+    assert!(out.len() <= n);
+    out
+}
+
+fn header<'a>(c: &'a CommonResponse, name: &str) -> Option<&'a str> {
+    c.header_mutation
+        .as_ref()?
+        .set_headers
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == name)
+        .map(|h| std::str::from_utf8(&h.raw_value).unwrap())
+}
+
+#[tokio::test]
+async fn ext_proc_routes_a_split_body() {
+    let url = start().await;
+    let body = chat("glm");
+    let (a, b) = body.split_at(body.len() / 2);
+    let out = ext_proc(
+        url,
+        vec![
+            headers_msg("/v1/chat/completions"),
+            body_msg(a, false),
+            body_msg(b, true),
+        ],
+    )
+    .await;
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert!(matches!(out[0].response, Some(Resp::RequestHeaders(_))));
+    let Some(Resp::RequestBody(first)) = &out[1].response else {
+        panic!("{:?}", out[1]);
+    };
+    let first = first.response.as_ref().unwrap();
+    assert!(matches!(
+        first.body_mutation.as_ref().unwrap().mutation,
+        Some(body_mutation::Mutation::ClearBody(true))
+    ));
+    let Some(Resp::RequestBody(last)) = &out[2].response else {
+        panic!("{:?}", out[2]);
+    };
+    let c = last.response.as_ref().unwrap();
+    let dest = header(c, "x-gateway-destination-endpoint").unwrap();
+    assert!(GLM.contains(&dest), "{dest}");
+    assert!(c.clear_route_cache);
+    let Some(body_mutation::Mutation::Body(new_body)) = &c.body_mutation.as_ref().unwrap().mutation
+    else {
+        panic!("{c:?}");
+    };
+    let v: Value = serde_json::from_slice(new_body).unwrap();
+    assert_eq!(v["model"], "zai-org/GLM-5.3");
+    assert_eq!(
+        header(c, "content-length").unwrap(),
+        new_body.len().to_string()
+    );
+    assert!(
+        c.header_mutation
+            .as_ref()
+            .unwrap()
+            .set_headers
+            .iter()
+            .any(|o| o.header.as_ref().unwrap().key.starts_with("x-kinference-"))
+    );
+}
+
+#[tokio::test]
+async fn ext_proc_rejects_an_unknown_model_immediately() {
+    let url = start().await;
+    let out = ext_proc(
+        url,
+        vec![
+            headers_msg("/v1/chat/completions"),
+            body_msg(&chat("no-such-model"), true),
+        ],
+    )
+    .await;
+    let Some(Resp::ImmediateResponse(ir)) = &out[1].response else {
+        panic!("{out:?}");
+    };
+    assert_eq!(ir.status.unwrap().code, 404);
+    let v: Value = serde_json::from_slice(&ir.body).unwrap();
+    assert_eq!(v["error"]["param"], "model");
+}
+
+#[tokio::test]
+async fn ext_proc_passes_other_paths_through() {
+    let url = start().await;
+    let out = ext_proc(url, vec![headers_msg("/v1/models"), body_msg(b"{}", true)]).await;
+    assert_eq!(out.len(), 2);
+    let Some(Resp::RequestBody(b)) = &out[1].response else {
+        panic!("{out:?}");
+    };
+    assert!(b.response.is_none());
+}
+
+#[tokio::test]
+async fn ext_proc_full_duplex_streams_and_strips_the_injected_usage_chunk() {
+    use kinf_handler::grpc::ext_proc_v3::ProtocolConfiguration;
+    let url = start().await;
+    let mut c = ExternalProcessorClient::connect(url).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let mut inbound = c
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut next = async || {
+        tokio::time::timeout(std::time::Duration::from_secs(10), inbound.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    let mut h = headers_msg("/v1/chat/completions");
+    h.protocol_config = Some(ProtocolConfiguration {
+        request_body_mode: 4,
+        response_body_mode: 4,
+        send_body_without_waiting_for_header_response: false,
+    });
+    tx.send(h).await.unwrap();
+    let body = serde_json::to_vec(&json!({
+        "model": "qwen", "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]
+    }))
+    .unwrap();
+    tx.send(body_msg(&body, true)).await.unwrap();
+    let r = next().await;
+    let Some(Resp::RequestHeaders(hr)) = &r.response else {
+        panic!("{r:?}");
+    };
+    let common = hr.response.as_ref().unwrap();
+    assert!(QWEN.contains(&header(common, "x-gateway-destination-endpoint").unwrap()));
+    let r = next().await;
+    let Some(Resp::RequestBody(br)) = &r.response else {
+        panic!("{r:?}");
+    };
+    let Some(body_mutation::Mutation::StreamedResponse(s)) = &br
+        .response
+        .as_ref()
+        .unwrap()
+        .body_mutation
+        .as_ref()
+        .unwrap()
+        .mutation
+    else {
+        panic!("{br:?}");
+    };
+    assert!(s.end_of_stream);
+    let v: Value = serde_json::from_slice(&s.body).unwrap();
+    assert_eq!(v["model"], "Qwen/Qwen3.6-27B");
+    assert_eq!(v["stream_options"]["include_usage"], true);
+
+    tx.send(ProcessingRequest {
+        request: Some(Req::ResponseHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    hv(":status", "200"),
+                    hv("content-type", "text/event-stream"),
+                ],
+            }),
+            end_of_stream: false,
+        })),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = next().await;
+    assert!(
+        matches!(r.response, Some(Resp::ResponseHeaders(_))),
+        "{r:?}"
+    );
+    let sse = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let resp_body = ProcessingRequest {
+        request: Some(Req::ResponseBody(HttpBody {
+            body: sse.as_bytes().to_vec(),
+            end_of_stream: true,
+        })),
+        ..Default::default()
+    };
+    tx.send(resp_body).await.unwrap();
+    let r = next().await;
+    let Some(Resp::ResponseBody(br)) = &r.response else {
+        panic!("{r:?}");
+    };
+    let Some(body_mutation::Mutation::StreamedResponse(s)) = &br
+        .response
+        .as_ref()
+        .unwrap()
+        .body_mutation
+        .as_ref()
+        .unwrap()
+        .mutation
+    else {
+        panic!("{br:?}");
+    };
+    let out = std::str::from_utf8(&s.body).unwrap();
+    assert!(out.contains("Hel") && out.contains("[DONE]"), "{out}");
+    assert!(!out.contains("usage"), "{out}");
+    assert!(s.end_of_stream);
+}
