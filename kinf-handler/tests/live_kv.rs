@@ -65,6 +65,7 @@ fn state(address: &str) -> Arc<SharedState> {
             }],
             prefix: PrefixTracking::Exact(PrefixIndex::new(32)),
             block_size: 32,
+            block_size_configured: true,
         },
     );
     SharedState::new(st)

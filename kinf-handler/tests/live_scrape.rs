@@ -71,6 +71,7 @@ fn state(addresses: &[&str]) -> Arc<SharedState> {
                 .collect(),
             prefix: PrefixTracking::Approximate(ApproxIndex::new(1024, 600_000)),
             block_size: 32,
+            block_size_configured: true,
         },
     );
     SharedState::new(st)

@@ -132,6 +132,7 @@ impl LoadWindow {
 }
 
 #[cfg(test)]
+#[allow(clippy::panic)]
 mod tests {
     use super::*;
 
@@ -174,6 +175,84 @@ mod tests {
             LoadWindow::default().average(Duration::from_secs(30), 0),
             Load::default()
         );
+    }
+
+    fn policy(block_size: &str, endpoints: &str) -> std::sync::Arc<kinf_lang::CompiledPolicy> {
+        let text = format!(
+            r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: w }}
+spec:
+  endpoints: [{endpoints}]
+  models: [{{ name: m }}]
+  kvEvents: {{}}
+{block_size}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: p }}
+spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
+"#
+        );
+        let (_, c) = kinf_lang::compile_str("p.yaml", &text);
+        c.policy.unwrap_or_else(|| panic!("{:?}", c.diagnostics))
+    }
+
+    fn stored(tokens: u32, bs: u32) -> KvEvent {
+        KvEvent::BlockStored(crate::kv_events::BlockStored {
+            block_hashes: [1].into_iter().collect(),
+            parent: None,
+            token_ids: (0..tokens).collect(),
+            block_size: bs,
+            lora_id: None,
+            medium: None,
+            lora_name: None,
+            extra_keys: None,
+            group_idx: None,
+            kv_cache_spec_kind: None,
+            kv_cache_spec_sliding_window: None,
+        })
+    }
+
+    #[test]
+    fn discovered_block_size_is_adopted_only_when_none_is_configured() {
+        let p = policy("", r#""a:1", "b:1""#);
+        let mut st = ClusterState::from_policy(&p, 32);
+        let ws = st
+            .worker_sets
+            .get_mut("default/w")
+            .unwrap_or_else(|| panic!());
+        assert!(ws.adopt_block_size(16));
+        assert!(!ws.adopt_block_size(16));
+        assert_eq!(ws.block_size, 16);
+        ws.apply_kv_events("a:1", &[stored(16, 16)]);
+        let mut out = Vec::new();
+        ws.prefix
+            .match_prefix(&block_hashes(&(0..16).collect::<Vec<_>>(), 16), 0, &mut out);
+        assert_eq!(out.len(), 1, "a block of the adopted size is indexed");
+
+        // The same worker set in a new policy keeps what it learned, adopted size included.
+        let mut next = ClusterState::from_policy(&p, 32);
+        next.carry_over_from(st);
+        let ws = next
+            .worker_sets
+            .get("default/w")
+            .unwrap_or_else(|| panic!());
+        assert_eq!(ws.block_size, 16);
+        let mut out = Vec::new();
+        ws.prefix
+            .match_prefix(&block_hashes(&(0..16).collect::<Vec<_>>(), 16), 0, &mut out);
+        assert_eq!(out.len(), 1, "the index survived the policy change");
+
+        // A configured size is kept.
+        let p = policy("  blockSize: 32", r#""a:1""#);
+        let mut st = ClusterState::from_policy(&p, 16);
+        let ws = st
+            .worker_sets
+            .get_mut("default/w")
+            .unwrap_or_else(|| panic!());
+        assert!(!ws.adopt_block_size(16));
+        assert_eq!(ws.block_size, 32);
     }
 
     #[test]
@@ -265,6 +344,9 @@ pub struct WorkerSetState {
     pub prefix: PrefixTracking,
     /// Block size used for prefix hashes.
     pub block_size: usize,
+    /// Whether the worker set declares `blockSize`; if not, the size the workers report
+    /// (`vllm:cache_config_info`) is adopted with [`WorkerSetState::adopt_block_size`].
+    pub block_size_configured: bool,
 }
 
 impl WorkerSetState {
@@ -291,6 +373,24 @@ impl WorkerSetState {
             PrefixTracking::Exact(index) => index.clear_endpoint(id),
             PrefixTracking::Approximate(index) => index.clear_endpoint(id),
         }
+        true
+    }
+
+    /// Adopts the block size a worker reports when the worker set declares none. The prefix
+    /// tracking starts over (blocks of another size never matched anyway). Returns true when
+    /// the size changed; false when it is configured or already equal.
+    pub fn adopt_block_size(&mut self, block_size: usize) -> bool {
+        if self.block_size_configured || block_size == 0 || block_size == self.block_size {
+            return false;
+        }
+        self.block_size = block_size;
+        self.prefix = match &self.prefix {
+            PrefixTracking::Exact(_) => PrefixTracking::Exact(PrefixIndex::new(block_size)),
+            PrefixTracking::Approximate(_) => PrefixTracking::Approximate(ApproxIndex::new(
+                APPROX_CAPACITY_BLOCKS,
+                APPROX_MAX_AGE.as_millis() as u64,
+            )),
+        };
         true
     }
 
@@ -384,6 +484,7 @@ impl ClusterState {
                         endpoints,
                         prefix,
                         block_size: bs,
+                        block_size_configured: w.block_size.is_some(),
                     },
                 );
             } else if d.provider.is_some() {
@@ -498,7 +599,7 @@ impl ClusterState {
                     .zip(&ws.endpoints)
                     .all(|(a, b)| a.address == b.address);
             if same_endpoints
-                && prev.block_size == ws.block_size
+                && (prev.block_size == ws.block_size || !ws.block_size_configured)
                 && prev.prefix.mode() == ws.prefix.mode()
             {
                 *ws = prev;

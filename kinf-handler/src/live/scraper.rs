@@ -115,6 +115,15 @@ pub async fn run_scraper(
         let scraped_bs = s.cache_config.as_ref().and_then(|c| c.block_size);
         let mismatch = shared.with(|st| {
             let ws = st.worker_sets.get_mut(&*target.worker_set)?;
+            if let Some(b) = scraped_bs
+                && ws.adopt_block_size(b as usize)
+            {
+                tracing::info!(
+                    worker_set = %target.worker_set,
+                    block_size = b,
+                    "adopted the block size the workers report"
+                );
+            }
             let bs = ws.block_size;
             let ep = ws
                 .endpoints
