@@ -70,6 +70,12 @@ pub struct Chosen {
     pub rule: String,
     /// Headers to set (`x-kinference-*`).
     pub headers: Vec<(String, String)>,
+    /// The identified tenant.
+    pub tenant: Option<Arc<str>>,
+    /// The model the client asked for.
+    pub requested_model: Arc<str>,
+    /// Prices of the destination, per million tokens.
+    pub cost: kinf_lang::compiled::CostInfo,
     local: bool,
     uncached_tokens: f64,
     queued: f64,
@@ -511,6 +517,14 @@ fn decide(
                         _ => "default".into(),
                     },
                     headers: r.headers.clone(),
+                    tenant: req.tenant.clone(),
+                    requested_model: req.model.clone(),
+                    cost: policy
+                        .destinations
+                        .iter()
+                        .find(|d| d.name == r.destination && d.namespace == r.namespace)
+                        .map(|d| d.cost)
+                        .unwrap_or_default(),
                     local: true,
                     uncached_tokens: f64::from(req.prompt_tokens.saturating_sub(r.cached_tokens)),
                     queued: load.queued_prompts,
