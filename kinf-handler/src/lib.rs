@@ -3,12 +3,14 @@
 //! ([`policy_store`]) that swaps a compiled policy in atomically and only when the whole bundle
 //! compiles, keeping the last good one in force otherwise.
 
+pub mod accounting;
 pub mod config_dir;
 pub mod gateway;
 pub mod grpc;
 pub mod live;
 pub mod metrics;
 pub mod policy_store;
+pub mod providers;
 pub mod serve;
 
 pub use policy_store::{ApplyOutcome, PolicyStore};

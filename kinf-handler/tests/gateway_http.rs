@@ -3,8 +3,10 @@
 //! errors in the caller's shape, retry on connection failure, live reload.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +23,7 @@ use kinf_handler::gateway::{Gateway, GatewayOptions};
 use kinf_handler::serve::{OnApplied, reload};
 use parking_lot::Mutex;
 use serde_json::Value;
+use support::temp_dir;
 
 const CHAT: &str = include_str!("../../testdata/vllm-0.32.0-cpu/chat1.json");
 const CHAT_STREAM: &str = include_str!("../../testdata/vllm-0.32.0-cpu/chat_stream.txt");
@@ -140,19 +143,6 @@ spec:
       select: [ {{ type: Local, minimize: PredictedTTFT }} ]
 "#
     )
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "kinf-gw-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn noop() -> OnApplied {

@@ -77,6 +77,7 @@ pub struct Chosen {
     /// Prices of the destination, per million tokens.
     pub cost: kinf_lang::compiled::CostInfo,
     local: bool,
+    prompt_tokens: u32,
     uncached_tokens: f64,
     queued: f64,
     running: f64,
@@ -97,20 +98,21 @@ pub struct ResponseObservation {
     pub completed: bool,
     /// Time from receiving the request to the end of the response.
     pub duration_s: f64,
+    /// Token-carrying events seen (streamed responses): the output-token estimate when the
+    /// upstream reported no usage.
+    pub token_events: u64,
 }
 
 /// Learns from a finished response routed by `plan`: the endpoint's TTFT model, latency
 /// histograms, token counters.
 pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
-    let labels_dest: [(&'static str, &str); 2] =
-        [("destination", &c.destination), ("endpoint", &c.endpoint)];
+    let m = &gw.metrics;
+    let ep = crate::metrics::EndpointLabels {
+        destination: c.destination.to_string(),
+        endpoint: c.endpoint.to_string(),
+    };
     if let Some(ttft) = o.ttft_s {
-        gw.metrics.observe(
-            "kinference_upstream_ttft_seconds",
-            "Time from forwarding a request to its first token, per endpoint.",
-            &labels_dest,
-            ttft,
-        );
+        m.upstream_ttft.get_or_create(&ep).observe(ttft);
         if c.local {
             let err = gw.state.with(|st| {
                 st.observe_ttft(
@@ -124,61 +126,64 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
                 )
             });
             if let Some(e) = err {
-                gw.metrics.observe(
-                    "kinference_ttft_prediction_error_seconds",
-                    "|observed − predicted| TTFT of routed requests.",
-                    &[("destination", &c.destination)],
-                    e.abs(),
-                );
+                m.ttft_prediction_error
+                    .get_or_create(&crate::metrics::DestinationLabels {
+                        destination: c.destination.to_string(),
+                    })
+                    .observe(e.abs());
             }
         }
     }
     if let Some(itl) = o.mean_itl_s {
-        gw.metrics.observe(
-            "kinference_upstream_itl_seconds",
-            "Mean inter-token gap of streamed responses, per endpoint.",
-            &labels_dest,
-            itl,
-        );
+        m.upstream_itl.get_or_create(&ep).observe(itl);
     }
-    gw.metrics.observe(
-        "kinference_request_duration_seconds",
-        "Time from receiving a request to the end of its response, by API.",
-        &[("api", api.label())],
-        o.duration_s,
-    );
-    if let Some(u) = o.usage {
-        for (kind, v) in [
-            ("cached_prompt", u.cached_prompt_tokens),
-            ("uncached_prompt", u.uncached_prompt_tokens),
-            ("output", u.output_tokens),
-        ] {
-            gw.metrics.add(
-                "kinference_tokens_total",
-                "Tokens reported by upstreams, by model sent upstream, destination and kind.",
-                &[
-                    ("model", &c.model),
-                    ("destination", &c.destination),
-                    ("kind", kind),
-                ],
-                v as f64,
-            );
-        }
-    }
-    let outcome = if o.completed {
-        "completed"
-    } else {
-        "incomplete"
+    m.request_duration
+        .get_or_create(&crate::metrics::ApiLabels {
+            api: api.label().to_string(),
+        })
+        .observe(o.duration_s);
+    m.responses
+        .get_or_create(&crate::metrics::ResponseLabels {
+            destination: c.destination.to_string(),
+            status: o.status.to_string(),
+            outcome: if o.completed {
+                "completed"
+            } else {
+                "incomplete"
+            }
+            .to_string(),
+        })
+        .inc();
+    // Usage the upstream did not report (a stream cut short) is estimated: nothing is lost.
+    let (usage, estimated) = match o.usage {
+        Some(u) => (u, false),
+        None => (
+            crate::accounting::estimate_usage(
+                o.status,
+                u64::from(c.prompt_tokens),
+                c.uncached_tokens.max(0.0) as u64,
+                o.token_events,
+            ),
+            true,
+        ),
     };
-    gw.metrics.add(
-        "kinference_responses_total",
-        "Responses passed through, by destination, upstream status and whether they completed.",
-        &[
-            ("destination", &c.destination),
-            ("status", &o.status.to_string()),
-            ("outcome", outcome),
-        ],
-        1.0,
+    crate::accounting::account_response(
+        m,
+        &crate::accounting::Served {
+            tenant: c.tenant.as_deref(),
+            requested_model: &c.requested_model,
+            upstream_model: &c.model,
+            destination: &c.destination,
+            endpoint: &c.endpoint,
+            cost: c.cost,
+            status: o.status,
+            completed: o.completed,
+            ttft_s: o.ttft_s,
+            mean_itl_s: o.mean_itl_s,
+            duration_s: o.duration_s,
+            usage,
+            estimated,
+        },
     );
 }
 
@@ -196,26 +201,21 @@ struct Report {
 /// Serves one inference request end to end.
 pub async fn handle(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    match admit_and_forward(&gw, api, &headers, body, started).await {
+    let mut who = crate::accounting::Who::default();
+    match admit_and_forward(&gw, api, &headers, body, started, &mut who).await {
         Ok(r) => r,
         Err(e) => {
-            count_request(&gw, api, e.status.as_u16(), e.code);
+            count_request(&gw, api, e.status.as_u16(), e.code, &who);
             e.into_response_for(api)
         }
     }
 }
 
-fn count_request(gw: &Gateway, api: Api, status: u16, code: &str) {
-    gw.metrics.add(
-        "kinference_requests_total",
-        "Requests received, by API, status sent to the client and code.",
-        &[
-            ("api", api.label()),
-            ("status", &status.to_string()),
-            ("code", code),
-        ],
-        1.0,
-    );
+/// Counts a request in `kinference_requests_total` and, when it ended without a response
+/// passed through, in the per-tenant accounting (`who` says what was known of it).
+fn count_request(gw: &Gateway, api: Api, status: u16, code: &str, who: &crate::accounting::Who) {
+    gw.metrics.count_request(api.label(), status, code);
+    crate::accounting::account_refusal(&gw.metrics, who, code);
 }
 
 /// A request that passed admission: parsed, classified, tokenized, ready to be decided.
@@ -355,12 +355,8 @@ pub fn plan(gw: &Gateway, a: &Admitted) -> Result<Chosen, ApiError> {
         .clone()
         .unwrap_or_else(|| Arc::from(Vec::new()));
     let (decision, chosen) = decide(gw, &a.policy, &a.request, &token_ids);
-    gw.metrics.observe(
-        "kinference_decision_seconds",
-        "Time to decide a request (tokenization excluded).",
-        &[],
-        decide_start.elapsed().as_secs_f64(),
-    );
+    gw.metrics
+        .observe_decision_seconds(decide_start.elapsed().as_secs_f64());
     match (decision.outcome, chosen) {
         (Outcome::Reject(r), _) => {
             let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
@@ -374,12 +370,7 @@ pub fn plan(gw: &Gateway, a: &Admitted) -> Result<Chosen, ApiError> {
             Err(e)
         }
         (Outcome::Route(_), Some(c)) => {
-            gw.metrics.add(
-                "kinference_decisions_total",
-                "Routing decisions, by deciding rule (`namespace/policy/rule` or `default`) and destination.",
-                &[("rule", &c.rule), ("destination", &c.destination)],
-                1.0,
-            );
+            gw.metrics.decision(&c.rule, &c.destination);
             Ok(c)
         }
         (Outcome::Route(r), None) => Err(ApiError::new(
@@ -409,6 +400,7 @@ async fn admit_and_forward(
     headers: &HeaderMap,
     body: Body,
     started: Instant,
+    who: &mut crate::accounting::Who,
 ) -> Result<Response, ApiError> {
     let Some(rt) = gw.runtime() else {
         return Ok(not_ready(api));
@@ -418,9 +410,11 @@ async fn admit_and_forward(
         .await
         .map_err(|_| too_large(limit))?;
     let admitted = admit(&rt, api, headers, &bytes)?;
+    who.admitted(&admitted.request);
     let mut retried = false;
     loop {
         let chosen = plan(gw, &admitted)?;
+        who.routed(&chosen);
         let body = upstream_body(&admitted, &chosen);
         match send(gw, api, headers, &chosen, body).await {
             Ok(upstream) => {
@@ -437,12 +431,7 @@ async fn admit_and_forward(
                 // Nothing reached the worker: mark it down (health checks bring it back) and
                 // decide again once.
                 tracing::warn!(endpoint = %chosen.endpoint, error = %e, "upstream unreachable; retrying on the next best endpoint");
-                gw.metrics.add(
-                    "kinference_upstream_retries_total",
-                    "Requests retried on another endpoint after a connection failure.",
-                    &[("endpoint", &chosen.endpoint)],
-                    1.0,
-                );
+                gw.metrics.upstream_retry(&chosen.endpoint);
                 mark_unready(gw, &chosen);
                 retried = true;
             }
@@ -526,6 +515,7 @@ fn decide(
                         .map(|d| d.cost)
                         .unwrap_or_default(),
                     local: true,
+                    prompt_tokens: req.prompt_tokens,
                     uncached_tokens: f64::from(req.prompt_tokens.saturating_sub(r.cached_tokens)),
                     queued: load.queued_prompts,
                     running: load.running_prompts,
@@ -596,6 +586,7 @@ fn respond(
         } else {
             "upstream_status"
         },
+        &crate::accounting::Who::of(&chosen),
     );
     let is_sse = parts
         .headers
@@ -658,6 +649,7 @@ impl Drop for Finisher {
                 usage: o.usage,
                 completed: o.completed,
                 duration_s: r.started.elapsed().as_secs_f64(),
+                token_events: o.token_events,
             };
             report(&r.gw, r.api, &r.chosen, &obs);
         }

@@ -111,12 +111,7 @@ impl Gateway {
             ApplyOutcome::Unchanged => "unchanged",
             ApplyOutcome::Refused { .. } => "refused",
         };
-        self.metrics.add(
-            "kinference_policy_reloads_total",
-            "Policy bundles read, by result (applied, unchanged, refused).",
-            &[("result", result)],
-            1.0,
-        );
+        self.metrics.policy_reload(result);
         match &outcome {
             ApplyOutcome::Applied { generation } => {
                 if let Some(applied) = self.store.current() {
@@ -139,26 +134,11 @@ impl Gateway {
                     }
                 }
                 tracing::info!(generation, "policy applied");
-                self.metrics.set(
-                    "kinference_policy_generation",
-                    "Generation of the policy in force.",
-                    &[],
-                    *generation as f64,
-                );
-                self.metrics.set(
-                    "kinference_policy_refused",
-                    "1 when the newest bundle was refused (the last good policy stays in force).",
-                    &[],
-                    0.0,
-                );
+                self.metrics.set_policy_generation(*generation);
+                self.metrics.set_policy_refused(false);
             }
             ApplyOutcome::Unchanged => {
-                self.metrics.set(
-                    "kinference_policy_refused",
-                    "1 when the newest bundle was refused (the last good policy stays in force).",
-                    &[],
-                    0.0,
-                );
+                self.metrics.set_policy_refused(false);
             }
             ApplyOutcome::Refused { errors } => {
                 if let Some(r) = self.store.last_rejected() {
@@ -170,12 +150,7 @@ impl Gateway {
                     errors,
                     "policy bundle refused; the last good policy stays in force"
                 );
-                self.metrics.set(
-                    "kinference_policy_refused",
-                    "1 when the newest bundle was refused (the last good policy stays in force).",
-                    &[],
-                    1.0,
-                );
+                self.metrics.set_policy_refused(true);
             }
         }
         outcome
@@ -278,6 +253,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     let mut out = String::with_capacity(8192);
+    gw.metrics.sample_state(&gw.state);
     gw.metrics.render(&mut out);
     if let Some(live) = gw.live.load_full() {
         live.render_metrics(&mut out);

@@ -246,7 +246,8 @@ impl Exchange {
             }))];
         }
         let body = std::mem::take(&mut self.body);
-        match self.decide(api, &body) {
+        let mut who = crate::accounting::Who::default();
+        match self.decide(api, &body, &mut who) {
             Ok((chosen, new_body, strip_usage, stream)) => {
                 let mut set = vec![
                     set_header(DESTINATION_HEADER, chosen.endpoint.as_bytes()),
@@ -311,7 +312,7 @@ impl Exchange {
                 out
             }
             Err(e) => {
-                count_request(&self.gw, api, e.status.as_u16(), e.code);
+                count_request(&self.gw, api, e.status.as_u16(), e.code, &who);
                 vec![immediate(&e, api)]
             }
         }
@@ -319,18 +320,25 @@ impl Exchange {
 
     /// Admission and decision; the chosen route, the body to send, whether the response's
     /// usage chunk must be removed, and whether the request streams.
-    fn decide(&self, api: Api, body: &[u8]) -> Result<(Chosen, Bytes, bool, bool), ApiError> {
+    fn decide(
+        &self,
+        api: Api,
+        body: &[u8],
+        who: &mut crate::accounting::Who,
+    ) -> Result<(Chosen, Bytes, bool, bool), ApiError> {
         let rt = self.gw.runtime().ok_or_else(not_ready_error)?;
         let (headers, _) = header_map(self.headers.iter().map(|(k, v)| (k.as_str(), &v[..])));
         let mut admitted = forward::admit(&rt, api, &headers, body)?;
+        who.admitted(&admitted.request);
         let chosen = forward::plan(&self.gw, &admitted)?;
+        who.routed(&chosen);
         let strip = admitted.inject_usage && self.sees_response_body();
         if admitted.inject_usage && !strip {
             // The response will not be seen: do not add a chunk the client did not ask for.
             uninject_usage(&mut admitted.parsed.body);
         }
         let new_body = forward::upstream_body(&admitted, &chosen);
-        count_request(&self.gw, api, 200, "routed");
+        count_request(&self.gw, api, 200, "routed", who);
         Ok((chosen, new_body, strip, admitted.parsed.stream))
     }
 
@@ -376,6 +384,7 @@ impl Exchange {
                 r.api,
                 r.status,
                 if ok { "ok" } else { "upstream_status" },
+                &crate::accounting::Who::of(&r.chosen),
             );
             if h.end_of_stream {
                 self.report(false);
@@ -457,6 +466,7 @@ impl Exchange {
             usage: o.usage,
             completed: o.completed,
             duration_s: r.started.elapsed().as_secs_f64(),
+            token_events: o.token_events,
         };
         forward::report(&self.gw, r.api, &r.chosen, &obs);
     }

@@ -31,6 +31,7 @@ impl HandlerService {
 
     /// Decides one request (the body of `Decide`).
     pub fn decide_request(&self, req: &DecideRequest) -> DecideResponse {
+        let mut who = crate::accounting::Who::default();
         let outcome = match api_for_path(&req.path) {
             None => reject(
                 &ApiError::new(
@@ -43,10 +44,10 @@ impl HandlerService {
                 ),
                 Api::Chat,
             ),
-            Some(api) => match self.route(api, req) {
+            Some(api) => match self.route(api, req, &mut who) {
                 Ok(r) => decide_response::Outcome::Route(r),
                 Err(e) => {
-                    count_request(&self.gw, api, e.status.as_u16(), e.code);
+                    count_request(&self.gw, api, e.status.as_u16(), e.code, &who);
                     reject(&e, api)
                 }
             },
@@ -56,7 +57,12 @@ impl HandlerService {
         }
     }
 
-    fn route(&self, api: Api, req: &DecideRequest) -> Result<Route, ApiError> {
+    fn route(
+        &self,
+        api: Api,
+        req: &DecideRequest,
+        who: &mut crate::accounting::Who,
+    ) -> Result<Route, ApiError> {
         let rt = self.gw.runtime().ok_or_else(not_ready_error)?;
         let (headers, bad) = header_map(
             req.headers
@@ -70,9 +76,11 @@ impl HandlerService {
             ));
         }
         let admitted = forward::admit(&rt, api, &headers, &req.body)?;
+        who.admitted(&admitted.request);
         let chosen = forward::plan(&self.gw, &admitted)?;
+        who.routed(&chosen);
         let body = forward::upstream_body(&admitted, &chosen);
-        count_request(&self.gw, api, 200, "routed");
+        count_request(&self.gw, api, 200, "routed", who);
         let decision_id = self.pending.insert(PendingDecision {
             api,
             chosen: chosen.clone(),
@@ -115,6 +123,7 @@ impl HandlerService {
             }),
             completed: req.completed,
             duration_s: finite(Some(req.duration_seconds)).unwrap_or(0.0),
+            token_events: 0,
         };
         forward::report(&self.gw, p.api, &p.chosen, &obs);
         Ok(())

@@ -158,18 +158,18 @@ pub(crate) fn header_map<'a>(
     (map, bad)
 }
 
-/// Counts a request in `kinference_requests_total` (the metric the HTTP gateway keeps).
-pub(crate) fn count_request(gw: &Gateway, api: Api, status: u16, code: &str) {
-    gw.metrics.add(
-        "kinference_requests_total",
-        "Requests received, by API, status sent to the client and code.",
-        &[
-            ("api", api.label()),
-            ("status", &status.to_string()),
-            ("code", code),
-        ],
-        1.0,
-    );
+/// Counts a request in `kinference_requests_total` (the metric the HTTP gateway keeps) and,
+/// when it ended without a response passed through, in the per-tenant accounting (`who` says
+/// what was known of it).
+pub(crate) fn count_request(
+    gw: &Gateway,
+    api: Api,
+    status: u16,
+    code: &str,
+    who: &crate::accounting::Who,
+) {
+    gw.metrics.count_request(api.label(), status, code);
+    crate::accounting::account_refusal(&gw.metrics, who, code);
 }
 
 /// The JSON error body for `api`, serialized.

@@ -1,0 +1,471 @@
+//! Per-tenant accounting, golden signals, service objectives and capacity counters.
+//!
+//! Every request is accounted once, by tenant × requested model × destination:
+//!
+//! * requests passed through to an upstream are accounted by [`account_response`] when the
+//!   response is over, however it ended (the gateway calls it from a drop guard, so a client
+//!   that goes away or a worker that dies mid-stream is still accounted for what it used);
+//! * requests refused before a response started (admission errors, policy rejections,
+//!   unreachable or timed-out upstreams) are accounted by [`account_refusal`].
+//!
+//! Requests without an identified tenant are accounted as [`ANONYMOUS`]. The metric names,
+//! labels and definitions are in `docs/reference/metrics.md`; `docs/capacity.md` turns them
+//! into a capacity model.
+
+pub mod slo;
+
+use std::sync::Arc;
+
+use kinf_lang::compiled::CostInfo;
+use kinf_router::usage::TokenUsage;
+
+use crate::metrics::{
+    EndpointLabels, EndpointTokenLabels, GoldenLabels, Metrics, SloLabels, TenantLabels,
+    TenantRequestLabels, TenantTokenLabels, TokenLabels,
+};
+pub use slo::{Slo, SloError, SloMetric, SloProblem, SloSet};
+
+/// The `tenant` label of requests without an identified tenant.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// What is known of a request when it is refused: its tenant and requested model once
+/// admitted, its destination once routed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Who {
+    /// The identified tenant.
+    pub tenant: Option<Arc<str>>,
+    /// The requested model.
+    pub model: Option<Arc<str>>,
+    /// The destination (worker set) it was routed to.
+    pub destination: Option<Arc<str>>,
+}
+
+impl Who {
+    /// Notes what admission learned.
+    pub fn admitted(&mut self, r: &kinf_router::Request) {
+        self.tenant = r.tenant.clone();
+        self.model = Some(r.model.clone());
+    }
+
+    /// Notes the route.
+    pub fn routed(&mut self, c: &crate::gateway::forward::Chosen) {
+        self.tenant = c.tenant.clone();
+        self.model = Some(c.requested_model.clone());
+        self.destination = Some(c.destination.clone());
+    }
+
+    /// A routed request.
+    pub fn of(c: &crate::gateway::forward::Chosen) -> Self {
+        let mut w = Who::default();
+        w.routed(c);
+        w
+    }
+}
+
+/// The tenant label of `tenant`.
+pub fn tenant_label(tenant: Option<&str>) -> &str {
+    match tenant {
+        Some(t) if !t.is_empty() => t,
+        _ => ANONYMOUS,
+    }
+}
+
+/// Codes of [`crate::gateway::forward`]'s `count_request` for requests whose response was
+/// passed through (accounted later by [`account_response`]).
+const PASSED_THROUGH: [&str; 3] = ["ok", "upstream_status", "routed"];
+
+/// Accounts a request that ended without a response from an upstream: `rejected` when it was
+/// not routed (admission or policy), `upstream_error` when it was (the upstream could not be
+/// reached or did not answer in time). Codes of passed-through responses are ignored (they are
+/// accounted by [`account_response`]).
+pub fn account_refusal(m: &Metrics, who: &Who, code: &str) {
+    if PASSED_THROUGH.contains(&code) {
+        return;
+    }
+    let tenant = tenant_label(who.tenant.as_deref());
+    let model = who.model.as_deref().unwrap_or("");
+    let (outcome, destination) = match &who.destination {
+        Some(d) => ("upstream_error", &**d),
+        None => ("rejected", ""),
+    };
+    m.tenant_requests
+        .get_or_create(&TenantRequestLabels {
+            tenant: tenant.into(),
+            model: model.into(),
+            destination: destination.into(),
+            outcome: outcome.into(),
+            code: code.into(),
+        })
+        .inc();
+    if who.destination.is_some() {
+        // The upstream failed the request: it counts against latency objectives.
+        let slos = m.slos();
+        let now = m.now_s();
+        for s in slos.iter() {
+            if matches!(s.metric, SloMetric::Ttft | SloMetric::E2e) && s.matches(tenant, model) {
+                count_slo(m, s, tenant, model, false, now);
+            }
+        }
+    }
+}
+
+/// One response passed through, as accounted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Served<'a> {
+    /// The identified tenant.
+    pub tenant: Option<&'a str>,
+    /// The model the client asked for.
+    pub requested_model: &'a str,
+    /// The model sent upstream.
+    pub upstream_model: &'a str,
+    /// Worker set.
+    pub destination: &'a str,
+    /// `host:port`.
+    pub endpoint: &'a str,
+    /// The destination's prices.
+    pub cost: CostInfo,
+    /// Upstream HTTP status.
+    pub status: u16,
+    /// Whether the response ended properly.
+    pub completed: bool,
+    /// Time from receiving the request to the first token (streamed responses).
+    pub ttft_s: Option<f64>,
+    /// Mean inter-token gap (streamed responses with two tokens or more).
+    pub mean_itl_s: Option<f64>,
+    /// Time from receiving the request to the end of the response.
+    pub duration_s: f64,
+    /// Tokens used (reported, or estimated when `estimated`).
+    pub usage: TokenUsage,
+    /// The upstream did not report usage: `usage` is the gateway's estimate.
+    pub estimated: bool,
+}
+
+impl Served<'_> {
+    /// Time per output token after the first: `(e2e − ttft) / (output − 1)`.
+    pub fn tpot_s(&self) -> Option<f64> {
+        let ttft = self.ttft_s?;
+        if self.usage.output_tokens < 2 {
+            return None;
+        }
+        Some((self.duration_s - ttft).max(0.0) / (self.usage.output_tokens - 1) as f64)
+    }
+
+    /// Decode-slot seconds: end-to-end minus time to first token (all of it for responses
+    /// without a first-token time).
+    pub fn decode_s(&self) -> f64 {
+        (self.duration_s - self.ttft_s.unwrap_or(0.0)).max(0.0)
+    }
+}
+
+/// Estimates what a response used when the upstream did not say: the prompt as the gateway
+/// tokenized it (split by the predicted cache hit) and one output token per token-carrying
+/// event seen. Responses with an error status used nothing.
+pub fn estimate_usage(
+    status: u16,
+    prompt_tokens: u64,
+    uncached_prompt_tokens: u64,
+    token_events: u64,
+) -> TokenUsage {
+    if !(200..300).contains(&status) {
+        return TokenUsage::default();
+    }
+    let uncached = uncached_prompt_tokens.min(prompt_tokens);
+    TokenUsage {
+        cached_prompt_tokens: prompt_tokens - uncached,
+        uncached_prompt_tokens: uncached,
+        output_tokens: token_events,
+    }
+}
+
+/// Accounts one response passed through: request outcome, tokens and cost per tenant, golden
+/// signals, service objectives, per-endpoint work.
+pub fn account_response(m: &Metrics, s: &Served<'_>) {
+    let tenant = tenant_label(s.tenant);
+    let model = s.requested_model;
+    let ok = (200..300).contains(&s.status);
+    let (outcome, code) = match (ok, s.completed) {
+        (false, _) => ("upstream_error", s.status.to_string()),
+        (true, true) => ("completed", s.status.to_string()),
+        (true, false) => ("incomplete", s.status.to_string()),
+    };
+    m.tenant_requests
+        .get_or_create(&TenantRequestLabels {
+            tenant: tenant.into(),
+            model: model.into(),
+            destination: s.destination.into(),
+            outcome: outcome.into(),
+            code,
+        })
+        .inc();
+    let tl = TenantLabels {
+        tenant: tenant.into(),
+        model: model.into(),
+        destination: s.destination.into(),
+    };
+    let u = s.usage;
+    for (kind, v) in [
+        ("cached_prompt", u.cached_prompt_tokens),
+        ("uncached_prompt", u.uncached_prompt_tokens),
+        ("output", u.output_tokens),
+    ] {
+        m.tenant_tokens
+            .get_or_create(&TenantTokenLabels {
+                tenant: tenant.into(),
+                model: model.into(),
+                destination: s.destination.into(),
+                kind: kind.into(),
+            })
+            .inc_by(v);
+        m.tokens
+            .get_or_create(&TokenLabels {
+                model: s.upstream_model.into(),
+                destination: s.destination.into(),
+                kind: kind.into(),
+            })
+            .inc_by(v);
+        m.endpoint_tokens
+            .get_or_create(&EndpointTokenLabels {
+                destination: s.destination.into(),
+                endpoint: s.endpoint.into(),
+                kind: kind.into(),
+            })
+            .inc_by(v);
+    }
+    m.tenant_cost.get_or_create(&tl).inc_by(u.cost(&s.cost));
+    if s.estimated {
+        m.tenant_estimated.get_or_create(&tl).inc();
+    }
+    m.endpoint_request_seconds
+        .get_or_create(&EndpointLabels {
+            destination: s.destination.into(),
+            endpoint: s.endpoint.into(),
+        })
+        .inc_by(s.duration_s.max(0.0));
+    let tpot = s.tpot_s();
+    if ok {
+        let decode = s.decode_s();
+        if let Some(t) = s.ttft_s {
+            m.tenant_prefill_seconds
+                .get_or_create(&tl)
+                .inc_by(t.max(0.0));
+        }
+        m.tenant_decode_seconds.get_or_create(&tl).inc_by(decode);
+        let kv = (u.prompt_tokens() as f64 + u.output_tokens as f64 / 2.0) * decode;
+        m.tenant_kv_token_seconds.get_or_create(&tl).inc_by(kv);
+
+        let gl = GoldenLabels {
+            tenant: tenant.into(),
+            model: model.into(),
+        };
+        if let Some(t) = s.ttft_s {
+            m.ttft.get_or_create(&gl).observe(t);
+        }
+        if let Some(t) = s.mean_itl_s {
+            m.itl.get_or_create(&gl).observe(t);
+        }
+        if let Some(t) = tpot {
+            m.tpot.get_or_create(&gl).observe(t);
+        }
+        m.e2e.get_or_create(&gl).observe(s.duration_s);
+    }
+    let slos = m.slos();
+    if slos.is_empty() {
+        return;
+    }
+    let now = m.now_s();
+    for o in slos.iter().filter(|o| o.matches(tenant, model)) {
+        let good = |v: f64| v <= o.threshold_s;
+        let verdict = match o.metric {
+            SloMetric::Ttft => match s.ttft_s {
+                Some(t) => Some(ok && good(t)),
+                // A non-streamed response that completed has no first-token time.
+                None if ok && s.completed => None,
+                None => Some(false),
+            },
+            SloMetric::Itl => s.mean_itl_s.map(|t| ok && good(t)),
+            SloMetric::Tpot => tpot.map(|t| ok && good(t)),
+            SloMetric::E2e => Some(ok && s.completed && good(s.duration_s)),
+        };
+        if let Some(g) = verdict {
+            count_slo(m, o, tenant, model, g, now);
+        }
+    }
+}
+
+fn count_slo(m: &Metrics, o: &Slo, tenant: &str, model: &str, good: bool, now: f64) {
+    let l = SloLabels {
+        slo: o.name.clone(),
+        tenant: tenant.into(),
+        model: model.into(),
+    };
+    m.slo_requests.get_or_create(&l).inc();
+    if good {
+        m.slo_good.get_or_create(&l).inc();
+    } else {
+        // Make the good counter exist (at 0) so that good / requests is defined.
+        let _ = m.slo_good.get_or_create(&l);
+    }
+    m.slo_rolling
+        .lock()
+        .entry(o.name.clone())
+        .or_default()
+        .add(now, good);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn served(ttft: Option<f64>, out: u64, dur: f64) -> Served<'static> {
+        Served {
+            tenant: Some("acme"),
+            requested_model: "small",
+            upstream_model: "tiny-llama",
+            destination: "tiny",
+            endpoint: "127.0.0.1:1",
+            cost: CostInfo {
+                uncached_prompt: 1.0,
+                cached_prompt: 0.1,
+                output: 2.0,
+            },
+            status: 200,
+            completed: true,
+            ttft_s: ttft,
+            mean_itl_s: ttft.map(|_| 0.02),
+            duration_s: dur,
+            usage: TokenUsage {
+                cached_prompt_tokens: 100,
+                uncached_prompt_tokens: 900,
+                output_tokens: out,
+            },
+            estimated: false,
+        }
+    }
+
+    #[test]
+    fn tpot_and_decode() {
+        let s = served(Some(0.5), 11, 1.5);
+        assert!((s.tpot_s().unwrap() - 0.1).abs() < 1e-12);
+        assert!((s.decode_s() - 1.0).abs() < 1e-12);
+        assert_eq!(served(Some(0.5), 1, 1.5).tpot_s(), None);
+        assert_eq!(served(None, 5, 1.5).decode_s(), 1.5);
+    }
+
+    #[test]
+    fn responses_are_accounted_per_tenant() {
+        let m = Metrics::new();
+        m.set_slos(
+            SloSet::from_yaml(
+                "- {name: fast, metric: ttft, quantile: 0.9, threshold: 1s}\n- {name: other, tenant: 'x-*', metric: e2e, quantile: 0.9, threshold: 1s}\n",
+            )
+            .unwrap(),
+        );
+        account_response(&m, &served(Some(0.5), 11, 1.5));
+        account_response(&m, &served(Some(2.0), 11, 3.0));
+        let t = [
+            ("tenant", "acme"),
+            ("model", "small"),
+            ("destination", "tiny"),
+        ];
+        let v = |n: &str, extra: &[(&'static str, &'static str)]| {
+            let mut l = t.to_vec();
+            l.extend_from_slice(extra);
+            m.value(n, &l)
+        };
+        assert_eq!(
+            v(
+                "kinference_tenant_requests_total",
+                &[("outcome", "completed"), ("code", "200")]
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            v(
+                "kinference_tenant_tokens_total",
+                &[("kind", "uncached_prompt")]
+            ),
+            Some(1800.0)
+        );
+        let cost = v("kinference_tenant_cost_usd_total", &[]).unwrap();
+        assert!(
+            (cost - 2.0 * (900.0 + 10.0 + 22.0) / 1e6).abs() < 1e-12,
+            "{cost}"
+        );
+        let slo = [("slo", "fast"), ("tenant", "acme"), ("model", "small")];
+        assert_eq!(m.value("kinference_slo_requests_total", &slo), Some(2.0));
+        assert_eq!(m.value("kinference_slo_good_total", &slo), Some(1.0));
+        assert_eq!(
+            m.value(
+                "kinference_slo_attainment_5m",
+                &[("slo", "fast"), ("metric", "ttft")]
+            ),
+            Some(0.5)
+        );
+        assert_eq!(
+            m.value(
+                "kinference_slo_requests_total",
+                &[("slo", "other"), ("tenant", "acme"), ("model", "small")]
+            ),
+            None
+        );
+        assert_eq!(
+            m.value(
+                "kinference_ttft_seconds_count",
+                &[("tenant", "acme"), ("model", "small")]
+            ),
+            Some(2.0)
+        );
+    }
+
+    #[test]
+    fn refusals_are_accounted() {
+        let m = Metrics::new();
+        let mut who = Who::default();
+        account_refusal(&m, &who, "invalid_request");
+        who.model = Some("small".into());
+        account_refusal(&m, &who, "ok");
+        who.destination = Some("tiny".into());
+        account_refusal(&m, &who, "upstream_timeout");
+        assert_eq!(
+            m.value(
+                "kinference_tenant_requests_total",
+                &[
+                    ("tenant", "anonymous"),
+                    ("model", ""),
+                    ("destination", ""),
+                    ("outcome", "rejected"),
+                    ("code", "invalid_request")
+                ]
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            m.value(
+                "kinference_tenant_requests_total",
+                &[
+                    ("tenant", "anonymous"),
+                    ("model", "small"),
+                    ("destination", "tiny"),
+                    ("outcome", "upstream_error"),
+                    ("code", "upstream_timeout")
+                ]
+            ),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn estimates() {
+        let u = estimate_usage(200, 100, 30, 7);
+        assert_eq!(
+            (
+                u.cached_prompt_tokens,
+                u.uncached_prompt_tokens,
+                u.output_tokens
+            ),
+            (70, 30, 7)
+        );
+        assert_eq!(estimate_usage(500, 100, 30, 7), TokenUsage::default());
+    }
+}

@@ -1,0 +1,498 @@
+//! Per-tenant accounting through the gateway in-process: tokens and cost per tenant, model and
+//! destination equal what the upstream reported; a stream cut mid-way is accounted as
+//! incomplete with what it used; service-objective counters move; golden histograms and
+//! capacity gauges are on `/metrics`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use kinf_handler::accounting::SloSet;
+use kinf_handler::gateway::errors::Api;
+use kinf_handler::gateway::forward::{self, ResponseObservation};
+use kinf_handler::gateway::{Gateway, GatewayOptions};
+use kinf_handler::serve::{OnApplied, reload};
+use kinf_router::usage::TokenUsage;
+use serde_json::Value;
+
+const CHAT: &str = include_str!("../../testdata/vllm-0.32.0-cpu/chat1.json");
+const CHAT_STREAM: &str = include_str!("../../testdata/vllm-0.32.0-cpu/chat_stream.txt");
+
+/// Prices of the `tiny` worker set in [`config`], per million tokens.
+const UNCACHED: f64 = 0.6;
+const CACHED: f64 = 0.06;
+const OUTPUT: f64 = 2.2;
+
+#[derive(Clone)]
+struct Upstream {
+    die_mid_stream: bool,
+}
+
+async fn replay(State(u): State<Upstream>, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    if !v["stream"].as_bool().unwrap_or(false) {
+        return ([("content-type", "application/json")], CHAT).into_response();
+    }
+    let events: Vec<String> = CHAT_STREAM
+        .split_inclusive("\n\n")
+        .map(str::to_owned)
+        .collect();
+    let die = u.die_mid_stream;
+    let s =
+        futures_util::stream::iter(events.into_iter().enumerate()).then(move |(i, e)| async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            if die && i == 3 {
+                Err(std::io::Error::other("worker died"))
+            } else {
+                Ok::<_, std::io::Error>(Bytes::from(e))
+            }
+        });
+    (
+        [("content-type", "text/event-stream")],
+        Body::from_stream(s),
+    )
+        .into_response()
+}
+
+async fn start_upstream(die_mid_stream: bool) -> SocketAddr {
+    let app = Router::new()
+        .route("/v1/chat/completions", post(replay))
+        .with_state(Upstream { die_mid_stream });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
+fn config(endpoint: SocketAddr) -> String {
+    format!(
+        r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: tiny, namespace: test }}
+spec:
+  endpoints: ["{endpoint}"]
+  cost: {{ uncachedPromptPerMillion: {UNCACHED}, cachedPromptPerMillion: {CACHED}, outputPerMillion: {OUTPUT} }}
+  models:
+  - name: tiny-llama
+    aliases: [tiny, small-model]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: test }}
+spec:
+  destinations: [ {{ kind: InferenceWorkerSet, name: tiny }} ]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: GatewayBackend
+metadata: {{ name: gw, namespace: test }}
+spec:
+  pool: pool
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {{ name: p, namespace: test }}
+spec:
+  rules:
+  - name: small
+    matches: [ {{ model: small-model }} ]
+    route:
+      select: [ {{ type: Local, minimize: PredictedTTFT }} ]
+"#
+    )
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "kinf-acct-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn noop() -> OnApplied {
+    Arc::new(|_, _| {})
+}
+
+async fn start_gateway(dir: &Path) -> (Arc<Gateway>, SocketAddr) {
+    let gw = Gateway::new(GatewayOptions {
+        base_dir: dir.to_path_buf(),
+        upstream_timeout: Duration::from_secs(10),
+    });
+    reload(&gw, dir, None, &noop());
+    assert!(gw.store.is_ready(), "{:?}", gw.store.last_rejected());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let app = gw.router_with_admin();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (gw, addr)
+}
+
+async fn setup(tag: &str, die_mid_stream: bool) -> (Arc<Gateway>, SocketAddr) {
+    let up = start_upstream(die_mid_stream).await;
+    let dir = temp_dir(tag);
+    std::fs::write(dir.join("c.yaml"), config(up)).unwrap();
+    start_gateway(&dir).await
+}
+
+async fn call(addr: SocketAddr, path: &str, body: &str) -> (StatusCode, String) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let b = hyper::Request::builder()
+        .method(if body.is_empty() { "GET" } else { "POST" })
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json");
+    let resp = client
+        .request(b.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+const HELLO: &str = r#"{"model":"small-model","messages":[{"role":"user","content":"Hello there"}],"max_tokens":8}"#;
+const STREAM: &str =
+    r#"{"model":"small-model","messages":[{"role":"user","content":"Hi"}],"stream":true}"#;
+
+fn tenant_value(
+    gw: &Gateway,
+    name: &str,
+    tenant: &str,
+    extra: &[(&'static str, &'static str)],
+) -> Option<f64> {
+    let mut l = vec![
+        ("tenant", tenant),
+        ("model", "small-model"),
+        ("destination", "tiny"),
+    ];
+    l.extend_from_slice(extra);
+    gw.metrics.value(name, &l)
+}
+
+fn reported_usage() -> TokenUsage {
+    let v: Value = serde_json::from_str(CHAT).unwrap();
+    let u = &v["usage"];
+    TokenUsage::from_openai(
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+        u["completion_tokens"].as_u64().unwrap(),
+    )
+}
+
+fn price(u: &TokenUsage) -> f64 {
+    (u.uncached_prompt_tokens as f64 * UNCACHED
+        + u.cached_prompt_tokens as f64 * CACHED
+        + u.output_tokens as f64 * OUTPUT)
+        / 1e6
+}
+
+#[tokio::test]
+async fn anonymous_tokens_and_cost_equal_what_the_upstream_reported() {
+    let (gw, addr) = setup("http", false).await;
+    for _ in 0..3 {
+        let (status, body) = call(addr, "/v1/chat/completions", HELLO).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let u = reported_usage();
+    let t = |kind: &'static str| {
+        tenant_value(
+            &gw,
+            "kinference_tenant_tokens_total",
+            "anonymous",
+            &[("kind", kind)],
+        )
+    };
+    assert_eq!(t("output"), Some(3.0 * u.output_tokens as f64));
+    assert_eq!(
+        t("uncached_prompt"),
+        Some(3.0 * u.uncached_prompt_tokens as f64)
+    );
+    assert_eq!(
+        t("cached_prompt"),
+        Some(3.0 * u.cached_prompt_tokens as f64)
+    );
+    let cost = tenant_value(&gw, "kinference_tenant_cost_usd_total", "anonymous", &[]).unwrap();
+    assert!((cost - 3.0 * price(&u)).abs() < 1e-12, "{cost}");
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_requests_total",
+            "anonymous",
+            &[("outcome", "completed"), ("code", "200")]
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_usage_estimated_total",
+            "anonymous",
+            &[]
+        ),
+        None
+    );
+    // Per-endpoint tokens add up to the same.
+    let m = {
+        let mut s = String::new();
+        gw.metrics.render(&mut s);
+        s
+    };
+    assert!(
+        m.contains("kinference_endpoint_tokens_total{destination=\"tiny\""),
+        "{m}"
+    );
+    // The legacy counter is unchanged.
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_tokens_total",
+            &[
+                ("model", "tiny-llama"),
+                ("destination", "tiny"),
+                ("kind", "output")
+            ]
+        ),
+        Some(3.0 * u.output_tokens as f64)
+    );
+}
+
+#[tokio::test]
+async fn a_stream_cut_mid_way_is_accounted_as_incomplete_with_what_it_used() {
+    let (gw, addr) = setup("cut", true).await;
+    let (status, body) = call(addr, "/v1/chat/completions", STREAM).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("\"error\""), "{body}");
+    // The finisher runs when the body stream is dropped; give it a moment.
+    for _ in 0..50 {
+        if tenant_value(
+            &gw,
+            "kinference_tenant_requests_total",
+            "anonymous",
+            &[("outcome", "incomplete"), ("code", "200")],
+        )
+        .is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_requests_total",
+            "anonymous",
+            &[("outcome", "incomplete"), ("code", "200")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_usage_estimated_total",
+            "anonymous",
+            &[]
+        ),
+        Some(1.0)
+    );
+    // Three token-carrying events (the role chunk, `min`, ` root`) arrived before the worker
+    // died: the estimate is one output token per event.
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_tokens_total",
+            "anonymous",
+            &[("kind", "output")]
+        ),
+        Some(3.0)
+    );
+    let prompt = tenant_value(
+        &gw,
+        "kinference_tenant_tokens_total",
+        "anonymous",
+        &[("kind", "uncached_prompt")],
+    )
+    .unwrap()
+        + tenant_value(
+            &gw,
+            "kinference_tenant_tokens_total",
+            "anonymous",
+            &[("kind", "cached_prompt")],
+        )
+        .unwrap();
+    assert!(
+        prompt > 0.0,
+        "the prompt the gateway tokenized is accounted"
+    );
+    let cost = tenant_value(&gw, "kinference_tenant_cost_usd_total", "anonymous", &[]).unwrap();
+    assert!(cost > 0.0);
+}
+
+#[tokio::test]
+async fn a_reported_response_is_accounted_to_its_tenant() {
+    let (gw, _addr) = setup("tenant", false).await;
+    let rt = gw.runtime().unwrap();
+    let admitted = forward::admit(&rt, Api::Chat, &HeaderMap::new(), HELLO.as_bytes()).unwrap();
+    let mut chosen = forward::plan(&gw, &admitted).unwrap();
+    chosen.tenant = Some("acme".into());
+    assert_eq!(chosen.cost.output, OUTPUT);
+    let usage = TokenUsage::from_openai(1000, 768, 100);
+    let obs = ResponseObservation {
+        status: 200,
+        ttft_s: Some(0.4),
+        mean_itl_s: Some(0.02),
+        usage: Some(usage),
+        completed: true,
+        duration_s: 2.38,
+        token_events: 100,
+    };
+    gw.metrics.set_slos(
+        SloSet::from_yaml(
+            "slos:\n- {name: acme-ttft, tenant: 'ac*', metric: ttft, quantile: 0.9, threshold: 500ms}\n- {name: acme-tpot, tenant: acme, model: 'small-*', metric: tpot, quantile: 0.9, threshold: 10ms}\n- {name: others, tenant: 'zz*', metric: e2e, quantile: 0.9, threshold: 1s}\n",
+        )
+        .unwrap(),
+    );
+    forward::report(&gw, Api::Chat, &chosen, &obs);
+    forward::report(
+        &gw,
+        Api::Chat,
+        &chosen,
+        &ResponseObservation {
+            ttft_s: Some(0.9),
+            ..obs.clone()
+        },
+    );
+    let t = |kind: &'static str| {
+        tenant_value(
+            &gw,
+            "kinference_tenant_tokens_total",
+            "acme",
+            &[("kind", kind)],
+        )
+    };
+    assert_eq!(t("cached_prompt"), Some(2.0 * 768.0));
+    assert_eq!(t("uncached_prompt"), Some(2.0 * 232.0));
+    assert_eq!(t("output"), Some(200.0));
+    let cost = tenant_value(&gw, "kinference_tenant_cost_usd_total", "acme", &[]).unwrap();
+    assert!((cost - 2.0 * price(&usage)).abs() < 1e-12, "{cost}");
+    let slo = |name: &str, slo: &'static str| {
+        gw.metrics.value(
+            name,
+            &[("slo", slo), ("tenant", "acme"), ("model", "small-model")],
+        )
+    };
+    assert_eq!(slo("kinference_slo_requests_total", "acme-ttft"), Some(2.0));
+    assert_eq!(slo("kinference_slo_good_total", "acme-ttft"), Some(1.0));
+    // tpot = (2.38 - 0.4) / 99 = 0.02 s > 10 ms; (2.38 - 0.9) / 99 ≈ 0.015 s.
+    assert_eq!(slo("kinference_slo_requests_total", "acme-tpot"), Some(2.0));
+    assert_eq!(slo("kinference_slo_good_total", "acme-tpot"), Some(0.0));
+    assert_eq!(slo("kinference_slo_requests_total", "others"), None);
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_slo_attainment_5m",
+            &[("slo", "acme-ttft"), ("metric", "ttft")]
+        ),
+        Some(0.5)
+    );
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_slo_objective",
+            &[("slo", "acme-ttft"), ("metric", "ttft")]
+        ),
+        Some(0.9)
+    );
+    let decode = tenant_value(&gw, "kinference_tenant_decode_seconds_total", "acme", &[]).unwrap();
+    assert!((decode - (1.98 + 1.48)).abs() < 1e-9, "{decode}");
+    let kv = tenant_value(&gw, "kinference_tenant_kv_token_seconds_total", "acme", &[]).unwrap();
+    assert!((kv - 1050.0 * (1.98 + 1.48)).abs() < 1e-6, "{kv}");
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_tpot_seconds_count",
+            &[("tenant", "acme"), ("model", "small-model")]
+        ),
+        Some(2.0)
+    );
+}
+
+#[tokio::test]
+async fn rejections_are_accounted_per_model_and_histograms_and_capacity_are_on_metrics() {
+    let (gw, addr) = setup("metrics", false).await;
+    gw.metrics.set_slos(
+        SloSet::from_yaml("- {name: all-e2e, metric: e2e, quantile: 0.99, threshold: 60s}")
+            .unwrap(),
+    );
+    let (status, _) = call(addr, "/v1/chat/completions", STREAM).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = call(addr, "/v1/chat/completions", HELLO).await;
+    assert_eq!(status, StatusCode::OK);
+    // A model nobody serves: rejected by the policy, accounted with its model.
+    let (status, body) = call(
+        addr,
+        "/v1/chat/completions",
+        r#"{"model":"nope","messages":[{"role":"user","content":"Hi"}]}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // Malformed JSON: rejected before the model is known.
+    let (status, _) = call(addr, "/v1/chat/completions", "{").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let (status, text) = call(addr, "/metrics", "").await;
+    assert_eq!(status, StatusCode::OK);
+    // `KINF_METRICS_DUMP=path` saves the exposition (for `promtool check metrics`).
+    if let Ok(path) = std::env::var("KINF_METRICS_DUMP") {
+        std::fs::write(path, &text).unwrap();
+    }
+    let rejected_model = kinf_handler::metrics::sample_value(
+        &text,
+        "kinference_tenant_requests_total",
+        &[
+            ("tenant", "anonymous"),
+            ("model", "nope"),
+            ("destination", ""),
+            ("outcome", "rejected"),
+            ("code", "model_not_found"),
+        ],
+    );
+    assert_eq!(rejected_model, Some(1.0), "{text}");
+    assert!(
+        text.contains("kinference_tenant_requests_total{tenant=\"anonymous\",model=\"\",destination=\"\",outcome=\"rejected\",code=\""),
+        "{text}"
+    );
+    for needle in [
+        "# TYPE kinference_ttft_seconds histogram",
+        "kinference_ttft_seconds_bucket{le=\"0.5\",tenant=\"anonymous\",model=\"small-model\"}",
+        "kinference_itl_seconds_count{tenant=\"anonymous\",model=\"small-model\"}",
+        "kinference_tpot_seconds_count{tenant=\"anonymous\",model=\"small-model\"}",
+        "kinference_e2e_latency_seconds_count{tenant=\"anonymous\",model=\"small-model\"} 2",
+        "kinference_slo_requests_total{slo=\"all-e2e\",tenant=\"anonymous\",model=\"small-model\"} 2",
+        "kinference_slo_good_total{slo=\"all-e2e\",tenant=\"anonymous\",model=\"small-model\"} 2",
+        "kinference_endpoint_routable{worker_set=\"test/tiny\",endpoint=",
+        "# TYPE kinference_requests_total counter",
+        "kinference_requests_total{api=\"chat\",status=\"200\",code=\"ok\"} 2",
+    ] {
+        assert!(text.contains(needle), "missing {needle}:\n{text}");
+    }
+    assert!(!text.contains("# EOF"));
+    // Every sample line parses as `name{labels} value`.
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (_, v) = line.rsplit_once(' ').unwrap();
+        assert!(v.parse::<f64>().is_ok(), "{line}");
+    }
+}
