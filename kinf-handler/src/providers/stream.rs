@@ -1,0 +1,492 @@
+//! Streaming translation: a provider's stream (SSE or AWS event stream) decoded into canonical
+//! events, and canonical events encoded as the client's SSE.
+
+use bytes::{Buf, Bytes, BytesMut};
+use kinf_policy::ProviderType;
+use kinf_router::usage::TokenUsage;
+use serde_json::{Value, json};
+
+use super::translate::{
+    Finish, anthropic_usage_json, fresh_id, now_epoch, openai_usage_json, usage_anthropic,
+    usage_bedrock, usage_openai,
+};
+use crate::gateway::errors::Api;
+
+/// One canonical stream event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ev {
+    /// Generated text.
+    Text(String),
+    /// Why generation ended.
+    Finish(Finish),
+    /// Token usage (the whole request's).
+    Usage(TokenUsage),
+    /// The provider ended the stream properly.
+    Done,
+    /// The provider reported an error in the stream.
+    Error(String),
+}
+
+/// Splits SSE bytes into `(event name, data)` pairs.
+#[derive(Debug, Default)]
+struct SseSplitter {
+    buf: BytesMut,
+}
+
+impl SseSplitter {
+    fn feed(&mut self, chunk: &[u8]) -> Vec<(Option<String>, String)> {
+        self.buf.extend_from_slice(chunk);
+        let mut out = Vec::new();
+        while let Some(end) = find_event_end(&self.buf) {
+            let ev = self.buf.split_to(end);
+            let mut name = None;
+            let mut data = String::new();
+            for line in ev[..].split(|b| *b == b'\n') {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                let line = String::from_utf8_lossy(line);
+                if let Some(v) = line.strip_prefix("data:") {
+                    if !data.is_empty() {
+                        data.push('\n');
+                    }
+                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    name = Some(v.trim().to_string());
+                }
+            }
+            if !data.is_empty() || name.is_some() {
+                out.push((name, data));
+            }
+        }
+        out
+    }
+}
+
+fn find_event_end(buf: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while i + 1 < buf.len() {
+        if buf[i] == b'\n' {
+            if buf[i + 1] == b'\n' {
+                return Some(i + 2);
+            }
+            if buf[i + 1] == b'\r' && buf.get(i + 2) == Some(&b'\n') {
+                return Some(i + 3);
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Decodes one provider's stream into canonical events.
+#[derive(Debug)]
+pub struct ProviderDecoder {
+    protocol: ProviderType,
+    sse: SseSplitter,
+    frames: BytesMut,
+    eventstream: aws_smithy_eventstream::frame::MessageFrameDecoder,
+    anthropic_usage: Value,
+}
+
+impl ProviderDecoder {
+    /// A decoder for `protocol`'s stream.
+    pub fn new(protocol: ProviderType) -> Self {
+        ProviderDecoder {
+            protocol,
+            sse: SseSplitter::default(),
+            frames: BytesMut::new(),
+            eventstream: aws_smithy_eventstream::frame::MessageFrameDecoder::new(),
+            anthropic_usage: json!({}),
+        }
+    }
+
+    /// Events decoded from `chunk` (and what was buffered before it).
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<Ev> {
+        match self.protocol {
+            ProviderType::OpenAI => {
+                let mut out = Vec::new();
+                for (_, data) in self.sse.feed(chunk) {
+                    openai_event(&data, &mut out);
+                }
+                out
+            }
+            ProviderType::Anthropic => {
+                let mut out = Vec::new();
+                for (name, data) in self.sse.feed(chunk) {
+                    self.anthropic_event(name.as_deref(), &data, &mut out);
+                }
+                out
+            }
+            ProviderType::Bedrock => self.bedrock_feed(chunk),
+        }
+    }
+
+    fn anthropic_event(&mut self, name: Option<&str>, data: &str, out: &mut Vec<Ev>) {
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        let kind = v.get("type").and_then(Value::as_str).or(name).unwrap_or("");
+        match kind {
+            "message_start" => {
+                if let Some(u) = v.pointer("/message/usage") {
+                    self.anthropic_usage = u.clone();
+                }
+            }
+            "content_block_delta" => {
+                if let Some(t) = v.pointer("/delta/text").and_then(Value::as_str) {
+                    out.push(Ev::Text(t.to_string()));
+                }
+            }
+            "message_delta" => {
+                if let Some(s) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    out.push(Ev::Finish(Finish::from_anthropic(s)));
+                }
+                if let (Some(Value::Object(u)), Value::Object(acc)) =
+                    (v.get("usage"), &mut self.anthropic_usage)
+                {
+                    for (k, val) in u {
+                        if !val.is_null() {
+                            acc.insert(k.clone(), val.clone());
+                        }
+                    }
+                }
+            }
+            "message_stop" => {
+                out.push(Ev::Usage(usage_anthropic(&self.anthropic_usage)));
+                out.push(Ev::Done);
+            }
+            "error" => out.push(Ev::Error(
+                super::translate::provider_error_message(&v)
+                    .unwrap_or_else(|| "the provider reported an error".into()),
+            )),
+            _ => {}
+        }
+    }
+
+    fn bedrock_feed(&mut self, chunk: &[u8]) -> Vec<Ev> {
+        use aws_smithy_eventstream::frame::DecodedFrame;
+        self.frames.extend_from_slice(chunk);
+        let mut out = Vec::new();
+        loop {
+            match self.eventstream.decode_frame(&mut self.frames) {
+                Ok(DecodedFrame::Complete(msg)) => bedrock_message(&msg, &mut out),
+                Ok(DecodedFrame::Incomplete) => break,
+                Err(e) => {
+                    out.push(Ev::Error(format!("malformed event stream: {e}")));
+                    self.frames.clear();
+                    break;
+                }
+            }
+        }
+        if self.frames.remaining() == 0 {
+            self.frames.clear();
+        }
+        out
+    }
+}
+
+fn openai_event(data: &str, out: &mut Vec<Ev>) {
+    if data.trim() == "[DONE]" {
+        out.push(Ev::Done);
+        return;
+    }
+    let Ok(v) = serde_json::from_str::<Value>(data) else {
+        return;
+    };
+    if v.get("error").is_some() {
+        out.push(Ev::Error(
+            super::translate::provider_error_message(&v)
+                .unwrap_or_else(|| "the provider reported an error".into()),
+        ));
+        return;
+    }
+    if let Some(c) = v.pointer("/choices/0") {
+        let text = c
+            .pointer("/delta/content")
+            .or_else(|| c.get("text"))
+            .and_then(Value::as_str);
+        if let Some(t) = text.filter(|t| !t.is_empty()) {
+            out.push(Ev::Text(t.to_string()));
+        }
+        if let Some(f) = c.get("finish_reason").and_then(Value::as_str) {
+            out.push(Ev::Finish(Finish::from_openai(f)));
+        }
+    }
+    if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+        out.push(Ev::Usage(usage_openai(u)));
+    }
+}
+
+fn header_str<'a>(msg: &'a aws_smithy_types::event_stream::Message, name: &str) -> Option<&'a str> {
+    msg.headers()
+        .iter()
+        .find(|h| h.name().as_str() == name)
+        .and_then(|h| h.value().as_string().ok())
+        .map(|s| s.as_str())
+}
+
+fn bedrock_message(msg: &aws_smithy_types::event_stream::Message, out: &mut Vec<Ev>) {
+    let payload: Value = serde_json::from_slice(msg.payload()).unwrap_or(Value::Null);
+    match header_str(msg, ":message-type") {
+        Some("event") => {}
+        _ => {
+            let kind = header_str(msg, ":exception-type")
+                .or_else(|| header_str(msg, ":error-code"))
+                .unwrap_or("error");
+            let m = super::translate::provider_error_message(&payload).unwrap_or_default();
+            out.push(Ev::Error(format!("{kind}: {m}")));
+            return;
+        }
+    }
+    match header_str(msg, ":event-type").unwrap_or("") {
+        "contentBlockDelta" => {
+            if let Some(t) = payload.pointer("/delta/text").and_then(Value::as_str) {
+                out.push(Ev::Text(t.to_string()));
+            }
+        }
+        "messageStop" => {
+            if let Some(s) = payload.get("stopReason").and_then(Value::as_str) {
+                out.push(Ev::Finish(Finish::from_bedrock(s)));
+            }
+        }
+        "metadata" => {
+            if let Some(u) = payload.get("usage") {
+                out.push(Ev::Usage(usage_bedrock(u)));
+            }
+            out.push(Ev::Done);
+        }
+        _ => {}
+    }
+}
+
+/// Encodes canonical events as the client's SSE.
+#[derive(Debug)]
+pub struct ClientEncoder {
+    api: Api,
+    model: String,
+    id: String,
+    created: u64,
+    started: bool,
+    block_open: bool,
+    finish: Option<Finish>,
+    usage: Option<TokenUsage>,
+    send_usage: bool,
+    /// The stream was ended properly.
+    pub done: bool,
+}
+
+impl ClientEncoder {
+    /// An encoder for `api`; `send_usage` sends the OpenAI usage chunk (the client asked for
+    /// `stream_options.include_usage`).
+    pub fn new(api: Api, model: &str, send_usage: bool) -> Self {
+        ClientEncoder {
+            api,
+            model: model.to_string(),
+            id: fresh_id(match api {
+                Api::Chat => "chatcmpl-",
+                Api::Completions => "cmpl-",
+                Api::Messages => "msg_",
+            }),
+            created: now_epoch(),
+            started: false,
+            block_open: false,
+            finish: None,
+            usage: None,
+            send_usage,
+            done: false,
+        }
+    }
+
+    /// The usage seen so far.
+    pub fn usage(&self) -> Option<TokenUsage> {
+        self.usage
+    }
+
+    fn data(out: &mut BytesMut, v: &Value) {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(v.to_string().as_bytes());
+        out.extend_from_slice(b"\n\n");
+    }
+
+    fn event(out: &mut BytesMut, name: &str, v: &Value) {
+        out.extend_from_slice(format!("event: {name}\ndata: {v}\n\n").as_bytes());
+    }
+
+    fn openai_chunk(&self, choice: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": if self.api == Api::Chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        })
+    }
+
+    fn start(&mut self, out: &mut BytesMut) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        match self.api {
+            Api::Chat => {
+                let c = self.openai_chunk(
+                    json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}),
+                );
+                Self::data(out, &c);
+            }
+            Api::Completions => {}
+            Api::Messages => Self::event(
+                out,
+                "message_start",
+                &json!({"type": "message_start", "message": {
+                    "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                    "content": [], "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": 0, "output_tokens": 0},
+                }}),
+            ),
+        }
+    }
+
+    /// Bytes for `ev`.
+    pub fn encode(&mut self, ev: &Ev, out: &mut BytesMut) {
+        if self.done {
+            return;
+        }
+        match ev {
+            Ev::Text(t) => {
+                self.start(out);
+                match self.api {
+                    Api::Chat => {
+                        let c = self.openai_chunk(
+                            json!({"index": 0, "delta": {"content": t}, "finish_reason": null}),
+                        );
+                        Self::data(out, &c);
+                    }
+                    Api::Completions => {
+                        let c = self.openai_chunk(
+                            json!({"index": 0, "text": t, "finish_reason": null, "logprobs": null}),
+                        );
+                        Self::data(out, &c);
+                    }
+                    Api::Messages => {
+                        if !self.block_open {
+                            self.block_open = true;
+                            Self::event(
+                                out,
+                                "content_block_start",
+                                &json!({"type": "content_block_start", "index": 0,
+                                    "content_block": {"type": "text", "text": ""}}),
+                            );
+                        }
+                        Self::event(
+                            out,
+                            "content_block_delta",
+                            &json!({"type": "content_block_delta", "index": 0,
+                                "delta": {"type": "text_delta", "text": t}}),
+                        );
+                    }
+                }
+            }
+            Ev::Finish(f) => self.finish = Some(f.clone()),
+            Ev::Usage(u) => self.usage = Some(*u),
+            Ev::Done => self.end(out),
+            Ev::Error(_) => {}
+        }
+    }
+
+    /// Ends the stream properly: the finish reason, usage and terminator.
+    fn end(&mut self, out: &mut BytesMut) {
+        self.start(out);
+        let finish = self.finish.clone().unwrap_or(Finish::EndTurn);
+        let usage = self.usage.unwrap_or_default();
+        match self.api {
+            Api::Chat | Api::Completions => {
+                let choice = if self.api == Api::Chat {
+                    json!({"index": 0, "delta": {}, "finish_reason": finish.openai()})
+                } else {
+                    json!({"index": 0, "text": "", "finish_reason": finish.openai(), "logprobs": null})
+                };
+                let c = self.openai_chunk(choice);
+                Self::data(out, &c);
+                if self.send_usage {
+                    let mut c = self.openai_chunk(Value::Null);
+                    c["choices"] = json!([]);
+                    c["usage"] = openai_usage_json(&usage);
+                    Self::data(out, &c);
+                }
+                out.extend_from_slice(b"data: [DONE]\n\n");
+            }
+            Api::Messages => {
+                if self.block_open {
+                    Self::event(
+                        out,
+                        "content_block_stop",
+                        &json!({"type": "content_block_stop", "index": 0}),
+                    );
+                }
+                Self::event(
+                    out,
+                    "message_delta",
+                    &json!({"type": "message_delta",
+                        "delta": {"stop_reason": finish.anthropic(), "stop_sequence": null},
+                        "usage": anthropic_usage_json(&usage)}),
+                );
+                Self::event(out, "message_stop", &json!({"type": "message_stop"}));
+            }
+        }
+        self.done = true;
+    }
+}
+
+/// Bytes of a chunk, for tests.
+pub fn collect(chunks: &[Bytes]) -> String {
+    chunks
+        .iter()
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anthropic_sse_to_openai_chunks() {
+        let mut d = ProviderDecoder::new(ProviderType::Anthropic);
+        let src = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":2,\"output_tokens\":1}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hel\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"lo\"}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"output_tokens\":9}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        let mut evs = Vec::new();
+        for b in src.as_bytes().chunks(7) {
+            evs.extend(d.feed(b));
+        }
+        let text: String = evs
+            .iter()
+            .filter_map(|e| match e {
+                Ev::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(text, "Hello");
+        let mut enc = ClientEncoder::new(Api::Chat, "m", false);
+        let mut out = BytesMut::new();
+        for e in &evs {
+            enc.encode(e, &mut out);
+        }
+        let s = String::from_utf8_lossy(&out);
+        assert!(s.contains("\"finish_reason\":\"length\""));
+        assert!(s.ends_with("data: [DONE]\n\n"));
+        assert!(!s.contains("\"usage\""));
+        assert_eq!(
+            enc.usage(),
+            Some(TokenUsage {
+                cached_prompt_tokens: 2,
+                uncached_prompt_tokens: 5,
+                output_tokens: 9
+            })
+        );
+    }
+}

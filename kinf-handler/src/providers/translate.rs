@@ -1,0 +1,632 @@
+//! Protocol translation of requests and whole (non-streamed) responses, through a small
+//! canonical form: system text, text messages, sampling limits; a response's text, finish
+//! reason and usage.
+
+use kinf_router::usage::TokenUsage;
+use serde_json::{Map, Value, json};
+
+use crate::gateway::errors::Api;
+
+/// Default `max_tokens` when the client set none and the provider requires one (Anthropic).
+pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+
+/// Why a response ended, in canonical terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// Natural end of turn.
+    EndTurn,
+    /// A stop sequence matched.
+    StopSequence,
+    /// The token limit was reached.
+    Length,
+    /// The model called a tool.
+    ToolUse,
+    /// Content filtered or refused.
+    ContentFilter,
+}
+
+impl Finish {
+    /// From an OpenAI `finish_reason`.
+    pub fn from_openai(s: &str) -> Self {
+        match s {
+            "length" => Finish::Length,
+            "tool_calls" | "function_call" => Finish::ToolUse,
+            "content_filter" => Finish::ContentFilter,
+            _ => Finish::EndTurn,
+        }
+    }
+
+    /// From an Anthropic `stop_reason`.
+    pub fn from_anthropic(s: &str) -> Self {
+        match s {
+            "max_tokens" | "model_context_window_exceeded" => Finish::Length,
+            "stop_sequence" => Finish::StopSequence,
+            "tool_use" => Finish::ToolUse,
+            "refusal" => Finish::ContentFilter,
+            _ => Finish::EndTurn,
+        }
+    }
+
+    /// From a Bedrock `stopReason`.
+    pub fn from_bedrock(s: &str) -> Self {
+        match s {
+            "max_tokens" | "model_context_window_exceeded" => Finish::Length,
+            "stop_sequence" => Finish::StopSequence,
+            "tool_use" => Finish::ToolUse,
+            "guardrail_intervened" | "content_filtered" => Finish::ContentFilter,
+            _ => Finish::EndTurn,
+        }
+    }
+
+    /// As an OpenAI `finish_reason`.
+    pub fn openai(&self) -> &'static str {
+        match self {
+            Finish::EndTurn | Finish::StopSequence => "stop",
+            Finish::Length => "length",
+            Finish::ToolUse => "tool_calls",
+            Finish::ContentFilter => "content_filter",
+        }
+    }
+
+    /// As an Anthropic `stop_reason`.
+    pub fn anthropic(&self) -> &'static str {
+        match self {
+            Finish::EndTurn => "end_turn",
+            Finish::StopSequence => "stop_sequence",
+            Finish::Length => "max_tokens",
+            Finish::ToolUse => "tool_use",
+            Finish::ContentFilter => "refusal",
+        }
+    }
+}
+
+/// A text message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Msg {
+    /// `user` or `assistant`.
+    pub role: String,
+    /// Its text.
+    pub text: String,
+}
+
+/// A request in canonical form.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChatRequest {
+    /// System text (OpenAI `system`/`developer` messages, Anthropic `system`).
+    pub system: Vec<String>,
+    /// The conversation.
+    pub messages: Vec<Msg>,
+    /// Output token limit.
+    pub max_tokens: Option<u64>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling.
+    pub top_p: Option<f64>,
+    /// Stop sequences.
+    pub stop: Vec<String>,
+}
+
+/// A translation the gateway cannot make (the request uses a feature outside the canonical
+/// form: tools, images, `n > 1`, ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Untranslatable {
+    /// The field at fault.
+    pub param: String,
+    /// Why.
+    pub message: String,
+}
+
+fn untranslatable(param: impl Into<String>, message: impl Into<String>) -> Untranslatable {
+    Untranslatable {
+        param: param.into(),
+        message: message.into(),
+    }
+}
+
+/// Text of an OpenAI or Anthropic `content` (a string, or text parts).
+fn content_text(v: &Value, param: &str) -> Result<String, Untranslatable> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null => Ok(String::new()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for (i, p) in parts.iter().enumerate() {
+                match p.get("type").and_then(Value::as_str) {
+                    Some("text") | Some("input_text") => {
+                        out.push_str(p.get("text").and_then(Value::as_str).unwrap_or(""));
+                    }
+                    other => {
+                        return Err(untranslatable(
+                            format!("{param}[{i}].type"),
+                            format!(
+                                "content parts of type `{}` cannot be translated to this provider's protocol",
+                                other.unwrap_or("?")
+                            ),
+                        ));
+                    }
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(untranslatable(
+            param,
+            "`content` must be a string or an array",
+        )),
+    }
+}
+
+fn stop_list(v: Option<&Value>) -> Vec<String> {
+    match v {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Reads a client request into canonical form.
+pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, Untranslatable> {
+    let mut r = ChatRequest {
+        temperature: body.get("temperature").and_then(Value::as_f64),
+        top_p: body.get("top_p").and_then(Value::as_f64),
+        ..ChatRequest::default()
+    };
+    for key in ["tools", "tool_choice", "functions"] {
+        if body.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(untranslatable(
+                key,
+                format!("`{key}` cannot be translated to this provider's protocol"),
+            ));
+        }
+    }
+    match api {
+        Api::Chat | Api::Completions => {
+            if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+                return Err(untranslatable("n", "`n` > 1 cannot be translated"));
+            }
+            r.max_tokens = body
+                .get("max_completion_tokens")
+                .or_else(|| body.get("max_tokens"))
+                .and_then(Value::as_u64);
+            r.stop = stop_list(body.get("stop"));
+            if api == Api::Completions {
+                let prompt = match body.get("prompt") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+                        a[0].as_str().unwrap_or("").to_string()
+                    }
+                    _ => {
+                        return Err(untranslatable(
+                            "prompt",
+                            "only a single string `prompt` can be translated",
+                        ));
+                    }
+                };
+                r.messages.push(Msg {
+                    role: "user".into(),
+                    text: prompt,
+                });
+                return Ok(r);
+            }
+            let msgs = body
+                .get("messages")
+                .and_then(Value::as_array)
+                .ok_or_else(|| untranslatable("messages", "`messages` is required"))?;
+            for (i, m) in msgs.iter().enumerate() {
+                let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+                let param = format!("messages[{i}].content");
+                if m.get("tool_calls").is_some_and(|v| !v.is_null()) {
+                    return Err(untranslatable(
+                        format!("messages[{i}].tool_calls"),
+                        "tool calls cannot be translated to this provider's protocol",
+                    ));
+                }
+                let text = content_text(m.get("content").unwrap_or(&Value::Null), &param)?;
+                match role {
+                    "system" | "developer" => r.system.push(text),
+                    "user" | "assistant" => r.messages.push(Msg {
+                        role: role.into(),
+                        text,
+                    }),
+                    other => {
+                        return Err(untranslatable(
+                            format!("messages[{i}].role"),
+                            format!("messages of role `{other}` cannot be translated"),
+                        ));
+                    }
+                }
+            }
+        }
+        Api::Messages => {
+            r.max_tokens = body.get("max_tokens").and_then(Value::as_u64);
+            r.stop = stop_list(body.get("stop_sequences"));
+            match body.get("system") {
+                None | Some(Value::Null) => {}
+                Some(s) => r.system.push(content_text(s, "system")?),
+            }
+            let msgs = body
+                .get("messages")
+                .and_then(Value::as_array)
+                .ok_or_else(|| untranslatable("messages", "`messages` is required"))?;
+            for (i, m) in msgs.iter().enumerate() {
+                let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+                if role != "user" && role != "assistant" {
+                    return Err(untranslatable(
+                        format!("messages[{i}].role"),
+                        format!("messages of role `{role}` cannot be translated"),
+                    ));
+                }
+                let text = content_text(
+                    m.get("content").unwrap_or(&Value::Null),
+                    &format!("messages[{i}].content"),
+                )?;
+                r.messages.push(Msg {
+                    role: role.into(),
+                    text,
+                });
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// The OpenAI chat request body for `r`.
+pub fn to_openai(r: &ChatRequest, model: &str, stream: bool) -> Map<String, Value> {
+    let mut messages: Vec<Value> = r
+        .system
+        .iter()
+        .map(|s| json!({"role": "system", "content": s}))
+        .collect();
+    messages.extend(
+        r.messages
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.text})),
+    );
+    let mut b = Map::new();
+    b.insert("model".into(), model.into());
+    b.insert("messages".into(), Value::Array(messages));
+    if let Some(n) = r.max_tokens {
+        b.insert("max_tokens".into(), n.into());
+    }
+    if let Some(t) = r.temperature {
+        b.insert("temperature".into(), t.into());
+    }
+    if let Some(t) = r.top_p {
+        b.insert("top_p".into(), t.into());
+    }
+    if !r.stop.is_empty() {
+        b.insert("stop".into(), json!(r.stop));
+    }
+    b.insert("stream".into(), stream.into());
+    if stream {
+        b.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    b
+}
+
+/// The Anthropic Messages request body for `r`.
+pub fn to_anthropic(r: &ChatRequest, model: &str, stream: bool) -> Map<String, Value> {
+    let mut b = Map::new();
+    b.insert("model".into(), model.into());
+    if !r.system.is_empty() {
+        b.insert("system".into(), r.system.join("\n\n").into());
+    }
+    b.insert(
+        "messages".into(),
+        Value::Array(
+            r.messages
+                .iter()
+                .map(|m| json!({"role": m.role, "content": m.text}))
+                .collect(),
+        ),
+    );
+    b.insert(
+        "max_tokens".into(),
+        r.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).into(),
+    );
+    if let Some(t) = r.temperature {
+        b.insert("temperature".into(), t.into());
+    }
+    if let Some(t) = r.top_p {
+        b.insert("top_p".into(), t.into());
+    }
+    if !r.stop.is_empty() {
+        b.insert("stop_sequences".into(), json!(r.stop));
+    }
+    if stream {
+        b.insert("stream".into(), true.into());
+    }
+    b
+}
+
+/// The Bedrock Converse request body for `r` (the model goes in the path).
+pub fn to_bedrock(r: &ChatRequest) -> Map<String, Value> {
+    let mut b = Map::new();
+    if !r.system.is_empty() {
+        b.insert(
+            "system".into(),
+            Value::Array(r.system.iter().map(|s| json!({"text": s})).collect()),
+        );
+    }
+    b.insert(
+        "messages".into(),
+        Value::Array(
+            r.messages
+                .iter()
+                .map(|m| json!({"role": m.role, "content": [{"text": m.text}]}))
+                .collect(),
+        ),
+    );
+    let mut cfg = Map::new();
+    if let Some(n) = r.max_tokens {
+        cfg.insert("maxTokens".into(), n.into());
+    }
+    if let Some(t) = r.temperature {
+        cfg.insert("temperature".into(), t.into());
+    }
+    if let Some(t) = r.top_p {
+        cfg.insert("topP".into(), t.into());
+    }
+    if !r.stop.is_empty() {
+        cfg.insert("stopSequences".into(), json!(r.stop));
+    }
+    if !cfg.is_empty() {
+        b.insert("inferenceConfig".into(), Value::Object(cfg));
+    }
+    b
+}
+
+/// A whole response in canonical form.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatResponse {
+    /// The provider's id of the response, when it gave one.
+    pub id: Option<String>,
+    /// The text.
+    pub text: String,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Token usage.
+    pub usage: TokenUsage,
+}
+
+fn n(v: &Value, ptr: &str) -> u64 {
+    v.pointer(ptr).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Usage of an OpenAI `usage` object (`prompt_tokens` include the cached ones).
+pub fn usage_openai(u: &Value) -> TokenUsage {
+    TokenUsage::from_openai(
+        n(u, "/prompt_tokens"),
+        n(u, "/prompt_tokens_details/cached_tokens"),
+        n(u, "/completion_tokens"),
+    )
+}
+
+/// Usage of an Anthropic `usage` object: `input_tokens` and `cache_creation_input_tokens` are
+/// uncached, `cache_read_input_tokens` cached.
+pub fn usage_anthropic(u: &Value) -> TokenUsage {
+    TokenUsage {
+        cached_prompt_tokens: n(u, "/cache_read_input_tokens"),
+        uncached_prompt_tokens: n(u, "/input_tokens") + n(u, "/cache_creation_input_tokens"),
+        output_tokens: n(u, "/output_tokens"),
+    }
+}
+
+/// Usage of a Bedrock `usage` object: `inputTokens` and `cacheWriteInputTokens` are uncached,
+/// `cacheReadInputTokens` cached.
+pub fn usage_bedrock(u: &Value) -> TokenUsage {
+    TokenUsage {
+        cached_prompt_tokens: n(u, "/cacheReadInputTokens"),
+        uncached_prompt_tokens: n(u, "/inputTokens") + n(u, "/cacheWriteInputTokens"),
+        output_tokens: n(u, "/outputTokens"),
+    }
+}
+
+/// Reads a provider's whole response.
+pub fn parse_provider_response(
+    protocol: kinf_policy::ProviderType,
+    v: &Value,
+) -> Option<ChatResponse> {
+    use kinf_policy::ProviderType as P;
+    match protocol {
+        P::OpenAI => {
+            let c = v.pointer("/choices/0")?;
+            let text = c
+                .pointer("/message/content")
+                .or_else(|| c.get("text"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            Some(ChatResponse {
+                id: v.get("id").and_then(Value::as_str).map(str::to_string),
+                text,
+                finish: Finish::from_openai(
+                    c.get("finish_reason").and_then(Value::as_str).unwrap_or(""),
+                ),
+                usage: v.get("usage").map(usage_openai).unwrap_or_default(),
+            })
+        }
+        P::Anthropic => {
+            let text = v
+                .get("content")?
+                .as_array()?
+                .iter()
+                .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect::<String>();
+            Some(ChatResponse {
+                id: v.get("id").and_then(Value::as_str).map(str::to_string),
+                text,
+                finish: Finish::from_anthropic(
+                    v.get("stop_reason").and_then(Value::as_str).unwrap_or(""),
+                ),
+                usage: v.get("usage").map(usage_anthropic).unwrap_or_default(),
+            })
+        }
+        P::Bedrock => {
+            let text = v
+                .pointer("/output/message/content")?
+                .as_array()?
+                .iter()
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect::<String>();
+            Some(ChatResponse {
+                id: None,
+                text,
+                finish: Finish::from_bedrock(
+                    v.get("stopReason").and_then(Value::as_str).unwrap_or(""),
+                ),
+                usage: v.get("usage").map(usage_bedrock).unwrap_or_default(),
+            })
+        }
+    }
+}
+
+/// OpenAI `usage` of `u`.
+pub fn openai_usage_json(u: &TokenUsage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens(),
+        "completion_tokens": u.output_tokens,
+        "total_tokens": u.total_tokens(),
+        "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
+    })
+}
+
+/// Anthropic `usage` of `u` (cache writes are counted in `input_tokens`).
+pub fn anthropic_usage_json(u: &TokenUsage) -> Value {
+    json!({
+        "input_tokens": u.uncached_prompt_tokens,
+        "cache_read_input_tokens": u.cached_prompt_tokens,
+        "cache_creation_input_tokens": 0,
+        "output_tokens": u.output_tokens,
+    })
+}
+
+/// Seconds since the epoch, for `created`.
+pub fn now_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A response id when the provider gave none.
+pub fn fresh_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}{:x}{:04x}",
+        nanos,
+        SEQ.fetch_add(1, Ordering::Relaxed) & 0xffff
+    )
+}
+
+/// The client-shaped whole response.
+pub fn client_response(api: Api, r: &ChatResponse, model: &str) -> Value {
+    match api {
+        Api::Chat => json!({
+            "id": r.id.clone().unwrap_or_else(|| fresh_id("chatcmpl-")),
+            "object": "chat.completion",
+            "created": now_epoch(),
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": r.text},
+                "finish_reason": r.finish.openai(),
+                "logprobs": null,
+            }],
+            "usage": openai_usage_json(&r.usage),
+        }),
+        Api::Completions => json!({
+            "id": r.id.clone().unwrap_or_else(|| fresh_id("cmpl-")),
+            "object": "text_completion",
+            "created": now_epoch(),
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "text": r.text,
+                "finish_reason": r.finish.openai(),
+                "logprobs": null,
+            }],
+            "usage": openai_usage_json(&r.usage),
+        }),
+        Api::Messages => json!({
+            "id": r.id.clone().filter(|i| i.starts_with("msg_")).unwrap_or_else(|| fresh_id("msg_")),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": r.text}],
+            "stop_reason": r.finish.anthropic(),
+            "stop_sequence": null,
+            "usage": anthropic_usage_json(&r.usage),
+        }),
+    }
+}
+
+/// The message of a provider's error body, when it has one.
+pub fn provider_error_message(v: &Value) -> Option<String> {
+    v.pointer("/error/message")
+        .or_else(|| v.get("message"))
+        .or_else(|| v.get("Message"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openai_chat_to_anthropic_and_bedrock() {
+        let body = json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            ],
+            "max_tokens": 7, "stop": "END", "temperature": 0.5,
+        });
+        let Value::Object(body) = body else { return };
+        let r = parse_client(Api::Chat, &body);
+        assert!(r.is_ok());
+        let Ok(r) = r else { return };
+        let a = Value::Object(to_anthropic(&r, "claude", true));
+        assert_eq!(a["system"], "be brief");
+        assert_eq!(a["messages"][0]["content"], "hi");
+        assert_eq!(a["stop_sequences"][0], "END");
+        assert_eq!(a["max_tokens"], 7);
+        let b = Value::Object(to_bedrock(&r));
+        assert_eq!(b["system"][0]["text"], "be brief");
+        assert_eq!(b["inferenceConfig"]["maxTokens"], 7);
+        assert_eq!(b["messages"][0]["content"][0]["text"], "hi");
+    }
+
+    #[test]
+    fn usage_is_exact_across_shapes() {
+        let u = usage_anthropic(&json!({
+            "input_tokens": 10, "cache_read_input_tokens": 90,
+            "cache_creation_input_tokens": 5, "output_tokens": 3
+        }));
+        assert_eq!((u.uncached_prompt_tokens, u.cached_prompt_tokens), (15, 90));
+        let o = openai_usage_json(&u);
+        assert_eq!(o["prompt_tokens"], 105);
+        assert_eq!(usage_openai(&o), u);
+        let b =
+            usage_bedrock(&json!({"inputTokens": 4, "outputTokens": 2, "cacheReadInputTokens": 6}));
+        assert_eq!(b.prompt_tokens(), 10);
+    }
+
+    #[test]
+    fn tools_are_refused() {
+        let Value::Object(body) = json!({"messages": [], "tools": [{}]}) else {
+            return;
+        };
+        assert!(parse_client(Api::Chat, &body).is_err());
+    }
+}

@@ -1,0 +1,503 @@
+//! Provider clients against the fake provider: every client→provider protocol pair, plain and
+//! streamed; auth and SigV4 checked by the fake; timeouts, breaker, concurrency, redaction.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fake_provider::{Fake, Mode};
+use futures_util::StreamExt;
+use kinf_handler::gateway::errors::Api;
+use kinf_handler::providers::credentials::StandaloneCredentials;
+use kinf_handler::providers::health::BreakerState;
+use kinf_handler::providers::{PoolOptions, ProviderErrorKind, ProviderPool, ProviderResponse};
+use kinf_lang::compiled::{CredentialRef, ProviderInfo};
+use kinf_policy::ProviderType;
+use kinf_router::usage::TokenUsage;
+use serde_json::{Map, Value, json};
+
+const EXPECTED: TokenUsage = TokenUsage {
+    cached_prompt_tokens: 4,
+    uncached_prompt_tokens: 8,
+    output_tokens: 2,
+};
+
+fn secret_file(name: &str, content: &str) -> Arc<str> {
+    let p = std::env::temp_dir().join(format!("kinf-prov-{}-{name}", std::process::id()));
+    std::fs::write(&p, content).unwrap();
+    p.to_string_lossy().into()
+}
+
+fn info(fake: &Fake, protocol: ProviderType, timeout: Duration, max: Option<u32>) -> ProviderInfo {
+    let creds = match protocol {
+        ProviderType::OpenAI => secret_file("openai", &format!("{}\n", fake_provider::OPENAI_KEY)),
+        ProviderType::Anthropic => secret_file("anthropic", fake_provider::ANTHROPIC_KEY),
+        ProviderType::Bedrock => secret_file(
+            "aws",
+            &format!(
+                "[default]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+                fake_provider::AWS_ID,
+                fake_provider::AWS_SECRET
+            ),
+        ),
+    };
+    ProviderInfo {
+        protocol,
+        url: if protocol == ProviderType::OpenAI {
+            format!("{}/v1", fake.url).into()
+        } else {
+            fake.url.clone().into()
+        },
+        region: Some(fake_provider::REGION.into()),
+        timeout,
+        max_concurrency: max,
+        expected_ttft: Duration::from_millis(500),
+        credentials: Some(CredentialRef::File(creds)),
+    }
+}
+
+fn pool_of(infos: Vec<(&str, ProviderInfo)>, opts: PoolOptions) -> ProviderPool {
+    ProviderPool::from_providers(
+        infos
+            .into_iter()
+            .map(|(n, i)| (Arc::from("ns"), Arc::from(n), i)),
+        &StandaloneCredentials,
+        &opts,
+        None,
+    )
+}
+
+fn client_body(api: Api, stream: bool, include_usage: bool) -> Map<String, Value> {
+    let mut v = match api {
+        Api::Messages => json!({
+            "model": "client-model", "max_tokens": 50, "system": "be brief",
+            "messages": [{"role": "user", "content": "Say hello"}],
+        }),
+        Api::Chat => json!({
+            "model": "client-model", "max_tokens": 50,
+            "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Say hello"}],
+        }),
+        Api::Completions => {
+            json!({"model": "client-model", "prompt": "Say hello", "max_tokens": 50})
+        }
+    };
+    if stream {
+        v["stream"] = json!(true);
+        if include_usage {
+            v["stream_options"] = json!({"include_usage": true});
+        }
+    }
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!(),
+    }
+}
+
+async fn read_all(r: ProviderResponse) -> (String, kinf_handler::providers::ProviderOutcome) {
+    let mut body = r.body;
+    let mut s = String::new();
+    while let Some(c) = body.next().await {
+        s.push_str(&String::from_utf8_lossy(&c.unwrap()));
+    }
+    drop(body);
+    (s, r.outcome.await.unwrap())
+}
+
+/// The text of a client-shaped body (JSON or SSE).
+fn text_of(api: Api, body: &str, stream: bool) -> String {
+    if !stream {
+        let v: Value = serde_json::from_str(body).unwrap();
+        return match api {
+            Api::Chat => v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .into(),
+            Api::Completions => v["choices"][0]["text"].as_str().unwrap().into(),
+            Api::Messages => v["content"][0]["text"].as_str().unwrap().into(),
+        };
+    }
+    let mut out = String::new();
+    for line in body.lines() {
+        let Some(d) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if d == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(d).unwrap();
+        let t = match api {
+            Api::Chat => v.pointer("/choices/0/delta/content"),
+            Api::Completions => v.pointer("/choices/0/text"),
+            Api::Messages => v.pointer("/delta/text"),
+        };
+        if let Some(t) = t.and_then(Value::as_str) {
+            out.push_str(t);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_protocol_pair_plain_and_streamed() {
+    let fake = Fake::start().await;
+    let t = Duration::from_secs(5);
+    let pool = pool_of(
+        vec![
+            ("openai", info(&fake, ProviderType::OpenAI, t, None)),
+            ("anthropic", info(&fake, ProviderType::Anthropic, t, None)),
+            ("bedrock", info(&fake, ProviderType::Bedrock, t, None)),
+        ],
+        PoolOptions::default(),
+    );
+    for provider in ["openai", "anthropic", "bedrock"] {
+        for api in [Api::Chat, Api::Messages, Api::Completions] {
+            for stream in [false, true] {
+                let ctx = format!("{api:?} -> {provider} stream={stream}");
+                let r = pool
+                    .forward(
+                        &format!("ns/{provider}"),
+                        api,
+                        client_body(api, stream, false),
+                        "provider-model:v1",
+                        stream,
+                        false,
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+                let (body, outcome) = read_all(r).await;
+                assert_eq!(text_of(api, &body, stream), "Hello world", "{ctx}: {body}");
+                assert_eq!(outcome.usage, Some(EXPECTED), "{ctx}: usage");
+                assert!(outcome.completed, "{ctx}");
+                if stream {
+                    assert!(outcome.ttft_s.is_some(), "{ctx}");
+                    if api != Api::Messages {
+                        assert!(body.ends_with("data: [DONE]\n\n"), "{ctx}: {body}");
+                        assert!(
+                            !body.contains("\"usage\""),
+                            "{ctx}: usage chunk not stripped: {body}"
+                        );
+                    } else {
+                        assert!(body.contains("event: message_stop"), "{ctx}");
+                    }
+                }
+                let last = fake.last();
+                match provider {
+                    "bedrock" => {
+                        let suffix = if stream {
+                            "converse-stream"
+                        } else {
+                            "converse"
+                        };
+                        assert_eq!(
+                            last.path,
+                            format!("/model/provider-model%3Av1/{suffix}"),
+                            "{ctx}"
+                        );
+                        if api != Api::Completions {
+                            assert_eq!(last.body["system"][0]["text"], "be brief", "{ctx}");
+                        }
+                    }
+                    _ => assert_eq!(last.body["model"], "provider-model:v1", "{ctx}"),
+                }
+                if provider == "openai" && stream {
+                    assert_eq!(last.body["stream_options"]["include_usage"], true, "{ctx}");
+                }
+            }
+        }
+    }
+    assert_eq!(
+        fake.auth_failures
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "every request passed the fake's auth / SigV4 check"
+    );
+    let snap = pool.state_snapshot();
+    assert!(
+        snap.iter()
+            .all(|(_, s)| s.ready && s.in_flight == 0 && s.ttft_s.is_some())
+    );
+}
+
+#[tokio::test]
+async fn usage_chunk_kept_when_the_client_asked() {
+    let fake = Fake::start().await;
+    let pool = pool_of(
+        vec![
+            (
+                "openai",
+                info(&fake, ProviderType::OpenAI, Duration::from_secs(5), None),
+            ),
+            (
+                "bedrock",
+                info(&fake, ProviderType::Bedrock, Duration::from_secs(5), None),
+            ),
+        ],
+        PoolOptions::default(),
+    );
+    for p in ["ns/openai", "ns/bedrock"] {
+        let r = pool
+            .forward(
+                p,
+                Api::Chat,
+                client_body(Api::Chat, true, true),
+                "m",
+                true,
+                true,
+            )
+            .await
+            .unwrap();
+        let (body, outcome) = read_all(r).await;
+        assert!(body.contains("\"prompt_tokens\":12"), "{p}: {body}");
+        assert!(body.contains("\"cached_tokens\":4"), "{p}: {body}");
+        assert_eq!(outcome.usage, Some(EXPECTED));
+    }
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_refused_and_never_echoed() {
+    let fake = Fake::start().await;
+    let mut i = info(&fake, ProviderType::OpenAI, Duration::from_secs(5), None);
+    i.credentials = Some(CredentialRef::File(secret_file(
+        "bad",
+        "sk-wrong-secret-value",
+    )));
+    let mut b = info(&fake, ProviderType::Bedrock, Duration::from_secs(5), None);
+    b.credentials = Some(CredentialRef::File(secret_file(
+        "badaws",
+        "aws_access_key_id=AKIDFAKEEXAMPLE\naws_secret_access_key=not-the-right-secret\n",
+    )));
+    let pool = pool_of(vec![("openai", i), ("bedrock", b)], PoolOptions::default());
+    for p in ["ns/openai", "ns/bedrock"] {
+        let e = pool
+            .forward(
+                p,
+                Api::Chat,
+                client_body(Api::Chat, false, false),
+                "m",
+                false,
+                false,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ProviderErrorKind::Status(401));
+        assert!(e.before_first_byte && e.fall_through);
+        let shown = format!("{e} {e:?} {:?} {pool:?}", e.to_api_error().body(Api::Chat));
+        for s in [
+            "sk-wrong-secret-value",
+            "not-the-right-secret",
+            fake_provider::OPENAI_KEY,
+        ] {
+            assert!(!shown.contains(s), "{s} leaked: {shown}");
+        }
+    }
+    let missing = ProviderInfo {
+        credentials: Some(CredentialRef::Env("KINF_TEST_SURELY_UNSET_VAR".into())),
+        ..info(&fake, ProviderType::Anthropic, Duration::from_secs(5), None)
+    };
+    let pool = pool_of(vec![("a", missing)], PoolOptions::default());
+    let e = pool
+        .forward(
+            "ns/a",
+            Api::Messages,
+            client_body(Api::Messages, false, false),
+            "m",
+            false,
+            false,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Credentials);
+    assert!(!pool.state_snapshot()[0].1.ready);
+}
+
+#[tokio::test]
+async fn timeout_is_an_error_before_the_first_byte() {
+    let fake = Fake::start().await;
+    fake.set_mode(Mode::Hang(Duration::from_secs(3)));
+    let pool = pool_of(
+        vec![(
+            "a",
+            info(
+                &fake,
+                ProviderType::Anthropic,
+                Duration::from_millis(200),
+                None,
+            ),
+        )],
+        PoolOptions::default(),
+    );
+    let started = std::time::Instant::now();
+    for stream in [false, true] {
+        let e = pool
+            .forward(
+                "ns/a",
+                Api::Chat,
+                client_body(Api::Chat, stream, false),
+                "m",
+                stream,
+                false,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ProviderErrorKind::Timeout);
+        assert!(e.before_first_byte && e.fall_through);
+        assert_eq!(e.to_api_error().status.as_u16(), 504);
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn breaker_opens_after_failures_and_half_opens() {
+    let fake = Fake::start().await;
+    fake.set_mode(Mode::Fail500);
+    let opts = PoolOptions {
+        failure_threshold: 3,
+        cool_down: Duration::from_millis(300),
+        ..PoolOptions::default()
+    };
+    let pool = pool_of(
+        vec![(
+            "o",
+            info(&fake, ProviderType::OpenAI, Duration::from_secs(5), None),
+        )],
+        opts,
+    );
+    let go = || {
+        pool.forward(
+            "ns/o",
+            Api::Chat,
+            client_body(Api::Chat, false, false),
+            "m",
+            false,
+            false,
+        )
+    };
+    for _ in 0..3 {
+        let e = go().await.unwrap_err();
+        assert_eq!(e.kind, ProviderErrorKind::Status(500));
+        assert!(e.fall_through);
+    }
+    let snap = &pool.state_snapshot()[0].1;
+    assert_eq!(snap.breaker, BreakerState::Open);
+    assert!(!snap.ready);
+    let n = fake.requests.lock().len();
+    let e = go().await.unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::CircuitOpen);
+    assert_eq!(
+        fake.requests.lock().len(),
+        n,
+        "an open breaker sends nothing"
+    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(pool.state_snapshot()[0].1.breaker, BreakerState::HalfOpen);
+    // The probe fails: open again.
+    assert_eq!(go().await.unwrap_err().kind, ProviderErrorKind::Status(500));
+    assert_eq!(pool.state_snapshot()[0].1.breaker, BreakerState::Open);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    fake.set_mode(Mode::Normal);
+    let (_, o) = read_all(go().await.unwrap()).await;
+    assert!(o.completed);
+    assert_eq!(pool.state_snapshot()[0].1.breaker, BreakerState::Closed);
+}
+
+#[tokio::test]
+async fn mid_stream_death_ends_with_an_error_event_and_counts_as_failure() {
+    let fake = Fake::start().await;
+    fake.set_mode(Mode::DieMidStream);
+    let pool = pool_of(
+        vec![(
+            "b",
+            info(&fake, ProviderType::Bedrock, Duration::from_secs(5), None),
+        )],
+        PoolOptions::default(),
+    );
+    let r = pool
+        .forward(
+            "ns/b",
+            Api::Messages,
+            client_body(Api::Messages, true, false),
+            "m",
+            true,
+            false,
+        )
+        .await
+        .unwrap();
+    let (body, o) = read_all(r).await;
+    assert!(!o.completed);
+    assert!(body.contains("event: error"), "{body}");
+    assert_eq!(pool.state_snapshot()[0].1.consecutive_failures, 1);
+}
+
+#[tokio::test]
+async fn concurrency_limit_makes_the_provider_busy() {
+    let fake = Fake::start().await;
+    let pool = pool_of(
+        vec![(
+            "o",
+            info(&fake, ProviderType::OpenAI, Duration::from_secs(5), Some(1)),
+        )],
+        PoolOptions::default(),
+    );
+    let held = pool
+        .forward(
+            "ns/o",
+            Api::Chat,
+            client_body(Api::Chat, true, false),
+            "m",
+            true,
+            false,
+        )
+        .await
+        .unwrap();
+    let snap = &pool.state_snapshot()[0].1;
+    assert_eq!(snap.in_flight, 1);
+    assert!(!snap.ready, "full means not ready");
+    let e = pool
+        .forward(
+            "ns/o",
+            Api::Chat,
+            client_body(Api::Chat, true, false),
+            "m",
+            true,
+            false,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Busy);
+    assert_eq!(e.to_api_error().status.as_u16(), 503);
+    let _ = read_all(held).await;
+    let snap = &pool.state_snapshot()[0].1;
+    assert_eq!(snap.in_flight, 0);
+    assert!(snap.ready);
+    let mut st = kinf_router::ClusterState::default();
+    pool.apply_to(&mut st);
+    assert!(
+        st.providers
+            .get("ns/o")
+            .is_some_and(|p| p.ready && p.ttft_s.is_some())
+    );
+}
+
+#[tokio::test]
+async fn a_400_from_the_provider_does_not_fall_through() {
+    let fake = Fake::start().await;
+    let pool = pool_of(
+        vec![(
+            "a",
+            info(&fake, ProviderType::Anthropic, Duration::from_secs(5), None),
+        )],
+        PoolOptions::default(),
+    );
+    // Tools cannot be translated: refused before sending.
+    let mut body = client_body(Api::Chat, false, false);
+    body.insert("tools".into(), json!([{"type": "function"}]));
+    let e = pool
+        .forward("ns/a", Api::Chat, body, "m", false, false)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Untranslatable);
+    assert!(fake.requests.lock().is_empty());
+}
