@@ -76,6 +76,8 @@ pub struct Chosen {
     pub requested_model: Arc<str>,
     /// Prices of the destination, per million tokens.
     pub cost: kinf_lang::compiled::CostInfo,
+    /// `namespace/name` of the provider, for provider routes (`endpoint` is then its URL).
+    pub provider: Option<Arc<str>>,
     local: bool,
     prompt_tokens: u32,
     uncached_tokens: f64,
@@ -348,13 +350,33 @@ fn too_large(limit: usize) -> ApiError {
 /// Decides an admitted request: the chosen local endpoint, or the error to send (policy
 /// rejections, unknown models, provider routes this build cannot serve).
 pub fn plan(gw: &Gateway, a: &Admitted) -> Result<Chosen, ApiError> {
+    let c = plan_with(gw, a, &[])?;
+    match &c.provider {
+        None => Ok(c),
+        Some(p) => Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "provider_unsupported",
+            format!(
+                "the policy routed this request to provider `{p}`; provider traffic needs protocol translation and credentials, so it is served through Kinference's HTTP gateway, not handed to the calling proxy"
+            ),
+        )),
+    }
+}
+
+/// Decides an admitted request, providers included; `excluded_providers` (`namespace/name`)
+/// are treated as unavailable (they failed this request before the first byte).
+pub fn plan_with(
+    gw: &Gateway,
+    a: &Admitted,
+    excluded_providers: &[Arc<str>],
+) -> Result<Chosen, ApiError> {
     let decide_start = Instant::now();
     let token_ids = a
         .request
         .token_ids
         .clone()
         .unwrap_or_else(|| Arc::from(Vec::new()));
-    let (decision, chosen) = decide(gw, &a.policy, &a.request, &token_ids);
+    let (decision, chosen) = decide(gw, &a.policy, &a.request, &token_ids, excluded_providers);
     gw.metrics
         .observe_decision_seconds(decide_start.elapsed().as_secs_f64());
     match (decision.outcome, chosen) {
@@ -375,11 +397,8 @@ pub fn plan(gw: &Gateway, a: &Admitted) -> Result<Chosen, ApiError> {
         }
         (Outcome::Route(r), None) => Err(ApiError::new(
             StatusCode::BAD_GATEWAY,
-            "provider_unsupported",
-            format!(
-                "the policy routed this request to provider `{}`, and this build of Kinference does not forward to providers yet",
-                r.destination
-            ),
+            "upstream_error",
+            format!("no route to `{}`", r.destination),
         )),
     }
 }
@@ -412,9 +431,33 @@ async fn admit_and_forward(
     let admitted = admit(&rt, api, headers, &bytes)?;
     who.admitted(&admitted.request);
     let mut retried = false;
+    let mut failed_providers: SmallVec<[Arc<str>; 2]> = SmallVec::new();
     loop {
-        let chosen = plan(gw, &admitted)?;
+        let chosen = plan_with(gw, &admitted, &failed_providers)?;
         who.routed(&chosen);
+        if let Some(key) = chosen.provider.clone() {
+            let pool = gw.providers.load_full();
+            match pool
+                .forward(
+                    &key,
+                    api,
+                    admitted.parsed.body.clone(),
+                    &chosen.model,
+                    admitted.parsed.stream,
+                    !admitted.inject_usage,
+                )
+                .await
+            {
+                Ok(resp) => return Ok(respond_provider(gw, api, chosen, resp, started)),
+                Err(e) if e.fall_through && failed_providers.len() < 4 => {
+                    tracing::warn!(provider = %key, error = %e, "provider failed before the first byte; deciding again without it");
+                    gw.metrics.upstream_retry(&chosen.endpoint);
+                    failed_providers.push(key);
+                    continue;
+                }
+                Err(e) => return Err(e.to_api_error()),
+            }
+        }
         let body = upstream_body(&admitted, &chosen);
         match send(gw, api, headers, &chosen, body).await {
             Ok(upstream) => {
@@ -461,6 +504,65 @@ async fn admit_and_forward(
     }
 }
 
+/// The response of a provider (already in the client's protocol), with the decision's headers;
+/// its outcome is reported when the body is over.
+fn respond_provider(
+    gw: &Arc<Gateway>,
+    api: Api,
+    chosen: Chosen,
+    resp: crate::providers::ProviderResponse,
+    started: Instant,
+) -> Response {
+    let crate::providers::ProviderResponse {
+        status,
+        headers,
+        body,
+        outcome,
+    } = resp;
+    count_request(
+        gw,
+        api,
+        status.as_u16(),
+        if status.is_success() {
+            "ok"
+        } else {
+            "upstream_status"
+        },
+        &crate::accounting::Who::of(&chosen),
+    );
+    let mut builder = Response::builder().status(status);
+    for (k, v) in headers.iter() {
+        builder = builder.header(k, v);
+    }
+    for (k, v) in &chosen.headers {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::try_from(k.as_str()),
+            HeaderValue::try_from(v.as_str()),
+        ) {
+            builder = builder.header(k, v);
+        }
+    }
+    let gw2 = gw.clone();
+    tokio::spawn(async move {
+        if let Ok(o) = outcome.await {
+            let obs = ResponseObservation {
+                status: o.status,
+                ttft_s: o.ttft_s,
+                mean_itl_s: o.mean_itl_s,
+                usage: o.usage,
+                completed: o.completed,
+                duration_s: started.elapsed().as_secs_f64(),
+                token_events: 0,
+            };
+            report(&gw2, api, &chosen, &obs);
+        }
+    });
+    builder.body(Body::from_stream(body)).unwrap_or_else(|e| {
+        ApiError::new(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string())
+            .into_response_for(api)
+    })
+}
+
 fn mark_unready(gw: &Gateway, c: &Chosen) {
     gw.state.with(|st| {
         if let Some(ws) = st
@@ -479,48 +581,60 @@ fn decide(
     policy: &kinf_lang::CompiledPolicy,
     req: &kinf_router::Request,
     token_ids: &[u32],
+    excluded_providers: &[Arc<str>],
 ) -> (Decision, Option<Chosen>) {
     let now = gw.state.now_ms();
+    let providers = gw.providers.load();
     gw.state.with(|st| {
         if now != st.now_ms {
             st.set_now(now);
         }
+        if !st.providers.is_empty() {
+            providers.apply_to(st);
+            for k in excluded_providers {
+                if let Some(p) = st.providers.get_mut(k) {
+                    p.ready = false;
+                }
+            }
+        }
         let d = Decider::decide(policy, req, st);
-        let chosen = d
-            .route()
-            .filter(|r| r.backend_type == BackendType::Local)
-            .map(|r| {
+        let chosen = d.route().map(|r| {
+            let local = r.backend_type == BackendType::Local;
+            let load = if local {
                 st.record_routed(&r.namespace, &r.destination, &r.endpoint, token_ids, now);
-                let load = st
-                    .worker_set(&r.namespace, &r.destination)
+                st.worker_set(&r.namespace, &r.destination)
                     .and_then(|ws| ws.endpoints.iter().find(|e| e.address == r.endpoint))
                     .map(|e| e.load.average(kinf_lang::check::DEFAULT_WINDOW, now))
-                    .unwrap_or_default();
-                Chosen {
-                    endpoint: r.endpoint.clone(),
-                    destination: r.destination.clone(),
-                    namespace: r.namespace.clone(),
-                    model: r.model.clone(),
-                    rule: match (&d.policy, &d.rule) {
-                        (Some(p), Some(rule)) => format!("{p}/{rule}"),
-                        _ => "default".into(),
-                    },
-                    headers: r.headers.clone(),
-                    tenant: req.tenant.clone(),
-                    requested_model: req.model.clone(),
-                    cost: policy
-                        .destinations
-                        .iter()
-                        .find(|d| d.name == r.destination && d.namespace == r.namespace)
-                        .map(|d| d.cost)
-                        .unwrap_or_default(),
-                    local: true,
-                    prompt_tokens: req.prompt_tokens,
-                    uncached_tokens: f64::from(req.prompt_tokens.saturating_sub(r.cached_tokens)),
-                    queued: load.queued_prompts,
-                    running: load.running_prompts,
-                }
-            });
+                    .unwrap_or_default()
+            } else {
+                kinf_router::state::Load::default()
+            };
+            Chosen {
+                endpoint: r.endpoint.clone(),
+                destination: r.destination.clone(),
+                namespace: r.namespace.clone(),
+                model: r.model.clone(),
+                rule: match (&d.policy, &d.rule) {
+                    (Some(p), Some(rule)) => format!("{p}/{rule}"),
+                    _ => "default".into(),
+                },
+                headers: r.headers.clone(),
+                tenant: req.tenant.clone(),
+                requested_model: req.model.clone(),
+                cost: policy
+                    .destinations
+                    .iter()
+                    .find(|d| d.name == r.destination && d.namespace == r.namespace)
+                    .map(|d| d.cost)
+                    .unwrap_or_default(),
+                provider: (!local).then(|| Arc::from(format!("{}/{}", r.namespace, r.destination))),
+                local,
+                prompt_tokens: req.prompt_tokens,
+                uncached_tokens: f64::from(req.prompt_tokens.saturating_sub(r.cached_tokens)),
+                queued: load.queued_prompts,
+                running: load.running_prompts,
+            }
+        });
         (d, chosen)
     })
 }

@@ -72,7 +72,32 @@ pub struct Gateway {
     /// Ingestion status, when ingestion runs.
     pub live: ArcSwapOption<Box<dyn LiveStatus>>,
     client: forward::UpstreamClient,
+    /// Provider clients, rebuilt with each policy (unchanged providers keep their state).
+    pub providers: arc_swap::ArcSwap<crate::providers::ProviderPool>,
     options: GatewayOptions,
+}
+
+/// Provider credentials in standalone mode: environment variables, and files with relative
+/// paths resolved against the configuration directory.
+struct DirCredentials(PathBuf);
+
+impl crate::providers::credentials::CredentialSource for DirCredentials {
+    fn resolve(
+        &self,
+        namespace: &str,
+        r: &kinf_lang::compiled::CredentialRef,
+    ) -> Result<crate::providers::credentials::Secret, crate::providers::credentials::CredentialError>
+    {
+        match r {
+            kinf_lang::compiled::CredentialRef::File(path) => {
+                let full = self.0.join(&**path);
+                let resolved =
+                    kinf_lang::compiled::CredentialRef::File(full.to_string_lossy().into());
+                crate::providers::credentials::StandaloneCredentials.resolve(namespace, &resolved)
+            }
+            other => crate::providers::credentials::StandaloneCredentials.resolve(namespace, other),
+        }
+    }
 }
 
 impl std::fmt::Debug for Gateway {
@@ -92,6 +117,14 @@ impl Gateway {
             metrics: Metrics::new(),
             live: ArcSwapOption::empty(),
             client: forward::UpstreamClient::new(),
+            providers: arc_swap::ArcSwap::from_pointee(
+                crate::providers::ProviderPool::from_providers(
+                    std::iter::empty(),
+                    &crate::providers::credentials::StandaloneCredentials,
+                    &crate::providers::PoolOptions::default(),
+                    None,
+                ),
+            ),
             options,
         })
     }
@@ -129,6 +162,14 @@ impl Gateway {
                         *st = fresh;
                     });
                     self.runtime.store(Some(Arc::new(rt)));
+                    let previous = self.providers.load_full();
+                    self.providers
+                        .store(Arc::new(crate::providers::ProviderPool::from_policy(
+                            &applied.policy,
+                            &DirCredentials(self.options.base_dir.clone()),
+                            &crate::providers::PoolOptions::default(),
+                            Some(&previous),
+                        )));
                     for w in &applied.warnings {
                         tracing::warn!("{w}");
                     }

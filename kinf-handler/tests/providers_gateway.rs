@@ -1,0 +1,255 @@
+//! The seed's burst and PII policies through the gateway, with a live kinf-sim worker and fake
+//! providers (Bedrock and an OpenAI-compatible Databricks endpoint) that check credentials and
+//! SigV4 signatures: excess traffic bursts to Bedrock when the worker's queue is over the
+//! policy's limit, to Databricks when Bedrock fails, and PII never leaves the cluster.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fake_provider::{Fake, Mode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use support::*;
+
+async fn post(addr: SocketAddr, body: &Value) -> (u16, hyper::HeaderMap, Value) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        headers,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+fn chat(text: &str, max_tokens: u32) -> Value {
+    json!({"model": "llama-70b", "max_tokens": max_tokens,
+           "messages": [{"role": "user", "content": text}]})
+}
+
+/// The seed cluster with its worker set on `worker`, its providers on the fakes, and
+/// credentials from files in `dir`.
+fn cluster(dir: &std::path::Path, worker: &str, bedrock: &Fake, databricks: &Fake) -> String {
+    std::fs::write(
+        dir.join("bedrock.creds"),
+        format!(
+            "aws_access_key_id = {}\naws_secret_access_key = {}\n",
+            fake_provider::AWS_ID,
+            fake_provider::AWS_SECRET
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("databricks.token"), fake_provider::OPENAI_KEY).unwrap();
+    std::fs::read_to_string(root().join("testdata/policies/burst-to-cloud/cluster.yaml"))
+        .unwrap()
+        .replace(
+            r#"["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]"#,
+            &format!(r#"["{worker}"]"#),
+        )
+        .replace(
+            "kvEvents: { port: 5557, replayPort: 5558 }",
+            "metrics: { interval: 200ms }",
+        )
+        .replace(
+            "https://bedrock-runtime.us-east-1.amazonaws.com",
+            &bedrock.url,
+        )
+        .replace(
+            "region: us-east-1",
+            &format!("region: {}", fake_provider::REGION),
+        )
+        .replace(
+            "https://example.cloud.databricks.com/serving-endpoints",
+            &format!("{}/v1", databricks.url),
+        )
+        .replace(
+            "secretRef: { name: bedrock-credentials }",
+            "file: bedrock.creds",
+        )
+        .replace(
+            "secretRef: { name: databricks-token, key: token }",
+            "file: databricks.token",
+        )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excess_bursts_to_bedrock_then_databricks_and_pii_stays_local() {
+    let worker = sim(&[
+        "--port",
+        "0",
+        "--model",
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "--profile",
+        "tiny",
+        "--speed",
+        "0.2",
+        "--seed",
+        "7",
+    ])
+    .await;
+    let bedrock = Fake::start().await;
+    let databricks = Fake::start().await;
+    let dir = temp_dir("burst");
+    std::fs::write(
+        dir.join("cluster.yaml"),
+        cluster(&dir, &worker.http.to_string(), &bedrock, &databricks),
+    )
+    .unwrap();
+    std::fs::copy(
+        root().join("testdata/policies/burst-to-cloud/policy.yaml"),
+        dir.join("policy.yaml"),
+    )
+    .unwrap();
+    let (gw, addr) = gateway(&dir).await;
+
+    // Idle: served locally.
+    let (s, h, v) = post(addr, &chat("hello", 2)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(h["x-kinference-endpoint"], worker.http.to_string().as_str());
+
+    // Saturate the worker (8 running, the rest queued) straight from the side.
+    let w = worker.http;
+    let mut load = Vec::new();
+    for _ in 0..14 {
+        load.push(tokio::spawn(async move { post(w, &json!({"model": "meta-llama/Llama-3.3-70B-Instruct", "max_tokens": 400, "messages": [{"role": "user", "content": "busy"}]})).await }));
+    }
+    let queued = |gw: &kinf_handler::gateway::Gateway| {
+        gw.state.with(|st| {
+            let ws = st.worker_set("inference", "llama-workers").unwrap();
+            ws.endpoints[0]
+                .load
+                .average(Duration::from_secs(30), st.now_ms)
+                .queued_prompts
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || queued(&gw) > 2.0).await,
+        "the worker never looked saturated: {}",
+        queued(&gw)
+    );
+
+    // Saturated: the excess goes to Bedrock (SigV4-signed, checked by the fake).
+    let (s, h, v) = post(addr, &chat("hello again", 5)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(h["x-kinference-endpoint"], bedrock.url.as_str());
+    assert!(
+        bedrock.last().path.contains("/converse"),
+        "{:?}",
+        bedrock.last().path
+    );
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello world");
+    assert_eq!(bedrock.auth_failures.load(Ordering::Relaxed), 0);
+
+    // Bedrock down: Databricks (OpenAI-compatible, Bearer token) takes it.
+    bedrock.set_mode(Mode::Fail500);
+    let (s, h, v) = post(addr, &chat("and again", 5)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        h["x-kinference-endpoint"],
+        format!("{}/v1", databricks.url).as_str()
+    );
+    assert_eq!(
+        databricks.last().body["model"],
+        "databricks-meta-llama-3-3-70b-instruct"
+    );
+    assert_eq!(databricks.auth_failures.load(Ordering::Relaxed), 0);
+    for l in load {
+        let _ = l.await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pii_never_leaves_and_is_rejected_when_no_local_worker_can_take_it() {
+    let worker = sim(&[
+        "--port",
+        "0",
+        "--model",
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "--profile",
+        "tiny",
+        "--speed",
+        "20",
+    ])
+    .await;
+    let databricks = Fake::start().await;
+    let dir = temp_dir("pii");
+    std::fs::write(dir.join("databricks.token"), fake_provider::OPENAI_KEY).unwrap();
+    let cluster =
+        std::fs::read_to_string(root().join("testdata/policies/pii-stays-local/cluster.yaml"))
+            .unwrap()
+            .replace(
+                r#"["10.0.0.1:8000", "10.0.0.2:8000"]"#,
+                &format!(r#"["{}"]"#, worker.http),
+            )
+            .replace("kvEvents: { port: 5557 }", "metrics: { interval: 200ms }")
+            .replace(
+                "https://example.cloud.databricks.com/serving-endpoints",
+                &format!("{}/v1", databricks.url),
+            )
+            .replace(
+                "secretRef: { name: databricks-token, key: token }",
+                "file: databricks.token",
+            );
+    std::fs::write(dir.join("cluster.yaml"), cluster).unwrap();
+    std::fs::copy(
+        root().join("testdata/policies/pii-stays-local/policy.yaml"),
+        dir.join("policy.yaml"),
+    )
+    .unwrap();
+    let (gw, addr) = gateway(&dir).await;
+
+    // No PII: the policy prefers the provider.
+    let (s, h, v) = post(addr, &chat("What is a KV cache?", 5)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        h["x-kinference-endpoint"],
+        format!("{}/v1", databricks.url).as_str()
+    );
+    let sent = databricks.requests.lock().len();
+
+    // PII: served locally, never sent out.
+    let pii = chat(
+        "Card 4111 1111 1111 1111, SSN 123-45-6789. Summarize my account.",
+        5,
+    );
+    let (s, h, v) = post(addr, &pii).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(h["x-kinference-endpoint"], worker.http.to_string().as_str());
+
+    // The local worker goes away: PII is rejected (fail closed), still never sent out.
+    worker.stop();
+    gw.state.with(|st| {
+        for ws in st.worker_sets.values_mut() {
+            for ep in &mut ws.endpoints {
+                ep.ready = false;
+            }
+        }
+    });
+    let (s, _, v) = post(addr, &pii).await;
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(v["error"]["code"], "policy_rejected");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("serve"),
+        "{v}"
+    );
+    assert_eq!(
+        databricks.requests.lock().len(),
+        sent,
+        "a PII request reached the provider"
+    );
+}
