@@ -4,11 +4,15 @@
 //! - `kinf-bench compile --rules R --worker-sets W`: compile time of a synthetic bundle.
 //! - `kinf-bench lint-e2e --kinfctl PATH --rules R --worker-sets W`: `kinfctl lint` wall time,
 //!   process start included.
+//! - `kinf-bench proxy`: latency the gateway adds over a zero-delay worker, and throughput,
+//!   next to vllm-router (see `proxy`).
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
+
+mod proxy;
 
 #[derive(Parser)]
 #[command(name = "kinf-bench", about = "Kinference benchmarks")]
@@ -61,6 +65,9 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t)]
         format: Format,
     },
+    /// Latency the gateway adds over a zero-delay kinf-sim worker, and throughput, next to
+    /// vllm-router (scripts/peers/setup.sh installs it).
+    Proxy(proxy::ProxyArgs),
 }
 
 fn percentiles(mut ns: Vec<u128>) -> (u128, u128, u128) {
@@ -93,6 +100,12 @@ fn report(name: &str, params: serde_json::Value, ns: Vec<u128>, format: Format) 
 fn main() {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Proxy(args) => {
+            if let Err(e) = proxy::main(args) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
         Cmd::Decide {
             endpoints,
             prompt_tokens,
