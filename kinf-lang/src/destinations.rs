@@ -124,7 +124,7 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                 kv_events: s.kv_events.as_ref().map(|k| KvEventsInfo {
                     port: k.port.map(port),
                     replay_port: k.replay_port.map(port),
-                    topic: k.topic.as_deref().unwrap_or("kv-events").into(),
+                    topic: k.topic.as_deref().unwrap_or("").into(),
                 }),
                 metrics_path: s
                     .metrics

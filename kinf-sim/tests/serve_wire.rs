@@ -607,3 +607,53 @@ async fn restart_publisher_and_reset_prefix_cache() {
     );
     server.stop();
 }
+
+/// `POST /tokenize` returns the ids the engine uses: the same count the chat reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_matches_the_prompt_the_engine_sees() {
+    let server = start(&[]).await;
+    let messages = r#"[{"role":"system","content":"Be brief."},{"role":"user","content":"What is a KV cache, in one line?"}]"#;
+    let t = http(
+        &server,
+        "POST",
+        "/tokenize",
+        Some(&format!(
+            r#"{{"model":"tiny-llama","messages":{messages}}}"#
+        )),
+    )
+    .await;
+    assert_eq!(t.status, 200, "{}", t.body);
+    let t = t.json();
+    let chat = http(
+        &server,
+        "POST",
+        "/v1/chat/completions",
+        Some(&format!(
+            r#"{{"model":"tiny-llama","messages":{messages},"max_tokens":1}}"#
+        )),
+    )
+    .await
+    .json();
+    assert_eq!(t["count"], chat["usage"]["prompt_tokens"]);
+    assert_eq!(
+        t["tokens"].as_array().map(Vec::len),
+        t["count"].as_u64().map(|n| n as usize)
+    );
+    let p = http(
+        &server,
+        "POST",
+        "/tokenize",
+        Some(r#"{"model":"tiny-llama","prompt":"hello world"}"#),
+    )
+    .await
+    .json();
+    assert!(p["count"].as_u64().unwrap() > 0);
+    let bad = http(
+        &server,
+        "POST",
+        "/tokenize",
+        Some(r#"{"model":"tiny-llama"}"#),
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+}

@@ -10,24 +10,19 @@ The discriminating checks seed a prompt on a chosen worker *directly* (not throu
 so that only the KV events tell the router where its blocks are: a router that ignored them
 (vllm-router falls back to least-load, which picks the first idle worker) would miss.
 
-Two things vllm-router 0.1.17 needs that kinf-sim's defaults do not give (found with this script;
-references are to the vllm-router 0.1.17 sdist):
+vllm-router 0.1.17 needs two things from a worker (references are to its sdist), which kinf-sim
+gives as vLLM does:
 
 - the ZMQ topic: static `--kv-event-source` subscriptions use topic "" (vLLM's default,
   `KVEventsConfig.topic`; src/kv_index/discovery.rs, `topic: String::new()`) and drop every
-  frame whose topic is not exactly that (src/kv_index/subscriber.rs, "ZMQ SUB matches topic
-  prefixes, not complete topics"); kinf-sim's default topic is `kv-events`, so the workers are
-  started with `--topic ''` (`--topic kv-events` reproduces the miss);
-- token ids: vllm-router 0.1.17 does not tokenize chat requests itself for HTTP workers: it asks the worker,
-  `POST /v1/chat/completions/render` first, then `POST /tokenize` (src/backend/preprocess.rs,
-  `http_kv_input` and the `render_unavailable` fallback; vLLM 0.32 serves `/tokenize` by
-  default and `/render` only with `--enable-scale-out`). Without either it logs `Prefix input
-  preparation unavailable reason="render_unavailable"` and routes on load only.
-When kinf-sim answers neither, this script puts a small stand-in in front of each worker that
-answers `POST /tokenize` the way vLLM does (chat template of the tokenizer directory + the
-`tokenizers` package) and forwards everything else; it first checks that the stand-in's token
-count equals kinf-sim's `usage.prompt_tokens`. `--no-shim` runs without it (expected to fail on
-the directed checks, which shows the gap).
+  frame whose topic is not exactly that (src/kv_index/subscriber.rs); kinf-sim's default topic is
+  also "" (`--topic kv-events` reproduces the miss);
+- token ids: for HTTP workers vllm-router asks the worker, `POST /v1/chat/completions/render`
+  first, then `POST /tokenize` (src/backend/preprocess.rs, `http_kv_input` and the
+  `render_unavailable` fallback); kinf-sim serves `/tokenize` like vLLM 0.32. Against a worker
+  without it, this script puts a small stand-in in front that answers `POST /tokenize` (chat
+  template + the `tokenizers` package) after checking its token count against the worker's
+  `usage.prompt_tokens`; `--no-shim` runs without it (the directed checks then fail).
 
 Run with the peers venv (scripts/peers/setup.sh):
     $(bash scripts/peers/setup.sh) scripts/e2e/vllm_router_kv_check.py

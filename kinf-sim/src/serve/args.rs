@@ -28,8 +28,8 @@ pub struct ServeArgs {
     /// Serve KV-event replay on a ZMQ ROUTER socket bound to this port (0: any free port).
     #[arg(long)]
     pub replay_port: Option<u16>,
-    /// ZMQ topic of the KV-event messages.
-    #[arg(long, default_value = "kv-events")]
+    /// ZMQ topic of the KV-event messages (vLLM's default: empty).
+    #[arg(long, default_value = "")]
     pub topic: String,
     /// Engine profile (l40s-qwen27b-fp8, h100-llama70b, tiny).
     #[arg(long, default_value = "tiny")]

@@ -5,7 +5,7 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use kinf_router::tokenize::ChatMessage;
 use serde_json::Value;
@@ -152,30 +152,58 @@ fn requested_max(v: &Value) -> Result<Option<u64>, String> {
     Ok(None)
 }
 
+/// The prompt tokens of a chat request body (`messages`).
+fn chat_prompt(s: &St, v: &Value) -> Result<Vec<u32>, String> {
+    let Some(msgs) = v.get("messages").and_then(Value::as_array) else {
+        return Err("`messages` is required and must be an array".into());
+    };
+    let mut messages = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        let Some(role) = m.get("role").and_then(Value::as_str) else {
+            return Err("each message needs a string `role`".into());
+        };
+        messages.push(ChatMessage::new(role, content_text(m.get("content"))?));
+    }
+    s.tokens.chat(&messages)
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(s): State<St>, body: Bytes) -> Response {
     let v = match parse(&body) {
         Ok(v) => v,
         Err(e) => return bad(&e),
     };
-    let Some(msgs) = v.get("messages").and_then(Value::as_array) else {
-        return bad("`messages` is required and must be an array");
-    };
-    let mut messages = Vec::with_capacity(msgs.len());
-    for m in msgs {
-        let Some(role) = m.get("role").and_then(Value::as_str) else {
-            return bad("each message needs a string `role`");
-        };
-        match content_text(m.get("content")) {
-            Ok(c) => messages.push(ChatMessage::new(role, c)),
-            Err(e) => return bad(&e),
-        }
+    match chat_prompt(&s, &v) {
+        Ok(prompt) => run(s, Kind::Chat, &v, prompt).await,
+        Err(e) => bad(&e),
     }
-    let prompt = match s.tokens.chat(&messages) {
-        Ok(p) => p,
+}
+
+/// `POST /tokenize` (vLLM's): `{"prompt": ...}` or `{"messages": [...]}` →
+/// `{"count", "max_model_len", "tokens", "token_strs"}`.
+pub async fn tokenize(State(s): State<St>, body: Bytes) -> Response {
+    let v = match parse(&body) {
+        Ok(v) => v,
         Err(e) => return bad(&e),
     };
-    run(s, Kind::Chat, &v, prompt).await
+    let tokens = if v.get("messages").is_some() {
+        chat_prompt(&s, &v)
+    } else {
+        match v.get("prompt") {
+            Some(Value::String(p)) => s.tokens.prompt(p),
+            _ => Err("`prompt` (a string) or `messages` is required".into()),
+        }
+    };
+    match tokens {
+        Ok(t) => axum::Json(serde_json::json!({
+            "count": t.len(),
+            "max_model_len": s.max_model_len,
+            "tokens": t,
+            "token_strs": null,
+        }))
+        .into_response(),
+        Err(e) => bad(&e),
+    }
 }
 
 /// `POST /v1/completions`.

@@ -40,6 +40,8 @@ pub async fn start(extra: &[&str]) -> Server {
         "0",
         "--replay-port",
         "0",
+        "--topic",
+        "kv-events",
         "--profile",
         "tiny",
         "--speed",
