@@ -220,6 +220,9 @@ fn count_request(gw: &Gateway, api: Api, status: u16, code: &str, who: &crate::a
     crate::accounting::account_refusal(&gw.metrics, who, code);
 }
 
+/// Bodies larger than this are admitted (parsed, classified, tokenized) on the blocking pool.
+const BLOCKING_ADMIT_BYTES: usize = 16 << 10;
+
 /// A request that passed admission: parsed, classified, tokenized, ready to be decided.
 #[derive(Debug)]
 pub struct Admitted {
@@ -428,7 +431,17 @@ async fn admit_and_forward(
     let bytes = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| too_large(limit))?;
-    let admitted = admit(&rt, api, headers, &bytes)?;
+    // Tokenizing a long prompt takes milliseconds: keep it off the async workers.
+    let admitted = if bytes.len() > BLOCKING_ADMIT_BYTES {
+        let (rt, headers) = (rt.clone(), headers.clone());
+        tokio::task::spawn_blocking(move || admit(&rt, api, &headers, &bytes))
+            .await
+            .map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            })??
+    } else {
+        admit(&rt, api, headers, &bytes)?
+    };
     who.admitted(&admitted.request);
     let mut retried = false;
     let mut failed_providers: SmallVec<[Arc<str>; 2]> = SmallVec::new();
