@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod policy_store;
 pub mod providers;
 pub mod serve;
+pub mod tenants;
 
 pub use policy_store::{ApplyOutcome, PolicyStore};
 

@@ -47,6 +47,19 @@ struct ServeArgs {
     /// Longest wait for an upstream's response headers, e.g. `600s`.
     #[arg(long, default_value = "600s", value_parser = parse_duration)]
     upstream_timeout: Duration,
+    /// Token-rate-limit store: `memory` (one replica) or `redis://HOST:PORT/DB` (shared by
+    /// replicas).
+    #[arg(long, default_value = "memory")]
+    limiter_store: String,
+    /// When Redis is unreachable: `open` admits (and counts it), `closed` refuses with 503.
+    #[arg(long, default_value = "closed", value_parser = ["open", "closed"])]
+    limiter_fail_mode: String,
+    /// Prefix of the limiter's Redis keys.
+    #[arg(long)]
+    limiter_key_prefix: Option<String>,
+    /// YAML file of service objectives whose attainment is exported (docs/reference/metrics.md).
+    #[arg(long)]
+    slo_file: Option<PathBuf>,
     /// Log format.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -61,6 +74,14 @@ impl ServeArgs {
             grpc_listen: self.grpc_listen,
             reload_interval: self.reload_interval,
             upstream_timeout: self.upstream_timeout,
+            limiter_store: self.limiter_store.clone(),
+            limiter_fail_mode: if self.limiter_fail_mode == "open" {
+                kinf_handler::tenants::FailMode::Open
+            } else {
+                kinf_handler::tenants::FailMode::Closed
+            },
+            limiter_key_prefix: self.limiter_key_prefix.clone(),
+            slo_file: self.slo_file.clone(),
         }
     }
 }

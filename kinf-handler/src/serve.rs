@@ -27,6 +27,14 @@ pub struct ServeOptions {
     pub reload_interval: Duration,
     /// Longest wait for an upstream's response headers.
     pub upstream_timeout: Duration,
+    /// Token-rate-limit store: `memory` or a `redis://HOST:PORT/DB` URL.
+    pub limiter_store: String,
+    /// What a Redis limiter does when Redis is unreachable.
+    pub limiter_fail_mode: crate::tenants::FailMode,
+    /// Prefix of the limiter's Redis keys (`None`: `kinf:rl:`).
+    pub limiter_key_prefix: Option<String>,
+    /// Service objectives to export attainment for.
+    pub slo_file: Option<PathBuf>,
 }
 
 /// Called with each newly applied policy (starts and stops live-state ingestion).
@@ -73,10 +81,22 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             .parent()
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
     };
+    let limit_store = crate::tenants::store_from_flags(
+        &opts.limiter_store,
+        opts.limiter_fail_mode,
+        opts.limiter_key_prefix.as_deref(),
+    )
+    .map_err(std::io::Error::other)?;
     let gw = Gateway::new(GatewayOptions {
         base_dir,
         upstream_timeout: opts.upstream_timeout,
+        limit_store,
     });
+    if let Some(path) = &opts.slo_file {
+        let slos = crate::accounting::SloSet::from_file(path)
+            .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
+        gw.metrics.set_slos(slos);
+    }
     let mut last = reload(&gw, &opts.config, None, &on_applied);
     if !gw.store.is_ready() {
         tracing::error!("no policy in force: /readyz answers 503 until the configuration compiles");

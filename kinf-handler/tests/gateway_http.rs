@@ -153,6 +153,7 @@ async fn start_gateway(dir: &Path) -> (Arc<Gateway>, SocketAddr) {
     let gw = Gateway::new(GatewayOptions {
         base_dir: dir.to_path_buf(),
         upstream_timeout: Duration::from_secs(10),
+        ..Default::default()
     });
     reload(&gw, dir, None, &noop());
     assert!(gw.store.is_ready(), "{:?}", gw.store.last_rejected());

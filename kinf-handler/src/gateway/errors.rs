@@ -49,6 +49,8 @@ pub struct ApiError {
     pub param: Option<String>,
     /// Seconds to wait before retrying (429, 503).
     pub retry_after_s: Option<u64>,
+    /// More response headers (`x-ratelimit-*`).
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl ApiError {
@@ -60,6 +62,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             retry_after_s: None,
+            headers: Vec::new(),
         }
     }
 
@@ -131,6 +134,11 @@ impl ApiError {
         if let Some(s) = self.retry_after_s {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        for (k, v) in &self.headers {
+            if let Ok(v) = HeaderValue::try_from(v.as_str()) {
+                resp.headers_mut().insert(*k, v);
+            }
         }
         resp
     }

@@ -198,6 +198,20 @@ struct Report {
     started: Instant,
     sent_at: Instant,
     status: u16,
+    reservation: Option<crate::tenants::Reservation>,
+}
+
+/// Settles a rate-limit reservation with what the request used: the reported usage, else an
+/// estimate (the prompt, one output token per token event seen).
+fn settle(reservation: Option<crate::tenants::Reservation>, c: &Chosen, o: &ResponseObservation) {
+    if let Some(res) = reservation {
+        let used = o.usage.unwrap_or(TokenUsage {
+            cached_prompt_tokens: 0,
+            uncached_prompt_tokens: u64::from(c.prompt_tokens),
+            output_tokens: o.token_events,
+        });
+        res.complete(&used);
+    }
 }
 
 /// Serves one inference request end to end.
@@ -234,6 +248,8 @@ pub struct Admitted {
     pub inject_usage: bool,
     /// The policy it is decided with.
     pub policy: Arc<kinf_lang::CompiledPolicy>,
+    /// The token rate limits that apply (the front door's pool).
+    pub limiter: Option<Arc<crate::tenants::Limiter>>,
 }
 
 /// Admission: parses `bytes` as an `api` request, applies the front door's limits, classifies
@@ -248,6 +264,18 @@ pub fn admit(
     if bytes.len() > door.max_body_bytes {
         return Err(too_large(door.max_body_bytes));
     }
+    let tenant = match &door.tenants {
+        Ok(r) => r
+            .resolve(headers)
+            .map_err(|e| ApiError::new(e.status(), e.code(), e.to_string()))?,
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "tenant_identity_unavailable",
+                "tenant identity is misconfigured on this gateway; see /admin/status",
+            ));
+        }
+    };
     let mut parsed = parse(api, bytes)?;
     if let Some(max) = door.max_messages
         && parsed.message_count() > max as usize
@@ -307,7 +335,7 @@ pub fn admit(
     };
     let request = kinf_router::Request {
         pool: door.pool.clone(),
-        tenant: None,
+        tenant,
         model: parsed.model.as_str().into(),
         tags: tags.into_iter().collect::<SmallVec<_>>(),
         qos,
@@ -339,6 +367,7 @@ pub fn admit(
         request,
         inject_usage,
         policy: rt.applied.policy.clone(),
+        limiter: door.limiter.clone(),
     })
 }
 
@@ -443,6 +472,26 @@ async fn admit_and_forward(
         admit(&rt, api, headers, &bytes)?
     };
     who.admitted(&admitted.request);
+    let mut reservation = match &admitted.limiter {
+        None => None,
+        Some(l) => match l
+            .admit(
+                &admitted.request,
+                crate::tenants::TokenEstimate::of(&admitted.request),
+            )
+            .await
+        {
+            Ok(r) => Some(r),
+            Err(e) => {
+                let mut err = ApiError::new(e.status(), e.code(), e.to_string());
+                err.retry_after_s = Some(e.retry_after_secs());
+                if let crate::tenants::LimitError::Exceeded(x) = &e {
+                    err.headers = x.header_pairs();
+                }
+                return Err(err);
+            }
+        },
+    };
     let mut retried = false;
     let mut failed_providers: SmallVec<[Arc<str>; 2]> = SmallVec::new();
     loop {
@@ -461,7 +510,16 @@ async fn admit_and_forward(
                 )
                 .await
             {
-                Ok(resp) => return Ok(respond_provider(gw, api, chosen, resp, started)),
+                Ok(resp) => {
+                    return Ok(respond_provider(
+                        gw,
+                        api,
+                        chosen,
+                        resp,
+                        started,
+                        reservation.take(),
+                    ));
+                }
                 Err(e) if e.fall_through && failed_providers.len() < 4 => {
                     tracing::warn!(provider = %key, error = %e, "provider failed before the first byte; deciding again without it");
                     gw.metrics.upstream_retry(&chosen.endpoint);
@@ -481,6 +539,7 @@ async fn admit_and_forward(
                     upstream,
                     admitted.inject_usage,
                     started,
+                    reservation.take(),
                 ));
             }
             Err(SendError::Connect(e)) if !retried => {
@@ -525,6 +584,7 @@ fn respond_provider(
     chosen: Chosen,
     resp: crate::providers::ProviderResponse,
     started: Instant,
+    reservation: Option<crate::tenants::Reservation>,
 ) -> Response {
     let crate::providers::ProviderResponse {
         status,
@@ -555,6 +615,11 @@ fn respond_provider(
             builder = builder.header(k, v);
         }
     }
+    if let Some(r) = &reservation {
+        for (k, v) in r.headers().pairs() {
+            builder = builder.header(k, v);
+        }
+    }
     let gw2 = gw.clone();
     tokio::spawn(async move {
         if let Ok(o) = outcome.await {
@@ -568,6 +633,7 @@ fn respond_provider(
                 token_events: 0,
             };
             report(&gw2, api, &chosen, &obs);
+            settle(reservation, &chosen, &obs);
         }
     });
     builder.body(Body::from_stream(body)).unwrap_or_else(|e| {
@@ -694,6 +760,7 @@ async fn send(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn respond(
     gw: &Arc<Gateway>,
     api: Api,
@@ -701,6 +768,7 @@ fn respond(
     upstream: hyper::Response<hyper::body::Incoming>,
     inject_usage: bool,
     started: Instant,
+    reservation: Option<crate::tenants::Reservation>,
 ) -> Response {
     let (parts, body) = upstream.into_parts();
     let status = parts.status;
@@ -736,6 +804,11 @@ fn respond(
             builder = builder.header(k, v);
         }
     }
+    if let Some(r) = &reservation {
+        for (k, v) in r.headers().pairs() {
+            builder = builder.header(k, v);
+        }
+    }
     let report = Report {
         gw: gw.clone(),
         api,
@@ -743,6 +816,7 @@ fn respond(
         started,
         sent_at: started,
         status: status.as_u16(),
+        reservation,
     };
     let body = if is_sse {
         Body::from_stream(tap_stream(api, body, inject_usage, report))
@@ -779,6 +853,7 @@ impl Drop for Finisher {
                 token_events: o.token_events,
             };
             report(&r.gw, r.api, &r.chosen, &obs);
+            settle(r.reservation, &r.chosen, &obs);
         }
     }
 }

@@ -42,12 +42,23 @@ pub trait LiveStatus: Send + Sync {
 }
 
 /// Gateway settings.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct GatewayOptions {
     /// Directory relative tokenizer paths are resolved against.
     pub base_dir: PathBuf,
     /// Longest wait for an upstream's response headers.
     pub upstream_timeout: Duration,
+    /// Where token-rate-limit budgets live (in memory, or Redis shared by replicas).
+    pub limit_store: Arc<dyn crate::tenants::LimitStore>,
+}
+
+impl std::fmt::Debug for GatewayOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayOptions")
+            .field("base_dir", &self.base_dir)
+            .field("upstream_timeout", &self.upstream_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for GatewayOptions {
@@ -55,6 +66,7 @@ impl Default for GatewayOptions {
         GatewayOptions {
             base_dir: PathBuf::from("."),
             upstream_timeout: Duration::from_secs(600),
+            limit_store: Arc::new(crate::tenants::MemoryStore::new()),
         }
     }
 }
@@ -152,6 +164,7 @@ impl Gateway {
                         applied.clone(),
                         &self.options.base_dir,
                         &mut self.tokenizers.lock(),
+                        &self.options.limit_store,
                     );
                     for p in &rt.problems {
                         tracing::warn!(problem = %p, "policy runtime");
@@ -299,6 +312,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     if let Some(live) = gw.live.load_full() {
         live.render_metrics(&mut out);
     }
+    render_limiter_metrics(&gw.options.limit_store.stats().snapshot(), &mut out);
     (
         [(
             header::CONTENT_TYPE,
@@ -307,6 +321,43 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         out,
     )
         .into_response()
+}
+
+/// The token-rate limiter's counters in the text exposition format.
+fn render_limiter_metrics(s: &crate::tenants::StoreStatsSnapshot, out: &mut String) {
+    use std::fmt::Write as _;
+    for (name, help, v) in [
+        (
+            "kinference_ratelimit_admitted_total",
+            "Requests admitted by the limiter (at least one limit applying).",
+            s.admitted,
+        ),
+        (
+            "kinference_ratelimit_rejected_total",
+            "Requests refused with 429 by a limit.",
+            s.rejected,
+        ),
+        (
+            "kinference_ratelimit_store_errors_total",
+            "Failed limiter store operations (Redis unreachable or erroring).",
+            s.redis_errors,
+        ),
+        (
+            "kinference_ratelimit_fail_open_total",
+            "Requests admitted unlimited because the store failed (fail mode open).",
+            s.fail_open_admits,
+        ),
+        (
+            "kinference_ratelimit_fail_closed_total",
+            "Requests refused with 503 because the store failed (fail mode closed).",
+            s.fail_closed_rejects,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
+    }
 }
 
 /// `GET /admin/status`: the policy in force, the last refusal, runtime problems, every

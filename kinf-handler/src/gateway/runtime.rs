@@ -33,6 +33,11 @@ pub struct FrontDoor {
     pub max_messages: Option<u32>,
     /// Most prompt tokens per request.
     pub max_prompt_tokens: Option<u64>,
+    /// How tenants are identified; `Err`: the identity configuration could not be loaded
+    /// (requests are refused rather than served with the wrong tenant).
+    pub tenants: Result<crate::tenants::TenantResolver, String>,
+    /// The token rate limits of the door's pool.
+    pub limiter: Option<Arc<crate::tenants::Limiter>>,
 }
 
 /// The policy in force and everything derived from it.
@@ -84,7 +89,12 @@ fn quantity_bytes(q: &Quantity) -> Option<usize> {
 impl Runtime {
     /// Derives the runtime of `applied`; relative tokenizer paths are resolved against
     /// `base_dir`.
-    pub fn build(applied: Arc<Applied>, base_dir: &Path, cache: &mut TokenizerCache) -> Self {
+    pub fn build(
+        applied: Arc<Applied>,
+        base_dir: &Path,
+        cache: &mut TokenizerCache,
+        limit_store: &Arc<dyn crate::tenants::LimitStore>,
+    ) -> Self {
         let policy: &CompiledPolicy = &applied.policy;
         let mut problems = Vec::new();
         let mut tokenizers = AHashMap::new();
@@ -116,7 +126,30 @@ impl Runtime {
             .iter()
             .map(|g| {
                 let limits = g.spec.limits.as_ref();
+                let tenants = match &g.spec.tenants {
+                    Some(t) => {
+                        crate::tenants::TenantResolver::from_spec(t, base_dir).map_err(|e| {
+                            format!(
+                                "GatewayBackend {}/{}: tenant identity: {e}",
+                                g.namespace, g.name
+                            )
+                        })
+                    }
+                    None => crate::tenants::TenantResolver::from_keys(Vec::new()),
+                };
+                if let Err(e) = &tenants {
+                    problems.push(e.clone());
+                }
+                let limiter = policy
+                    .pools
+                    .get(g.pool)
+                    .filter(|p| !p.limits.is_empty())
+                    .map(|p| {
+                        Arc::new(crate::tenants::Limiter::new(&p.limits, limit_store.clone()))
+                    });
                 FrontDoor {
+                    tenants,
+                    limiter,
                     pool: policy
                         .pools
                         .get(g.pool)
@@ -134,7 +167,14 @@ impl Runtime {
             })
             .collect();
         if doors.is_empty() {
+            let limiter = (policy.pools.len() == 1)
+                .then(|| policy.pools.first())
+                .flatten()
+                .filter(|p| !p.limits.is_empty())
+                .map(|p| Arc::new(crate::tenants::Limiter::new(&p.limits, limit_store.clone())));
             doors.push(FrontDoor {
+                tenants: crate::tenants::TenantResolver::from_keys(Vec::new()),
+                limiter,
                 gateway: None,
                 hosts: Vec::new(),
                 pool: None,

@@ -55,6 +55,7 @@ pub async fn gateway(dir: &Path) -> (Arc<Gateway>, SocketAddr) {
     let gw = Gateway::new(GatewayOptions {
         base_dir: dir.to_path_buf(),
         upstream_timeout: Duration::from_secs(60),
+        ..Default::default()
     });
     reload(&gw, dir, None, &kinf_handler::live_hook());
     assert!(gw.store.is_ready(), "{:?}", gw.store.last_rejected());

@@ -1,0 +1,385 @@
+//! Budgets shared by replicas in Redis: one Lua script per admission checks and charges every
+//! matching limit atomically, over one multiplexed connection (concurrent admissions are
+//! pipelined on it). Redis's own clock (`TIME`) drives refills, so replicas' clocks don't matter.
+//!
+//! Keys, for each (limit, tenant): `{prefix}b:{limit}:{tenant}`, a hash with the token and
+//! request buckets (`tl`/`ta`: level and time in ms, `rl`/`ra` likewise), and
+//! `{prefix}c:{limit}:{tenant}`, a sorted set of the requests in flight scored by their lease's
+//! expiry (a replica that dies without releasing leaks a slot only until then). Both expire when
+//! idle.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::store::{
+    Admission, Budget, BudgetKind, Check, CheckState, FailMode, LimitStore, Settle, StoreError,
+    StoreFuture, StoreStats,
+};
+
+/// Settings of a [`RedisStore`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct RedisConfig {
+    /// `redis://HOST:PORT/DB` (or `rediss://`, `redis+unix://`).
+    pub url: String,
+    /// Prefix of every key (`kinf:rl:` by default).
+    pub key_prefix: String,
+    /// What to do when Redis cannot be reached.
+    pub fail_mode: FailMode,
+    /// Longest wait for Redis on an admission before the fail mode applies.
+    pub timeout: Duration,
+    /// How long a concurrency slot is held at most if never released (a replica died).
+    pub lease: Duration,
+    /// Idle keys expire after this long (at least until their bucket is full again).
+    pub key_ttl: Duration,
+}
+
+impl RedisConfig {
+    /// Defaults for `url`: prefix `kinf:rl:`, fail-open, 250 ms timeout, 15 min lease, 2 min TTL.
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisConfig {
+            url: url.into(),
+            key_prefix: "kinf:rl:".into(),
+            fail_mode: FailMode::Open,
+            timeout: Duration::from_millis(250),
+            lease: Duration::from_secs(15 * 60),
+            key_ttl: Duration::from_secs(120),
+        }
+    }
+}
+
+const ADMIT_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local member = ARGV[1]
+local lease_ms = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local n = #KEYS / 2
+local function refill(level, at, cap)
+  if not level then return cap end
+  level = tonumber(level)
+  at = tonumber(at)
+  if now > at then level = level + (now - at) * cap / 60000 end
+  if level > cap then level = cap end
+  return level
+end
+local function waitms(level, cap, need)
+  local target = need
+  if target > cap then target = cap end
+  local w = (target - level) * 60000 / cap
+  if w < 0 then w = 0 end
+  return math.ceil(w)
+end
+local function resetms(level, cap)
+  local w = (cap - level) * 60000 / cap
+  if w < 0 then w = 0 end
+  return math.ceil(w)
+end
+local tl, rl, cc, args = {}, {}, {}, {}
+local refused, kind, wait = 0, 0, 0
+for i = 1, n do
+  local a = 3 + (i - 1) * 4
+  local tpm, need, rpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  args[i] = {tpm, need, rpm, conc}
+  local h = redis.call('HMGET', KEYS[2 * i - 1], 'tl', 'ta', 'rl', 'ra')
+  if tpm > 0 then tl[i] = refill(h[1], h[2], tpm) end
+  if rpm > 0 then rl[i] = refill(h[3], h[4], rpm) end
+  if conc > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2 * i], '-inf', now)
+    cc[i] = redis.call('ZCARD', KEYS[2 * i])
+  end
+  if refused == 0 then
+    if tpm > 0 and not (need <= tl[i] or (need > tpm and tl[i] >= tpm)) then
+      refused, kind, wait = i, 1, waitms(tl[i], tpm, need)
+    elseif rpm > 0 and rl[i] < 1 then
+      refused, kind, wait = i, 2, waitms(rl[i], rpm, 1)
+    elseif conc > 0 and cc[i] >= conc then
+      refused, kind, wait = i, 3, 1000
+    end
+  end
+end
+local out = {refused == 0 and 1 or 0, refused, kind, wait}
+for i = 1, n do
+  local tpm, need, rpm, conc = args[i][1], args[i][2], args[i][3], args[i][4]
+  local bkey = KEYS[2 * i - 1]
+  local keep = ttl
+  if refused == 0 then
+    if tpm > 0 then
+      tl[i] = tl[i] - need
+      redis.call('HSET', bkey, 'tl', string.format('%.6f', tl[i]), 'ta', string.format('%.3f', now))
+      local r = resetms(tl[i], tpm) + 1000
+      if r > keep then keep = r end
+    end
+    if rpm > 0 then
+      rl[i] = rl[i] - 1
+      redis.call('HSET', bkey, 'rl', string.format('%.6f', rl[i]), 'ra', string.format('%.3f', now))
+    end
+    if tpm > 0 or rpm > 0 then redis.call('PEXPIRE', bkey, math.ceil(keep)) end
+    if conc > 0 then
+      redis.call('ZADD', KEYS[2 * i], now + lease_ms, member)
+      cc[i] = cc[i] + 1
+      redis.call('PEXPIRE', KEYS[2 * i], lease_ms + 1000)
+    end
+  end
+  if tpm > 0 then
+    local l = tl[i]
+    if l < 0 then l = 0 end
+    table.insert(out, math.floor(l))
+    table.insert(out, resetms(tl[i], tpm))
+  else
+    table.insert(out, -1)
+    table.insert(out, -1)
+  end
+  if rpm > 0 then
+    local l = rl[i]
+    if l < 0 then l = 0 end
+    table.insert(out, math.floor(l))
+    table.insert(out, resetms(rl[i], rpm))
+  else
+    table.insert(out, -1)
+    table.insert(out, -1)
+  end
+  if conc > 0 then table.insert(out, cc[i]) else table.insert(out, -1) end
+end
+return out
+"#;
+
+const SETTLE_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local member = ARGV[1]
+local n = #KEYS / 2
+for i = 1, n do
+  local a = 1 + (i - 1) * 3
+  local tpm, delta, release = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local bkey = KEYS[2 * i - 1]
+  if tpm > 0 and delta ~= 0 then
+    local h = redis.call('HMGET', bkey, 'tl', 'ta')
+    if h[1] then
+      local level = tonumber(h[1])
+      local at = tonumber(h[2])
+      if now > at then level = level + (now - at) * tpm / 60000 end
+      if level > tpm then level = tpm end
+      level = level + delta
+      if level > tpm then level = tpm end
+      redis.call('HSET', bkey, 'tl', string.format('%.6f', level), 'ta', string.format('%.3f', now))
+      if level < 0 then
+        local keep = math.ceil((tpm - level) * 60000 / tpm) + 1000
+        if redis.call('PTTL', bkey) < keep then redis.call('PEXPIRE', bkey, keep) end
+      end
+    end
+  end
+  if release == 1 then redis.call('ZREM', KEYS[2 * i], member) end
+end
+return 1
+"#;
+
+/// Budgets in Redis, shared by every replica using the same server and key prefix.
+pub struct RedisStore {
+    conn: ConnectionManager,
+    config: RedisConfig,
+    admit_script: Script,
+    settle_script: Script,
+    stats: Arc<StoreStats>,
+    instance: u64,
+    lease: AtomicU64,
+    runtime: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("key_prefix", &self.config.key_prefix)
+            .field("fail_mode", &self.config.fail_mode)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// A store for `config`. Connects lazily (Redis being down at startup is handled by the
+    /// fail mode, like any outage); must be called inside a Tokio runtime.
+    pub fn new(config: RedisConfig) -> Result<Self, String> {
+        let client = redis::Client::open(config.url.as_str())
+            .map_err(|e| format!("invalid Redis URL: {e}"))?;
+        let mc = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client, mc)
+            .map_err(|e| format!("cannot create the Redis connection: {e}"))?;
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| "the Redis store needs a Tokio runtime".to_string())?;
+        let instance = ahash::RandomState::new().hash_one(std::process::id());
+        Ok(RedisStore {
+            conn,
+            admit_script: Script::new(ADMIT_LUA),
+            settle_script: Script::new(SETTLE_LUA),
+            stats: Arc::new(StoreStats::default()),
+            instance,
+            lease: AtomicU64::new(1),
+            runtime,
+            config,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    fn keys(&self, limit: &str, tenant: &str) -> (String, String) {
+        let p = &self.config.key_prefix;
+        (
+            format!("{p}b:{limit}:{tenant}"),
+            format!("{p}c:{limit}:{tenant}"),
+        )
+    }
+
+    /// `EVALSHA` (or `EVAL`) of the settlement script, owned so that it can run on a task.
+    fn settle_command(&self, by_sha: bool, lease: u64, s: &[Settle]) -> redis::Cmd {
+        let mut cmd = if by_sha {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(self.settle_script.get_hash());
+            c
+        } else {
+            let mut c = redis::cmd("EVAL");
+            c.arg(SETTLE_LUA);
+            c
+        };
+        cmd.arg(s.len() * 2);
+        for x in s {
+            let (b, k) = self.keys(&x.limit, &x.tenant);
+            cmd.arg(b).arg(k);
+        }
+        cmd.arg(self.member(lease));
+        for x in s {
+            cmd.arg(x.tokens_per_minute.unwrap_or(0))
+                .arg(x.token_delta)
+                .arg(u8::from(x.release_concurrency));
+        }
+        cmd
+    }
+
+    fn member(&self, lease: u64) -> String {
+        format!("{:016x}-{lease}", self.instance)
+    }
+
+    async fn admit_inner(&self, checks: &[Check]) -> Result<Admission, StoreError> {
+        let lease = self.lease.fetch_add(1, Ordering::Relaxed);
+        let mut inv = self.admit_script.prepare_invoke();
+        inv.arg(self.member(lease))
+            .arg(duration_ms(self.config.lease))
+            .arg(duration_ms(self.config.key_ttl));
+        for c in checks {
+            let (b, k) = self.keys(&c.limit, &c.tenant);
+            inv.key(b).key(k);
+            inv.arg(c.tokens_per_minute.unwrap_or(0))
+                .arg(c.tokens)
+                .arg(c.requests_per_minute.unwrap_or(0))
+                .arg(c.concurrent_requests.unwrap_or(0));
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> =
+            tokio::time::timeout(self.config.timeout, inv.invoke_async(&mut conn))
+                .await
+                .map_err(|_| StoreError("Redis did not answer in time".into()))?
+                .map_err(|e| StoreError(format!("Redis: {e}")))?;
+        parse_admission(&reply, checks, lease)
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn parse_admission(reply: &[i64], checks: &[Check], lease: u64) -> Result<Admission, StoreError> {
+    let bad = || StoreError("unexpected reply from the admission script".into());
+    let head = reply.get(..4).ok_or_else(bad)?;
+    let body = reply.get(4..).ok_or_else(bad)?;
+    if body.len() != checks.len() * 5 {
+        return Err(bad());
+    }
+    let u = |v: i64| u64::try_from(v).ok();
+    let states: Vec<CheckState> = body
+        .chunks(5)
+        .zip(checks)
+        .map(|(s, c)| {
+            let budget = |limit: Option<u64>, rem: i64, reset: i64| {
+                limit.zip(u(rem)).map(|(limit, remaining)| Budget {
+                    limit,
+                    remaining,
+                    reset_ms: u(reset).unwrap_or(0),
+                })
+            };
+            CheckState {
+                tokens: budget(c.tokens_per_minute, s[0], s[1]),
+                requests: budget(c.requests_per_minute, s[2], s[3]),
+                in_flight: u(s[4]),
+            }
+        })
+        .collect();
+    if head[0] == 1 {
+        Ok(Admission::Admitted { states, lease })
+    } else {
+        let index = usize::try_from(head[1] - 1).map_err(|_| bad())?;
+        let kind = match head[2] {
+            1 => BudgetKind::Tokens,
+            2 => BudgetKind::Requests,
+            _ => BudgetKind::Concurrency,
+        };
+        Ok(Admission::Refused {
+            index,
+            kind,
+            retry_after_ms: u(head[3]).unwrap_or(1000),
+            states,
+        })
+    }
+}
+
+impl LimitStore for RedisStore {
+    fn admit<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a, Result<Admission, StoreError>> {
+        Box::pin(self.admit_inner(checks))
+    }
+
+    fn settle(&self, settlements: Vec<Settle>) {
+        let Some(lease) = settlements.first().map(|s| s.lease) else {
+            return;
+        };
+        let by_sha = self.settle_command(true, lease, &settlements);
+        let full = self.settle_command(false, lease, &settlements);
+        let mut conn = self.conn.clone();
+        let stats = self.stats.clone();
+        let timeout = self.config.timeout * 4;
+        self.runtime.spawn(async move {
+            let first: Result<redis::RedisResult<i64>, _> =
+                tokio::time::timeout(timeout, by_sha.query_async(&mut conn)).await;
+            let ok = match first {
+                Ok(Ok(_)) => true,
+                // The script is not cached on this server yet (or it was flushed): send it.
+                Ok(Err(e))
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    let again: Result<redis::RedisResult<i64>, _> =
+                        tokio::time::timeout(timeout, full.query_async(&mut conn)).await;
+                    matches!(again, Ok(Ok(_)))
+                }
+                _ => false,
+            };
+            if !ok {
+                StoreStats::bump(&stats.redis_errors);
+            }
+        });
+    }
+
+    fn fail_mode(&self) -> FailMode {
+        self.config.fail_mode
+    }
+
+    fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+}
