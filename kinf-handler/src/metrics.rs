@@ -145,6 +145,14 @@ label_set!(
     /// `worker_set`, `endpoint` (the live-ingestion metrics' labels).
     WorkerEndpointLabels { /** `namespace/name`. */ worker_set, /** `host:port`. */ endpoint }
 );
+label_set!(
+    /// `classifier`.
+    ClassifierLabels { /** `namespace/gateway/name`. */ classifier }
+);
+label_set!(
+    /// `classifier`, `mode`.
+    ClassifierFailureLabels { /** `namespace/gateway/name`. */ classifier, /** Failure mode applied. */ mode }
+);
 
 /// The registry and every family.
 pub struct Metrics {
@@ -192,6 +200,9 @@ pub struct Metrics {
     pub(crate) endpoint_running: Family<WorkerEndpointLabels, FGauge>,
     pub(crate) endpoint_load_age: Family<WorkerEndpointLabels, FGauge>,
     pub(crate) endpoint_routable: Family<WorkerEndpointLabels, FGauge>,
+    pub(crate) classifier_seconds: HistFamily<ClassifierLabels>,
+    pub(crate) classifier_failures: Family<ClassifierFailureLabels, Counter>,
+    pub(crate) classifier_undeclared_tags: Family<ClassifierLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -254,6 +265,9 @@ impl Metrics {
             endpoint_running: Family::default(),
             endpoint_load_age: Family::default(),
             endpoint_routable: Family::default(),
+            classifier_seconds: hist(LATENCY_BUCKETS),
+            classifier_failures: Family::default(),
+            classifier_undeclared_tags: Family::default(),
         };
         m.register_all();
         m
@@ -443,6 +457,21 @@ impl Metrics {
             "1 when the endpoint is ready and its metrics are fresh",
             self.endpoint_routable.clone(),
         );
+        r.register(
+            "kinference_classifier_seconds",
+            "Time an External classifier took to answer or fail, per classifier",
+            self.classifier_seconds.clone(),
+        );
+        r.register(
+            "kinference_classifier_failures",
+            "External classifier failures (timeout, connection error, non-2xx, bad body), by classifier and failure mode",
+            self.classifier_failures.clone(),
+        );
+        r.register(
+            "kinference_classifier_undeclared_tags",
+            "Tags an External classifier returned that its spec does not declare (dropped)",
+            self.classifier_undeclared_tags.clone(),
+        );
     }
 
     /// Seconds since this registry was created (for rolling windows).
@@ -474,6 +503,35 @@ impl Metrics {
     /// Observes the time a decision took.
     pub fn observe_decision_seconds(&self, v: f64) {
         self.decision_seconds.observe(v);
+    }
+
+    /// Observes the time an `External` classifier took (answer or failure).
+    pub fn observe_classifier_seconds(&self, classifier: &str, v: f64) {
+        self.classifier_seconds
+            .get_or_create(&ClassifierLabels {
+                classifier: classifier.into(),
+            })
+            .observe(v);
+    }
+
+    /// Counts a failed `External` classifier call; `mode` is its failure mode
+    /// (`FailClosed`, `FailOpen`).
+    pub fn classifier_failure(&self, classifier: &str, mode: &str) {
+        self.classifier_failures
+            .get_or_create(&ClassifierFailureLabels {
+                classifier: classifier.into(),
+                mode: mode.into(),
+            })
+            .inc();
+    }
+
+    /// Counts `n` tags an `External` classifier returned without declaring them (dropped).
+    pub fn classifier_undeclared_tags(&self, classifier: &str, n: u64) {
+        self.classifier_undeclared_tags
+            .get_or_create(&ClassifierLabels {
+                classifier: classifier.into(),
+            })
+            .inc_by(n);
     }
 
     /// Counts a retry after a connection failure to `endpoint`.

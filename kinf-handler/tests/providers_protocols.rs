@@ -501,3 +501,53 @@ async fn a_400_from_the_provider_does_not_fall_through() {
     assert_eq!(e.kind, ProviderErrorKind::Untranslatable);
     assert!(fake.requests.lock().is_empty());
 }
+
+/// Active health: OpenAI-compatible and Anthropic providers answer `GET /v1/models`; three
+/// failed probes in a row make a provider not ready, one good probe makes it ready again.
+/// Bedrock has no cheap probe and is left to passive health.
+#[tokio::test]
+async fn active_probes_make_a_failing_provider_not_ready() {
+    let fake = Fake::start().await;
+    let pool = pool_of(
+        vec![
+            (
+                "oa",
+                info(&fake, ProviderType::OpenAI, Duration::from_secs(2), None),
+            ),
+            (
+                "an",
+                info(&fake, ProviderType::Anthropic, Duration::from_secs(2), None),
+            ),
+            (
+                "br",
+                info(&fake, ProviderType::Bedrock, Duration::from_secs(2), None),
+            ),
+        ],
+        PoolOptions::default(),
+    );
+    let ready = |pool: &ProviderPool, name: &str| {
+        pool.state_snapshot()
+            .into_iter()
+            .find(|(k, _)| **k == format!("ns/{name}"))
+            .map(|(_, s)| s.ready)
+            .unwrap()
+    };
+    assert_eq!(
+        pool.probe_once().await,
+        0,
+        "healthy providers pass their probes"
+    );
+    fake.set_mode(Mode::Fail500);
+    for _ in 0..kinf_handler::providers::PROBE_FAILURES_UNREADY {
+        assert_eq!(pool.probe_once().await, 2, "bedrock is not probed");
+    }
+    assert!(!ready(&pool, "oa") && !ready(&pool, "an"));
+    assert!(ready(&pool, "br"), "passive health only for bedrock");
+    fake.set_mode(Mode::Normal);
+    assert_eq!(pool.probe_once().await, 0);
+    assert!(ready(&pool, "oa") && ready(&pool, "an"));
+    assert!(
+        fake.requests.lock().is_empty(),
+        "probes are read-only GETs, not inference"
+    );
+}

@@ -170,6 +170,7 @@ async fn budgets_identity_and_accounting_per_tenant() {
     let (h, v) = limited.expect("acme was never limited");
     assert!(ok >= 1, "acme got nothing through");
     assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
+    assert_eq!(v["error"]["type"], "tokens", "{v}");
     assert_eq!(h["x-ratelimit-limit-tokens"], "200");
     assert!(h.contains_key("x-ratelimit-reset-tokens"));
     let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();

@@ -49,8 +49,18 @@ pub struct ApiError {
     pub param: Option<String>,
     /// Seconds to wait before retrying (429, 503).
     pub retry_after_s: Option<u64>,
+    /// Rarely needed details (rate limits), boxed to keep the error small.
+    pub extra: Option<Box<ErrorExtra>>,
+}
+
+/// Details of an [`ApiError`] that only some errors carry.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ErrorExtra {
     /// More response headers (`x-ratelimit-*`).
     pub headers: Vec<(&'static str, String)>,
+    /// The OpenAI `error.type` when it is not the status's default (rate limits say which
+    /// budget ran out: `tokens`, `requests`, `concurrency`, as OpenAI does).
+    pub openai_type: Option<&'static str>,
 }
 
 impl ApiError {
@@ -62,7 +72,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             retry_after_s: None,
-            headers: Vec::new(),
+            extra: None,
         }
     }
 
@@ -110,7 +120,11 @@ impl ApiError {
             Api::Chat | Api::Completions => json!({
                 "error": {
                     "message": self.message,
-                    "type": self.openai_type(),
+                    "type": self
+                        .extra
+                        .as_ref()
+                        .and_then(|x| x.openai_type)
+                        .unwrap_or_else(|| self.openai_type()),
                     "param": self.param,
                     "code": self.code,
                 }
@@ -135,7 +149,7 @@ impl ApiError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
-        for (k, v) in &self.headers {
+        for (k, v) in self.extra.iter().flat_map(|x| x.headers.iter()) {
             if let Ok(v) = HeaderValue::try_from(v.as_str()) {
                 resp.headers_mut().insert(*k, v);
             }

@@ -252,14 +252,87 @@ pub struct Admitted {
     pub limiter: Option<Arc<crate::tenants::Limiter>>,
 }
 
-/// Admission: parses `bytes` as an `api` request, applies the front door's limits, classifies
-/// and tokenizes it. No I/O.
+/// The first half of admission: the request parsed, its tenant resolved, the front door's
+/// body and message limits checked. What the `External` classifiers read.
+#[derive(Debug)]
+pub struct Intake {
+    /// The parsed request.
+    pub parsed: Parsed,
+    tenant: Option<Arc<str>>,
+}
+
+/// Admission without I/O: [`intake`] then [`complete`]. Refuses (503
+/// `classifier_unavailable`) a request whose front door has `External` classifiers, which need
+/// [`admit_async`]: no path may skip them.
 pub fn admit(
     rt: &super::runtime::Runtime,
     api: Api,
     headers: &HeaderMap,
     bytes: &[u8],
 ) -> Result<Admitted, ApiError> {
+    let i = intake(rt, api, headers, bytes)?;
+    if !rt.door(host(headers)).external.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "classifier_unavailable",
+            "this front door has External classifiers, which this admission path does not call",
+        ));
+    }
+    complete(rt, api, headers, i, Vec::new())
+}
+
+/// Admission: parses `bytes` as an `api` request, applies the front door's limits, calls its
+/// `External` classifiers (concurrently, each within its timeout; see
+/// [`external`](super::external)), then classifies with the built-in classifiers and
+/// tokenizes. Large bodies are parsed, classified and tokenized on the blocking pool.
+pub async fn admit_async(
+    gw: &Gateway,
+    rt: &Arc<super::runtime::Runtime>,
+    api: Api,
+    headers: &HeaderMap,
+    bytes: Bytes,
+) -> Result<Admitted, ApiError> {
+    let door = rt.door(host(headers));
+    let blocking = bytes.len() > BLOCKING_ADMIT_BYTES;
+    if door.external.is_empty() {
+        if !blocking {
+            return admit(rt, api, headers, &bytes);
+        }
+        let (rt, headers) = (rt.clone(), headers.clone());
+        return tokio::task::spawn_blocking(move || admit(&rt, api, &headers, &bytes))
+            .await
+            .map_err(join_error)?;
+    }
+    let i = if blocking {
+        let (rt, headers) = (rt.clone(), headers.clone());
+        tokio::task::spawn_blocking(move || intake(&rt, api, &headers, &bytes))
+            .await
+            .map_err(join_error)??
+    } else {
+        intake(rt, api, headers, &bytes)?
+    };
+    let extra = super::external::classify(&door.external, &i.parsed.prompt, &gw.metrics).await?;
+    if blocking {
+        let (rt, headers) = (rt.clone(), headers.clone());
+        tokio::task::spawn_blocking(move || complete(&rt, api, &headers, i, extra))
+            .await
+            .map_err(join_error)?
+    } else {
+        complete(rt, api, headers, i, extra)
+    }
+}
+
+fn join_error(e: tokio::task::JoinError) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+}
+
+/// The first half of admission: body size, tenant, parse, message limit. No I/O.
+pub fn intake(
+    rt: &super::runtime::Runtime,
+    api: Api,
+    headers: &HeaderMap,
+    bytes: &[u8],
+) -> Result<Intake, ApiError> {
     let door = rt.door(host(headers));
     if bytes.len() > door.max_body_bytes {
         return Err(too_large(door.max_body_bytes));
@@ -276,7 +349,7 @@ pub fn admit(
             ));
         }
     };
-    let mut parsed = parse(api, bytes)?;
+    let parsed = parse(api, bytes)?;
     if let Some(max) = door.max_messages
         && parsed.message_count() > max as usize
     {
@@ -288,7 +361,21 @@ pub fn admit(
             ),
         ));
     }
-    let tags = match &parsed.prompt {
+    Ok(Intake { parsed, tenant })
+}
+
+/// The second half of admission: built-in classifiers (their tags joined with
+/// `external_tags`), tokenization, the prompt-token limit, QoS. No I/O.
+pub fn complete(
+    rt: &super::runtime::Runtime,
+    api: Api,
+    headers: &HeaderMap,
+    intake: Intake,
+    external_tags: Vec<Arc<str>>,
+) -> Result<Admitted, ApiError> {
+    let door = rt.door(host(headers));
+    let Intake { mut parsed, tenant } = intake;
+    let mut tags = match &parsed.prompt {
         Prompt::Chat(msgs) if !door.classifiers.is_empty() => {
             let m: Vec<Message<'_>> = msgs
                 .iter()
@@ -301,6 +388,11 @@ pub fn admit(
         }
         _ => Vec::new(),
     };
+    if !external_tags.is_empty() {
+        tags.extend(external_tags);
+        tags.sort_unstable();
+        tags.dedup();
+    }
     let tokenizer = rt.tokenizers.get(parsed.model.as_str()).map(|t| &**t);
     let tokens = prompt_tokens(&parsed, tokenizer);
     let prompt_tokens = u32::try_from(tokens.ids.len()).unwrap_or(u32::MAX);
@@ -460,17 +552,9 @@ async fn admit_and_forward(
     let bytes = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| too_large(limit))?;
-    // Tokenizing a long prompt takes milliseconds: keep it off the async workers.
-    let admitted = if bytes.len() > BLOCKING_ADMIT_BYTES {
-        let (rt, headers) = (rt.clone(), headers.clone());
-        tokio::task::spawn_blocking(move || admit(&rt, api, &headers, &bytes))
-            .await
-            .map_err(|e| {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            })??
-    } else {
-        admit(&rt, api, headers, &bytes)?
-    };
+    // Tokenizing a long prompt takes milliseconds: `admit_async` keeps it off the async
+    // workers.
+    let admitted = admit_async(gw, &rt, api, headers, bytes).await?;
     who.admitted(&admitted.request);
     let mut reservation = match &admitted.limiter {
         None => None,
@@ -486,7 +570,10 @@ async fn admit_and_forward(
                 let mut err = ApiError::new(e.status(), e.code(), e.to_string());
                 err.retry_after_s = Some(e.retry_after_secs());
                 if let crate::tenants::LimitError::Exceeded(x) = &e {
-                    err.headers = x.header_pairs();
+                    err.extra = Some(Box::new(super::errors::ErrorExtra {
+                        headers: x.header_pairs(),
+                        openai_type: Some(x.kind_label()),
+                    }));
                 }
                 return Err(err);
             }

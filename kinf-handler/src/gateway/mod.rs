@@ -7,6 +7,7 @@
 //! feeds the TTFT predictor and the metrics.
 
 pub mod errors;
+pub mod external;
 pub mod forward;
 pub mod parse;
 pub mod runtime;
@@ -88,6 +89,9 @@ pub struct Gateway {
     pub providers: arc_swap::ArcSwap<crate::providers::ProviderPool>,
     options: GatewayOptions,
 }
+
+/// How often providers are probed actively (`GET /v1/models`).
+pub const PROVIDER_PROBE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Provider credentials in standalone mode: environment variables, and files with relative
 /// paths resolved against the configuration directory.
@@ -176,13 +180,16 @@ impl Gateway {
                     });
                     self.runtime.store(Some(Arc::new(rt)));
                     let previous = self.providers.load_full();
-                    self.providers
-                        .store(Arc::new(crate::providers::ProviderPool::from_policy(
-                            &applied.policy,
-                            &DirCredentials(self.options.base_dir.clone()),
-                            &crate::providers::PoolOptions::default(),
-                            Some(&previous),
-                        )));
+                    let pool = Arc::new(crate::providers::ProviderPool::from_policy(
+                        &applied.policy,
+                        &DirCredentials(self.options.base_dir.clone()),
+                        &crate::providers::PoolOptions::default(),
+                        Some(&previous),
+                    ));
+                    if tokio::runtime::Handle::try_current().is_ok() {
+                        pool.spawn_prober(PROVIDER_PROBE_INTERVAL);
+                    }
+                    self.providers.store(pool);
                     for w in &applied.warnings {
                         tracing::warn!("{w}");
                     }

@@ -1,6 +1,6 @@
 //! What the gateway derives from a compiled policy when it is applied, off the request path:
-//! the tokenizer of each client-facing model, the classifiers and request limits of each front
-//! door. Swapped in together with the policy.
+//! the tokenizer of each client-facing model, the classifiers (built-in and `External`) and
+//! request limits of each front door. Swapped in together with the policy.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,8 +25,10 @@ pub struct FrontDoor {
     pub hosts: Vec<String>,
     /// `namespace/name` of the pool it serves.
     pub pool: Option<Arc<str>>,
-    /// Its classifiers.
+    /// Its built-in classifiers.
     pub classifiers: Classifiers,
+    /// Its `External` classifiers, called on the request path before the built-in ones.
+    pub external: Vec<super::external::ExternalClassifier>,
     /// Largest accepted body.
     pub max_body_bytes: usize,
     /// Most messages per request.
@@ -86,6 +88,15 @@ fn quantity_bytes(q: &Quantity) -> Option<usize> {
     }
 }
 
+/// The identity of a front door without `tenants`: none configured, so requests are served
+/// anonymously (no key required, keys ignored).
+fn anonymous_tenants() -> Result<crate::tenants::TenantResolver, String> {
+    crate::tenants::TenantResolver::from_spec_with_keys(
+        &kinf_policy::TenantIdentity::default(),
+        Vec::new(),
+    )
+}
+
 impl Runtime {
     /// Derives the runtime of `applied`; relative tokenizer paths are resolved against
     /// `base_dir`.
@@ -135,11 +146,21 @@ impl Runtime {
                             )
                         })
                     }
-                    None => crate::tenants::TenantResolver::from_keys(Vec::new()),
+                    None => anonymous_tenants(),
                 };
                 if let Err(e) = &tenants {
                     problems.push(e.clone());
                 }
+                let (external, external_problems) = super::external::ExternalClassifier::from_specs(
+                    &g.namespace,
+                    &g.name,
+                    &g.spec.classifiers,
+                );
+                problems.extend(
+                    external_problems
+                        .into_iter()
+                        .map(|p| format!("GatewayBackend {}/{}: {p}", g.namespace, g.name)),
+                );
                 let limiter = policy
                     .pools
                     .get(g.pool)
@@ -155,6 +176,7 @@ impl Runtime {
                         .get(g.pool)
                         .map(|p| Arc::from(format!("{}/{}", p.namespace, p.name))),
                     classifiers: Classifiers::from_specs(&g.spec.classifiers),
+                    external,
                     max_body_bytes: limits
                         .and_then(|l| l.max_body_bytes.as_ref())
                         .and_then(quantity_bytes)
@@ -173,12 +195,13 @@ impl Runtime {
                 .filter(|p| !p.limits.is_empty())
                 .map(|p| Arc::new(crate::tenants::Limiter::new(&p.limits, limit_store.clone())));
             doors.push(FrontDoor {
-                tenants: crate::tenants::TenantResolver::from_keys(Vec::new()),
+                tenants: anonymous_tenants(),
                 limiter,
                 gateway: None,
                 hosts: Vec::new(),
                 pool: None,
                 classifiers: Classifiers::default(),
+                external: Vec::new(),
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
                 max_messages: None,
                 max_prompt_tokens: None,

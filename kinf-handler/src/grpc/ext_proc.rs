@@ -9,7 +9,7 @@
 //!    sent until the body is complete).
 //! 2. `request_body` chunks are collected until `end_of_stream`; earlier chunks are answered
 //!    with `clear_body` (STREAMED mode), the last one with the decision.
-//! 3. The decision ([`forward::admit`] and [`forward::plan`]): a route answers with a
+//! 3. The decision ([`forward::admit_async`] and [`forward::plan`]): a route answers with a
 //!    `BodyResponse` whose `CommonResponse` sets `x-gateway-destination-endpoint: host:port`,
 //!    the `x-kinference-*` headers and `content-length`, clears the route cache and replaces the
 //!    body with the rewritten one (in `FULL_DUPLEX_STREAMED` mode: a `HeadersResponse` with the
@@ -95,7 +95,7 @@ impl ExternalProcessor for ExtProcService {
                         break;
                     }
                 };
-                let out = ex.on_message(msg);
+                let out = ex.on_message(msg).await;
                 for r in out {
                     if tx.send(Ok(r)).await.is_err() {
                         return;
@@ -172,7 +172,7 @@ impl Exchange {
     }
 
     /// Handles one message; returns the responses to send (none in observability mode).
-    fn on_message(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
+    async fn on_message(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
         if let Some(pc) = msg.protocol_config {
             self.request_mode = pc.request_body_mode;
             self.response_mode = pc.response_body_mode;
@@ -180,7 +180,7 @@ impl Exchange {
         self.observability = msg.observability_mode;
         let out = match msg.request {
             Some(Req::RequestHeaders(h)) => self.on_request_headers(h),
-            Some(Req::RequestBody(b)) => self.on_request_body(b),
+            Some(Req::RequestBody(b)) => self.on_request_body(b).await,
             Some(Req::ResponseHeaders(h)) => self.on_response_headers(&h),
             Some(Req::ResponseBody(b)) => self.on_response_body(b),
             Some(Req::RequestTrailers(_)) => vec![resp(Resp::RequestTrailers(Default::default()))],
@@ -226,7 +226,7 @@ impl Exchange {
         vec![resp(Resp::RequestHeaders(HeadersResponse::default()))]
     }
 
-    fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+    async fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let Some(api) = self.api else {
             return vec![self.pass_request_body(b)];
         };
@@ -247,7 +247,7 @@ impl Exchange {
         }
         let body = std::mem::take(&mut self.body);
         let mut who = crate::accounting::Who::default();
-        match self.decide(api, &body, &mut who) {
+        match self.decide(api, body, &mut who).await {
             Ok((chosen, new_body, strip_usage, stream)) => {
                 let mut set = vec![
                     set_header(DESTINATION_HEADER, chosen.endpoint.as_bytes()),
@@ -320,15 +320,15 @@ impl Exchange {
 
     /// Admission and decision; the chosen route, the body to send, whether the response's
     /// usage chunk must be removed, and whether the request streams.
-    fn decide(
+    async fn decide(
         &self,
         api: Api,
-        body: &[u8],
+        body: Vec<u8>,
         who: &mut crate::accounting::Who,
     ) -> Result<(Chosen, Bytes, bool, bool), ApiError> {
         let rt = self.gw.runtime().ok_or_else(not_ready_error)?;
         let (headers, _) = header_map(self.headers.iter().map(|(k, v)| (k.as_str(), &v[..])));
-        let mut admitted = forward::admit(&rt, api, &headers, body)?;
+        let mut admitted = forward::admit_async(&self.gw, &rt, api, &headers, body.into()).await?;
         who.admitted(&admitted.request);
         let chosen = forward::plan(&self.gw, &admitted)?;
         who.routed(&chosen);

@@ -30,7 +30,7 @@ impl HandlerService {
     }
 
     /// Decides one request (the body of `Decide`).
-    pub fn decide_request(&self, req: &DecideRequest) -> DecideResponse {
+    pub async fn decide_request(&self, req: DecideRequest) -> DecideResponse {
         let mut who = crate::accounting::Who::default();
         let outcome = match api_for_path(&req.path) {
             None => reject(
@@ -44,7 +44,7 @@ impl HandlerService {
                 ),
                 Api::Chat,
             ),
-            Some(api) => match self.route(api, req, &mut who) {
+            Some(api) => match self.route(api, req, &mut who).await {
                 Ok(r) => decide_response::Outcome::Route(r),
                 Err(e) => {
                     count_request(&self.gw, api, e.status.as_u16(), e.code, &who);
@@ -57,10 +57,10 @@ impl HandlerService {
         }
     }
 
-    fn route(
+    async fn route(
         &self,
         api: Api,
-        req: &DecideRequest,
+        req: DecideRequest,
         who: &mut crate::accounting::Who,
     ) -> Result<Route, ApiError> {
         let rt = self.gw.runtime().ok_or_else(not_ready_error)?;
@@ -75,7 +75,7 @@ impl HandlerService {
                 format!("{bad} request header(s) are not valid HTTP headers"),
             ));
         }
-        let admitted = forward::admit(&rt, api, &headers, &req.body)?;
+        let admitted = forward::admit_async(&self.gw, &rt, api, &headers, req.body.into()).await?;
         who.admitted(&admitted.request);
         let chosen = forward::plan(&self.gw, &admitted)?;
         who.routed(&chosen);
@@ -155,7 +155,9 @@ impl Handler for HandlerService {
         &self,
         request: tonic::Request<DecideRequest>,
     ) -> Result<tonic::Response<DecideResponse>, tonic::Status> {
-        Ok(tonic::Response::new(self.decide_request(request.get_ref())))
+        Ok(tonic::Response::new(
+            self.decide_request(request.into_inner()).await,
+        ))
     }
 
     async fn report(

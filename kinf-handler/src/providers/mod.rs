@@ -101,7 +101,13 @@ struct Provider {
     limit: Option<Arc<Semaphore>>,
     in_flight: AtomicU32,
     health: parking_lot::Mutex<Health>,
+    /// Consecutive failed active probes (`GET …/models`); not ready from
+    /// [`PROBE_FAILURES_UNREADY`] on.
+    probe_failures: AtomicU32,
 }
+
+/// Consecutive failed active probes after which a provider is not ready.
+pub const PROBE_FAILURES_UNREADY: u32 = 3;
 
 impl std::fmt::Debug for Provider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -330,6 +336,7 @@ impl ProviderPool {
                     client: client.clone(),
                     limit,
                     in_flight: AtomicU32::new(0),
+                    probe_failures: AtomicU32::new(0),
                     health: parking_lot::Mutex::new(Health {
                         breaker: Breaker::new(options.failure_threshold, options.cool_down),
                         ttft: TtftStats::default(),
@@ -346,6 +353,88 @@ impl ProviderPool {
         self.providers.keys()
     }
 
+    /// Probes every provider whose API has a cheap read-only call (`GET /v1/models` of
+    /// OpenAI-compatible and Anthropic APIs; Bedrock's runtime API has none, so it relies on
+    /// passive health): a 2xx answer within the timeout resets its probe failures, anything
+    /// else counts one. Returns how many probes failed.
+    pub async fn probe_once(&self) -> usize {
+        let probes = self.providers.values().filter_map(|p| {
+            let path = match p.info.protocol {
+                ProviderType::OpenAI => {
+                    let url = p.info.url.trim_end_matches('/');
+                    let has_path = url
+                        .split_once("://")
+                        .map(|(_, rest)| rest.contains('/'))
+                        .unwrap_or(false);
+                    if has_path { "/models" } else { "/v1/models" }
+                }
+                ProviderType::Anthropic => {
+                    if p.info.url.trim_end_matches('/').ends_with("/v1") {
+                        "/models"
+                    } else {
+                        "/v1/models"
+                    }
+                }
+                ProviderType::Bedrock => return None,
+            };
+            let client = p.client.clone()?;
+            let creds = p.creds.as_ref().ok()?;
+            let mut b = Request::builder()
+                .method("GET")
+                .uri(join_url(&p.info.url, path));
+            match (p.info.protocol, creds) {
+                (ProviderType::OpenAI, ProviderCredentials::ApiKey(k)) => {
+                    let mut v = HeaderValue::from_str(&format!("Bearer {}", k.expose())).ok()?;
+                    v.set_sensitive(true);
+                    b = b.header(header::AUTHORIZATION, v);
+                }
+                (ProviderType::Anthropic, c) => {
+                    b = b.header("anthropic-version", ANTHROPIC_VERSION);
+                    if let ProviderCredentials::ApiKey(k) = c {
+                        let mut v = HeaderValue::from_str(k.expose()).ok()?;
+                        v.set_sensitive(true);
+                        b = b.header("x-api-key", v);
+                    }
+                }
+                _ => {}
+            }
+            let req = b.body(Full::new(Bytes::new())).ok()?;
+            let timeout = p.info.timeout.min(Duration::from_secs(5));
+            Some(async move {
+                let ok = matches!(
+                    tokio::time::timeout(timeout, client.request(req)).await,
+                    Ok(Ok(r)) if r.status().is_success()
+                );
+                if ok {
+                    p.probe_failures.store(0, Ordering::Relaxed);
+                } else {
+                    let n = p.probe_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n == PROBE_FAILURES_UNREADY {
+                        tracing::warn!(provider = %p.key, "provider failing its health probes: not ready");
+                    }
+                }
+                !ok
+            })
+        });
+        futures_util::future::join_all(probes)
+            .await
+            .into_iter()
+            .filter(|failed| *failed)
+            .count()
+    }
+
+    /// Probes the pool every `every` until it is dropped (the task holds a weak reference).
+    pub fn spawn_prober(self: &Arc<Self>, every: Duration) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(pool) = weak.upgrade() else { break };
+                pool.probe_once().await;
+            }
+        });
+    }
+
     /// Every provider's state now.
     pub fn state_snapshot(&self) -> Vec<(Arc<str>, ProviderSnapshot)> {
         let now = Instant::now();
@@ -355,7 +444,10 @@ impl ProviderPool {
                 let h = p.health.lock();
                 let full = p.limit.as_ref().is_some_and(|s| s.available_permits() == 0);
                 let snap = ProviderSnapshot {
-                    ready: p.creds.is_ok() && h.breaker.would_admit(now) && !full,
+                    ready: p.creds.is_ok()
+                        && h.breaker.would_admit(now)
+                        && !full
+                        && p.probe_failures.load(Ordering::Relaxed) < PROBE_FAILURES_UNREADY,
                     in_flight: p.in_flight.load(Ordering::Relaxed),
                     ttft_s: h.ttft.mean(),
                     ttft_p50_s: h.ttft.quantile(0.5),

@@ -112,6 +112,19 @@ impl Fake {
                 .map(|(_, v)| v.clone())
                 .unwrap_or_default()
         };
+        if parts.method == axum::http::Method::GET && path.ends_with("/models") {
+            // Health probes: answered when the credentials are right, not recorded.
+            let ok = h("authorization") == format!("Bearer {OPENAI_KEY}")
+                || h("x-api-key") == ANTHROPIC_KEY;
+            let status = if !ok {
+                StatusCode::UNAUTHORIZED
+            } else if *self.mode.lock() == Mode::Fail500 {
+                StatusCode::INTERNAL_SERVER_ERROR
+            } else {
+                StatusCode::OK
+            };
+            return (status, axum::Json(json!({"object": "list", "data": []}))).into_response();
+        }
         let json: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         self.requests.lock().push(Recorded {
             path: path.clone(),
