@@ -28,6 +28,7 @@ fn limits() -> Vec<Arc<CompiledLimit>> {
             count: TokenCount::Total,
             requests_per_minute: Some(1_000_000_000_000),
             concurrent_requests: None,
+            when_exceeded: Default::default(),
         }),
         // Interactive requests: concurrency.
         Arc::new(CompiledLimit {
@@ -40,6 +41,7 @@ fn limits() -> Vec<Arc<CompiledLimit>> {
             count: TokenCount::Total,
             requests_per_minute: None,
             concurrent_requests: Some(1_000_000),
+            when_exceeded: Default::default(),
         }),
         // Another tenant's: does not match.
         Arc::new(CompiledLimit {
@@ -52,6 +54,7 @@ fn limits() -> Vec<Arc<CompiledLimit>> {
             count: TokenCount::UncachedPrompt,
             requests_per_minute: None,
             concurrent_requests: None,
+            when_exceeded: Default::default(),
         }),
     ]
 }

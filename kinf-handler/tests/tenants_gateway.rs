@@ -198,3 +198,100 @@ async fn budgets_identity_and_accounting_per_tenant() {
     assert_eq!(output("acme"), 40.0 * ok as f64, "{m}");
     assert_eq!(output("globex"), 160.0, "{m}");
 }
+
+/// A limit with `whenExceeded: Tag` does not refuse: over-limit requests go through uncharged,
+/// tagged `over-limit`, and a rule routes them to a cheaper model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_limit_traffic_is_routed_elsewhere_when_the_policy_says_so() {
+    let main = sim(&[
+        "--port",
+        "0",
+        "--model",
+        "tiny-llama",
+        "--profile",
+        "tiny",
+        "--speed",
+        "50",
+    ])
+    .await;
+    let cheap = sim(&[
+        "--port",
+        "0",
+        "--model",
+        "tiny-small",
+        "--profile",
+        "tiny",
+        "--speed",
+        "50",
+    ])
+    .await;
+    let dir = temp_dir("overlimit");
+    std::fs::write(dir.join("keys.txt"), "acme: sk-acme-1\n").unwrap();
+    let cfg = format!(
+        r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: main, namespace: t }}
+spec:
+  endpoints: ["{main}"]
+  models: [ {{ name: tiny-llama, aliases: [tiny] }} ]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: cheap, namespace: t }}
+spec:
+  endpoints: ["{cheap}"]
+  models: [ {{ name: tiny-small }} ]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: t }}
+spec:
+  destinations: [ {{ kind: InferenceWorkerSet, name: main }}, {{ kind: InferenceWorkerSet, name: cheap }} ]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: GatewayBackend
+metadata: {{ name: gw, namespace: t }}
+spec:
+  pool: pool
+  tenants: {{ apiKeys: {{ file: keys.txt }} }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {{ name: budgets, namespace: t }}
+spec:
+  rules:
+  - name: over-budget-to-cheap
+    matches: [ {{ tag: over-limit }} ]
+    route:
+      consider: [ {{ models: {{ names: [tiny-small] }} }} ]
+  limits:
+  - name: acme-premium
+    matches: {{ tenant: acme }}
+    tokensPerMinute: 150
+    whenExceeded: Tag
+"#,
+        main = main.http,
+        cheap = cheap.http
+    );
+    std::fs::write(dir.join("c.yaml"), cfg).unwrap();
+    let (_gw, addr) = gateway(&dir).await;
+    let chat = json!({"model": "tiny", "max_tokens": 40,
+                      "messages": [{"role": "user", "content": "hello there"}]});
+    let acme = [("authorization", "Bearer sk-acme-1")];
+    let mut served_by = Vec::new();
+    for _ in 0..5 {
+        let (s, h, v) = post(addr, "/v1/chat/completions", &chat, &acme).await;
+        assert_eq!(s, 200, "over-limit requests are not refused: {v}");
+        served_by.push(h["x-kinference-model"].to_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        served_by[0], "tiny-llama",
+        "within budget: the requested model"
+    );
+    assert!(
+        served_by.iter().any(|m| m == "tiny-small"),
+        "over budget: the cheaper model: {served_by:?}"
+    );
+    let last = served_by.last().unwrap();
+    assert_eq!(last, "tiny-small", "{served_by:?}");
+}

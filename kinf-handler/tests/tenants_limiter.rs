@@ -21,6 +21,7 @@ fn limit(name: &str) -> CompiledLimit {
         count: TokenCount::Total,
         requests_per_minute: None,
         concurrent_requests: None,
+        when_exceeded: Default::default(),
     }
 }
 
@@ -231,6 +232,7 @@ fn concurrency_released_on_drop_and_complete() {
     let l = Limiter::new(
         &[Arc::new(CompiledLimit {
             concurrent_requests: Some(2),
+            when_exceeded: Default::default(),
             ..limit("p/conc")
         })],
         Arc::new(MemoryStore::new()),

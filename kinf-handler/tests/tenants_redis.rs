@@ -95,6 +95,7 @@ fn limit(name: &str) -> CompiledLimit {
         count: TokenCount::Total,
         requests_per_minute: None,
         concurrent_requests: None,
+        when_exceeded: Default::default(),
     }
 }
 
@@ -131,6 +132,7 @@ async fn redis_tokens_requests_concurrency() {
             }),
             Arc::new(CompiledLimit {
                 concurrent_requests: Some(2),
+                when_exceeded: Default::default(),
                 ..limit("p/conc")
             }),
         ],
@@ -265,6 +267,7 @@ async fn two_replicas_share_budgets() {
         }),
         Arc::new(CompiledLimit {
             concurrent_requests: Some(5),
+            when_exceeded: Default::default(),
             ..limit("p/conc")
         }),
     ];

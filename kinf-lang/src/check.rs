@@ -663,6 +663,7 @@ impl<'a> Checker<'a> {
                 count: l.count.unwrap_or(TokenCount::Total),
                 requests_per_minute: l.requests_per_minute,
                 concurrent_requests: l.concurrent_requests,
+                when_exceeded: l.when_exceeded.unwrap_or_default(),
             }));
         }
         Some(LoweredPolicy {
@@ -1239,6 +1240,9 @@ fn destination_kind(k: kinf_policy::DestinationKind) -> kinf_policy::ResourceKin
     }
 }
 
+/// The tag the gateway sets on requests over a `whenExceeded: Tag` limit.
+pub const OVER_LIMIT_TAG: &str = "over-limit";
+
 /// Names visible to a policy: models, destinations and tags of its target pools.
 pub(crate) struct Scope {
     pub model_names: AHashSet<Arc<str>>,
@@ -1252,7 +1256,8 @@ impl Scope {
     fn new(out: &CompiledPolicy, pools: &[usize]) -> Scope {
         let mut model_names = AHashSet::new();
         let mut dests: Vec<(Arc<str>, DestId, BackendType)> = Vec::new();
-        let mut tags = AHashSet::new();
+        // Set by the gateway on requests over a `whenExceeded: Tag` limit.
+        let mut tags: AHashSet<Arc<str>> = [Arc::from(OVER_LIMIT_TAG)].into_iter().collect();
         for &pi in pools {
             let Some(pool) = out.pools.get(pi) else {
                 continue;

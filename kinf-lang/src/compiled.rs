@@ -456,6 +456,8 @@ pub struct CompiledLimit {
     pub requests_per_minute: Option<u64>,
     /// Concurrent requests.
     pub concurrent_requests: Option<u64>,
+    /// Reject over-limit requests, or tag them `over-limit`.
+    pub when_exceeded: kinf_policy::WhenExceeded,
 }
 
 /// A compiled gateway backend.

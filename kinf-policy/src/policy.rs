@@ -332,6 +332,20 @@ pub struct TokenLimit {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub concurrent_requests: Option<u64>,
+    /// What happens to a request over this limit. Default `Reject` (429).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_exceeded: Option<WhenExceeded>,
+}
+
+/// What happens to a request over a limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum WhenExceeded {
+    /// 429 with `Retry-After` and `x-ratelimit-*` headers.
+    #[default]
+    Reject,
+    /// Admit it without charging this limit and tag it `over-limit`, so that rules can route
+    /// it elsewhere (`matches: {tag: over-limit}`: a cheaper model, batch capacity, ...).
+    Tag,
 }
 
 /// Which tokens a limit counts.

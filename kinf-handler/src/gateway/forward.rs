@@ -554,31 +554,46 @@ async fn admit_and_forward(
         .map_err(|_| too_large(limit))?;
     // Tokenizing a long prompt takes milliseconds: `admit_async` keeps it off the async
     // workers.
-    let admitted = admit_async(gw, &rt, api, headers, bytes).await?;
+    let mut admitted = admit_async(gw, &rt, api, headers, bytes).await?;
     who.admitted(&admitted.request);
-    let mut reservation = match &admitted.limiter {
-        None => None,
-        Some(l) => match l
-            .admit(
-                &admitted.request,
-                crate::tenants::TokenEstimate::of(&admitted.request),
-            )
-            .await
-        {
-            Ok(r) => Some(r),
-            Err(e) => {
-                let mut err = ApiError::new(e.status(), e.code(), e.to_string());
-                err.retry_after_s = Some(e.retry_after_secs());
-                if let crate::tenants::LimitError::Exceeded(x) = &e {
-                    err.extra = Some(Box::new(super::errors::ErrorExtra {
-                        headers: x.header_pairs(),
-                        openai_type: Some(x.kind_label()),
-                    }));
+    let mut reservation = None;
+    if let Some(l) = admitted.limiter.clone() {
+        let mut skipped: SmallVec<[Arc<str>; 2]> = SmallVec::new();
+        loop {
+            let estimate = crate::tenants::TokenEstimate::of(&admitted.request);
+            match l
+                .admit_skipping(&admitted.request, estimate, &skipped)
+                .await
+            {
+                Ok(r) => {
+                    reservation = Some(r);
+                    break;
                 }
-                return Err(err);
+                Err(crate::tenants::LimitError::Exceeded(x))
+                    if l.action(&x.limit) == kinf_policy::WhenExceeded::Tag
+                        && !skipped.contains(&x.limit) =>
+                {
+                    // Over a `whenExceeded: Tag` limit: through uncharged, tagged for the rules.
+                    let tag: Arc<str> = Arc::from(kinf_lang::check::OVER_LIMIT_TAG);
+                    if !admitted.request.has_tag(&tag) {
+                        admitted.request.tags.push(tag);
+                    }
+                    skipped.push(x.limit.clone());
+                }
+                Err(e) => {
+                    let mut err = ApiError::new(e.status(), e.code(), e.to_string());
+                    err.retry_after_s = Some(e.retry_after_secs());
+                    if let crate::tenants::LimitError::Exceeded(x) = &e {
+                        err.extra = Some(Box::new(super::errors::ErrorExtra {
+                            headers: x.header_pairs(),
+                            openai_type: Some(x.kind_label()),
+                        }));
+                    }
+                    return Err(err);
+                }
             }
-        },
-    };
+        }
+    }
     let mut retried = false;
     let mut failed_providers: SmallVec<[Arc<str>; 2]> = SmallVec::new();
     loop {

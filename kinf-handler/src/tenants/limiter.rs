@@ -404,18 +404,32 @@ impl Limiter {
         self.limits.is_empty()
     }
 
+    /// The `whenExceeded` action of the limit named `name` (`policy/limit`).
+    pub fn action(&self, name: &str) -> kinf_policy::WhenExceeded {
+        self.limits
+            .iter()
+            .find(|l| &*l.name == name)
+            .map(|l| l.when_exceeded)
+            .unwrap_or_default()
+    }
+
     /// The store's counters.
     pub fn stats(&self) -> StoreStatsSnapshot {
         self.store.stats().snapshot()
     }
 
     /// The checks a request is subject to.
-    fn checks(&self, req: &Request, estimate: TokenEstimate) -> (Vec<Check>, Vec<TokenCount>) {
+    fn checks(
+        &self,
+        req: &Request,
+        estimate: TokenEstimate,
+        skip: &[Arc<str>],
+    ) -> (Vec<Check>, Vec<TokenCount>) {
         let tenant: Arc<str> = req.tenant.clone().unwrap_or_else(|| Arc::from(NO_TENANT));
         let mut checks = Vec::with_capacity(self.limits.len());
         let mut counts = Vec::with_capacity(self.limits.len());
         for l in self.limits.iter() {
-            if l.condition.as_ref().is_some_and(|c| !cond_holds(c, req)) {
+            if l.condition.as_ref().is_some_and(|c| !cond_holds(c, req)) || skip.contains(&l.name) {
                 continue;
             }
             let tokens = if l.tokens_per_minute.is_some() {
@@ -439,12 +453,24 @@ impl Limiter {
 
     /// Admits `req` (its `tenant` must already be resolved) reserving `estimate`, or says which
     /// limit it is over. With no matching limit, admits without touching the store.
+    /// The `whenExceeded` action of a limit is the caller's to apply ([`Limiter::action`]).
     pub async fn admit(
         &self,
         req: &Request,
         estimate: TokenEstimate,
     ) -> Result<Reservation, LimitError> {
-        let (checks, counts) = self.checks(req, estimate);
+        self.admit_skipping(req, estimate, &[]).await
+    }
+
+    /// [`Limiter::admit`] without the limits named in `skip` (limits whose `whenExceeded: Tag`
+    /// let an over-limit request through uncharged).
+    pub async fn admit_skipping(
+        &self,
+        req: &Request,
+        estimate: TokenEstimate,
+        skip: &[Arc<str>],
+    ) -> Result<Reservation, LimitError> {
+        let (checks, counts) = self.checks(req, estimate, skip);
         if checks.is_empty() {
             return Ok(Reservation::none(false));
         }
