@@ -23,46 +23,22 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use support::*;
 
+async fn post(addr: SocketAddr, body: &Value, key: &str) -> (u16, Bytes) {
+    let auth = format!("Bearer {key}");
+    let (status, _, bytes) = post_raw(
+        addr,
+        "/v1/chat/completions",
+        body,
+        &[("authorization", &auth)],
+    )
+    .await;
+    (status, bytes)
+}
+
 /// Prices of the worker set, USD per million tokens.
 const UNCACHED: f64 = 1.0;
 const CACHED: f64 = 0.5;
 const OUTPUT: f64 = 4.0;
-
-/// Whether `bin` is an executable file in a directory of `PATH`.
-fn on_path(bin: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(bin)).find(|p| {
-        p.metadata()
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    })
-}
-
-/// The path of `bin`, or `None` after saying loudly that the test is skipped; with
-/// `KINF_REQUIRE_E2E=1` a missing binary fails the test instead.
-fn required_bin(bin: &str, what: &str) -> Option<PathBuf> {
-    if let Some(p) = on_path(bin) {
-        return Some(p);
-    }
-    if std::env::var("KINF_REQUIRE_E2E").as_deref() == Ok("1") {
-        panic!("`{bin}` is not on PATH and KINF_REQUIRE_E2E=1: {what}");
-    }
-    // Straight to stderr: `eprintln!` would be captured by the test harness.
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n!!!!! SKIPPED: `{bin}` is not on PATH ({what}); scripts/test.sh runs this test !!!!!\n"
-    );
-    None
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A `prometheus` child process, killed (and its data removed) on drop.
 struct Prometheus {
@@ -171,20 +147,6 @@ async fn get(url: &str) -> (u16, Value) {
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     )
-}
-
-/// POST a JSON body; (status, body bytes).
-async fn post(addr: SocketAddr, body: &Value, key: &str) -> (u16, Bytes) {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {key}"))
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, bytes)
 }
 
 /// Usage as the client saw it: (prompt, cached prompt, output) tokens.

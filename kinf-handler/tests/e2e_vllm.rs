@@ -14,13 +14,17 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use kinf_router::prefix_index::block_hashes;
 use kinf_router::tokenize::{ChatMessage, ChatTokenizer};
 use serde_json::{Value, json};
 use support::*;
+
+async fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, hyper::HeaderMap, Value) {
+    post_json(addr, path, body, &[]).await
+}
 
 /// A vLLM server process group, killed on drop.
 struct Vllm {
@@ -37,14 +41,6 @@ impl Drop for Vllm {
         let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn start_vllm(venv: &str, model: &std::path::Path, log: &std::path::Path) -> Vllm {
@@ -66,20 +62,6 @@ fn start_vllm(venv: &str, model: &std::path::Path, log: &std::path::Path) -> Vll
         child,
         http: SocketAddr::from(([127, 0, 0, 1], http)),
     }
-}
-
-async fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, hyper::HeaderMap, Value) {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = hyper::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (status, headers, v)
 }
 
 async fn healthy(addr: SocketAddr) -> bool {

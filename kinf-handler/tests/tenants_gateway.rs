@@ -7,38 +7,9 @@ mod support;
 
 use std::net::SocketAddr;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use serde_json::{Value, json};
+use serde_json::json;
+use support::post_json as post;
 use support::*;
-
-async fn post(
-    addr: SocketAddr,
-    path: &str,
-    body: &Value,
-    headers: &[(&str, &str)],
-) -> (u16, hyper::HeaderMap, Value) {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let mut b = hyper::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let resp = client
-        .request(b.body(Full::new(Bytes::from(body.to_string()))).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let h = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        h,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
 
 fn config(worker: SocketAddr) -> String {
     format!(

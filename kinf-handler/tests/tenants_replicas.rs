@@ -10,51 +10,30 @@ mod support;
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use kinf_handler::gateway::{Gateway, GatewayOptions};
 use kinf_handler::serve::reload;
 use kinf_handler::tenants::FailMode;
 use serde_json::{Value, json};
 use support::*;
 
+async fn post(addr: SocketAddr, body: &Value, key: &str) -> (u16, hyper::HeaderMap, Value) {
+    let auth = format!("Bearer {key}");
+    post_json(
+        addr,
+        "/v1/chat/completions",
+        body,
+        &[("authorization", &auth)],
+    )
+    .await
+}
+
 /// The tenant's `tokensPerMinute`.
 const L: u64 = 1000;
-
-/// Whether `bin` is an executable file in a directory of `PATH`.
-fn on_path(bin: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(bin)).find(|p| {
-        p.metadata()
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    })
-}
-
-/// The path of `bin`, or `None` after saying loudly that the test is skipped; with
-/// `KINF_REQUIRE_E2E=1` a missing binary fails the test instead.
-fn required_bin(bin: &str, what: &str) -> Option<PathBuf> {
-    if let Some(p) = on_path(bin) {
-        return Some(p);
-    }
-    if std::env::var("KINF_REQUIRE_E2E").as_deref() == Ok("1") {
-        panic!("`{bin}` is not on PATH and KINF_REQUIRE_E2E=1: {what}");
-    }
-    // Straight to stderr: `eprintln!` would be captured by the test harness.
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n!!!!! SKIPPED: `{bin}` is not on PATH ({what}); scripts/test.sh runs this test !!!!!\n"
-    );
-    None
-}
 
 /// A `redis-server` child process without persistence, killed on drop.
 struct RedisServer {
@@ -119,24 +98,6 @@ async fn replica(
     let app = gw.router_with_admin();
     tokio::spawn(async move { axum::serve(l, app).await });
     (gw, addr)
-}
-
-async fn post(addr: SocketAddr, body: &Value, key: &str) -> (u16, hyper::HeaderMap, Value) {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {key}"))
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let h = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        h,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
 }
 
 fn config(worker: SocketAddr) -> String {

@@ -7,8 +7,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::io::Write as _;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use kinf_handler::gateway::{Gateway, GatewayOptions};
 use kinf_handler::serve::reload;
+use serde_json::Value;
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -78,4 +85,80 @@ pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; for servers that need a port number).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether `bin` is an executable file in a directory of `PATH`.
+pub fn on_path(bin: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(bin)).find(|p| {
+        p.metadata()
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    })
+}
+
+/// The path of `bin`, or `None` after saying loudly that the test is skipped; with
+/// `KINF_REQUIRE_E2E=1` a missing binary fails the test instead.
+pub fn required_bin(bin: &str, what: &str) -> Option<PathBuf> {
+    if let Some(p) = on_path(bin) {
+        return Some(p);
+    }
+    if std::env::var("KINF_REQUIRE_E2E").as_deref() == Ok("1") {
+        panic!("`{bin}` is not on PATH and KINF_REQUIRE_E2E=1: {what}");
+    }
+    // Straight to stderr: `eprintln!` would be captured by the test harness.
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n!!!!! SKIPPED: `{bin}` is not on PATH ({what}); scripts/test.sh runs this test !!!!!\n"
+    );
+    None
+}
+
+/// POSTs `body` as JSON to `http://addr{path}` with `headers`; the status, headers and the
+/// body parsed as JSON (`Null` when it is not JSON).
+pub async fn post_json(
+    addr: SocketAddr,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, hyper::HeaderMap, Value) {
+    let (status, h, bytes) = post_raw(addr, path, body, headers).await;
+    (
+        status,
+        h,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// [`post_json`] returning the raw body.
+pub async fn post_raw(
+    addr: SocketAddr,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, hyper::HeaderMap, Bytes) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut b = hyper::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = client
+        .request(b.body(Full::new(Bytes::from(body.to_string()))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let h = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, h, bytes)
 }
