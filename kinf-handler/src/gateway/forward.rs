@@ -694,34 +694,7 @@ fn respond_provider(
         body,
         outcome,
     } = resp;
-    count_request(
-        gw,
-        api,
-        status.as_u16(),
-        if status.is_success() {
-            "ok"
-        } else {
-            "upstream_status"
-        },
-        &crate::accounting::Who::of(&chosen),
-    );
-    let mut builder = Response::builder().status(status);
-    for (k, v) in headers.iter() {
-        builder = builder.header(k, v);
-    }
-    for (k, v) in &chosen.headers {
-        if let (Ok(k), Ok(v)) = (
-            HeaderName::try_from(k.as_str()),
-            HeaderValue::try_from(v.as_str()),
-        ) {
-            builder = builder.header(k, v);
-        }
-    }
-    if let Some(r) = &reservation {
-        for (k, v) in r.headers().pairs() {
-            builder = builder.header(k, v);
-        }
-    }
+    let builder = response_head(gw, api, status, &headers, &chosen, reservation.as_ref());
     let gw2 = gw.clone();
     tokio::spawn(async move {
         if let Ok(o) = outcome.await {
@@ -862,18 +835,17 @@ async fn send(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn respond(
-    gw: &Arc<Gateway>,
+/// Counts the response and starts it: the upstream's status and headers (less the hop-by-hop
+/// and length headers, which the body stream sets again), the decision's `x-kinference-*`
+/// headers and the rate-limit headers.
+fn response_head(
+    gw: &Gateway,
     api: Api,
-    chosen: Chosen,
-    upstream: hyper::Response<hyper::body::Incoming>,
-    inject_usage: bool,
-    started: Instant,
-    reservation: Option<crate::tenants::Reservation>,
-) -> Response {
-    let (parts, body) = upstream.into_parts();
-    let status = parts.status;
+    status: StatusCode,
+    upstream: &HeaderMap,
+    chosen: &Chosen,
+    reservation: Option<&crate::tenants::Reservation>,
+) -> axum::http::response::Builder {
     count_request(
         gw,
         api,
@@ -883,15 +855,10 @@ fn respond(
         } else {
             "upstream_status"
         },
-        &crate::accounting::Who::of(&chosen),
+        &crate::accounting::Who::of(chosen),
     );
-    let is_sse = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
     let mut builder = Response::builder().status(status);
-    for (k, v) in parts.headers.iter() {
+    for (k, v) in upstream.iter() {
         if k == header::CONTENT_LENGTH || k == header::TRANSFER_ENCODING || k == header::CONNECTION
         {
             continue;
@@ -906,11 +873,37 @@ fn respond(
             builder = builder.header(k, v);
         }
     }
-    if let Some(r) = &reservation {
-        for (k, v) in r.headers().pairs() {
-            builder = builder.header(k, v);
-        }
+    for (k, v) in reservation.iter().flat_map(|r| r.headers().pairs()) {
+        builder = builder.header(k, v);
     }
+    builder
+}
+
+#[allow(clippy::too_many_arguments)]
+fn respond(
+    gw: &Arc<Gateway>,
+    api: Api,
+    chosen: Chosen,
+    upstream: hyper::Response<hyper::body::Incoming>,
+    inject_usage: bool,
+    started: Instant,
+    reservation: Option<crate::tenants::Reservation>,
+) -> Response {
+    let (parts, body) = upstream.into_parts();
+    let status = parts.status;
+    let is_sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let builder = response_head(
+        gw,
+        api,
+        status,
+        &parts.headers,
+        &chosen,
+        reservation.as_ref(),
+    );
     let report = Report {
         gw: gw.clone(),
         api,
