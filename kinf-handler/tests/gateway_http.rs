@@ -350,6 +350,10 @@ async fn errors_come_in_the_callers_shape() {
     );
     let r = call(addr, "/v1/chat/completions", &big, &[]).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        r.headers["connection"], "close",
+        "the unread body makes the connection unusable"
+    );
     assert_eq!(r.json()["error"]["code"], "body_too_large");
 
     let r = call(

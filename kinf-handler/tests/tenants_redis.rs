@@ -251,7 +251,8 @@ async fn redis_tokens_requests_concurrency() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!(ttl > 0, "{k} has no expiry ({ttl})");
+        // -2: the key expired or was settled away since KEYS; -1 would be a key without expiry.
+        assert!(ttl > 0 || ttl == -2, "{k} has no expiry ({ttl})");
     }
 }
 

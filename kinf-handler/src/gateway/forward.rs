@@ -464,11 +464,17 @@ pub fn complete(
 }
 
 fn too_large(limit: usize) -> ApiError {
-    ApiError::new(
+    let mut e = ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body_too_large",
         format!("the request body is larger than the limit of {limit} bytes"),
-    )
+    );
+    // The rest of the body is not read: the connection cannot be reused, say so.
+    e.extra = Some(Box::new(super::errors::ErrorExtra {
+        headers: vec![("connection", "close".into())],
+        openai_type: None,
+    }));
+    e
 }
 
 /// Decides an admitted request: the chosen local endpoint, or the error to send (policy
