@@ -236,3 +236,86 @@ async fn pii_never_leaves_and_is_rejected_when_no_local_worker_can_take_it() {
         "a PII request reached the provider"
     );
 }
+
+/// The seed PII policy with an External classifier that times out, under concurrent load: the
+/// classifier fails closed (its failure tag is `pii-detected`), so no request reaches the
+/// provider; all are served locally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_classifier_timing_out_fails_closed_under_load() {
+    let worker = sim(&[
+        "--port",
+        "0",
+        "--model",
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "--profile",
+        "tiny",
+        "--speed",
+        "50",
+    ])
+    .await;
+    let databricks = Fake::start().await;
+    // A classifier that never answers in time.
+    let classifier = {
+        let app = axum::Router::new().route(
+            "/classify",
+            axum::routing::post(|| async {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                axum::Json(json!({"tags": []}))
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        addr
+    };
+    let dir = temp_dir("pii-ext");
+    std::fs::write(dir.join("databricks.token"), fake_provider::OPENAI_KEY).unwrap();
+    let cluster =
+        std::fs::read_to_string(root().join("testdata/policies/pii-stays-local/cluster.yaml"))
+            .unwrap()
+            .replace(
+                r#"["10.0.0.1:8000", "10.0.0.2:8000"]"#,
+                &format!(r#"["{}"]"#, worker.http),
+            )
+            .replace("kvEvents: { port: 5557 }", "metrics: { interval: 200ms }")
+            .replace(
+                "https://example.cloud.databricks.com/serving-endpoints",
+                &format!("{}/v1", databricks.url),
+            )
+            .replace(
+                "secretRef: { name: databricks-token, key: token }",
+                "file: databricks.token",
+            )
+            .replace(
+                "  - { name: pii, type: Pii }",
+                &format!(
+                    "  - {{ name: pii, type: Pii }}\n  - {{ name: dlp, type: External, url: \"http://{classifier}/classify\", tags: [pii-detected], timeout: 50ms, failureMode: FailClosed, failureTag: pii-detected }}"
+                ),
+            );
+    std::fs::write(dir.join("cluster.yaml"), cluster).unwrap();
+    std::fs::copy(
+        root().join("testdata/policies/pii-stays-local/policy.yaml"),
+        dir.join("policy.yaml"),
+    )
+    .unwrap();
+    let (_gw, addr) = gateway(&dir).await;
+    let mut load = Vec::new();
+    for i in 0..24 {
+        load.push(tokio::spawn(async move {
+            post(addr, &chat(&format!("What is a KV cache? ({i})"), 3)).await
+        }));
+    }
+    for l in load {
+        let (s, h, v) = l.await.unwrap();
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(
+            h["x-kinference-endpoint"],
+            worker.http.to_string().as_str(),
+            "a request the classifier could not clear left the cluster"
+        );
+    }
+    assert!(
+        databricks.requests.lock().is_empty(),
+        "the provider received a request"
+    );
+}
