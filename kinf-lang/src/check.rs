@@ -420,6 +420,63 @@ impl<'a> Checker<'a> {
         );
     }
 
+    fn check_complexity_thresholds(
+        &mut self,
+        doc: usize,
+        base: &FieldPath,
+        c: &kinf_policy::ClassifierSpec,
+        t: &kinf_policy::ComplexityThresholds,
+    ) {
+        let path = base.key("thresholds");
+        if c.type_ != ClassifierType::Complexity {
+            self.report_key(
+                doc,
+                &path,
+                Code::InvalidValue,
+                format!(
+                    "classifier `{}` is not of type `Complexity`: `thresholds` has no effect",
+                    c.name
+                ),
+                "ignored",
+                Some("remove `thresholds`, or set `type: Complexity`".into()),
+            );
+            return;
+        }
+        for (key, v) in [
+            ("tokens", &t.tokens),
+            ("turns", &t.turns),
+            ("codeLines", &t.code_lines),
+            ("math", &t.math),
+            ("steps", &t.steps),
+            ("questions", &t.questions),
+        ] {
+            if let Some(v) = v
+                && v.windows(2).any(|w| w[0] > w[1])
+            {
+                self.report(
+                    doc,
+                    &path.key(key),
+                    Code::EmptyThreshold,
+                    format!("`{key}` thresholds must not decrease: {v:?}"),
+                    "decreasing",
+                    Some("list the thresholds from the 1-point value up".into()),
+                );
+            }
+        }
+        let medium = t.medium_at.unwrap_or(2);
+        let high = t.high_at.unwrap_or(5);
+        if medium >= high {
+            self.report(
+                doc,
+                &path,
+                Code::EmptyThreshold,
+                format!("`mediumAt` ({medium}) must be below `highAt` ({high})"),
+                "levels overlap",
+                Some("a score from `mediumAt` is medium and from `highAt` high".into()),
+            );
+        }
+    }
+
     fn check_gateway(&mut self, g: &Res<GatewayBackendSpec>) {
         let mut names = AHashSet::new();
         for (i, c) in g.spec.classifiers.iter().enumerate() {
@@ -450,6 +507,9 @@ impl<'a> Checker<'a> {
                 c.timeout.as_deref(),
                 Duration::from_millis(50),
             );
+            if let Some(t) = &c.thresholds {
+                self.check_complexity_thresholds(g.doc, &base, c, t);
+            }
         }
         if let Some(t) = &g.spec.tenants
             && let Some(k) = &t.api_keys

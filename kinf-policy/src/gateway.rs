@@ -104,6 +104,47 @@ pub struct ClassifierSpec {
     /// With `FailClosed`: the tag added on failure. Absent: the request is rejected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_tag: Option<String>,
+    /// `Complexity` only: thresholds of its features and levels. Absent fields keep their
+    /// defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thresholds: Option<ComplexityThresholds>,
+}
+
+/// Thresholds of the `Complexity` classifier. Each feature scores 1 point at its first value,
+/// 2 at its second (and 3 at the third, for `tokens`); the sum of the points decides the level.
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ComplexityThresholds {
+    /// Estimated prompt tokens (bytes / 4). Default `[256, 1024, 4096]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 3))]
+    pub tokens: Option<Vec<u32>>,
+    /// Non-system messages. Default `[4, 10]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 2))]
+    pub turns: Option<Vec<u32>>,
+    /// Code lines (5 per fenced block). Default `[3, 20]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 2))]
+    pub code_lines: Option<Vec<u32>>,
+    /// Math markers. Default `[2, 6]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 2))]
+    pub math: Option<Vec<u32>>,
+    /// Multi-step markers. Default `[3, 6]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 2))]
+    pub steps: Option<Vec<u32>>,
+    /// Question marks. Default `[2, 5]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 2))]
+    pub questions: Option<Vec<u32>>,
+    /// Score from which a request is `complexity-medium`. Default 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub medium_at: Option<u32>,
+    /// Score from which a request is `complexity-high`. Default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_at: Option<u32>,
 }
 
 /// Classifier implementations.

@@ -216,6 +216,7 @@ fn from_specs_respects_entities_and_types() {
         timeout: None,
         failure_mode: None,
         failure_tag: None,
+        thresholds: None,
     };
     let only_email = Classifiers::from_specs(&[spec(ClassifierType::Pii, vec![PiiEntity::Email])]);
     let out = only_email.classify(&[Message::new("user", "a@b.io SSN 123-45-6789")]);
@@ -286,5 +287,37 @@ fn corpus_meets_targets() {
     assert!(
         report.tag("complexity-low").is_none(),
         "complexity is unlabelled, so unscored"
+    );
+}
+
+/// Complexity thresholds from a GatewayBackend spec move the levels.
+#[test]
+fn complexity_thresholds_from_the_spec_move_the_levels() {
+    use kinf_policy::{ClassifierSpec, ClassifierType, ComplexityThresholds};
+    use kinf_router::classify::{Classifiers, Message};
+    let spec = |t: Option<ComplexityThresholds>| ClassifierSpec {
+        name: "c".into(),
+        type_: ClassifierType::Complexity,
+        entities: vec![],
+        url: None,
+        tags: vec![],
+        timeout: None,
+        failure_mode: None,
+        failure_tag: None,
+        thresholds: t,
+    };
+    let msgs = [Message::new("user", "Why? How? When?")];
+    let default = Classifiers::from_specs(&[spec(None)]).classify(&msgs).tags;
+    assert_eq!(default, vec![std::sync::Arc::<str>::from("complexity-low")]);
+    // Three question marks score 2 points with questions [1, 3]; medium from 2.
+    let strict = Classifiers::from_specs(&[spec(Some(ComplexityThresholds {
+        questions: Some(vec![1, 3]),
+        ..Default::default()
+    }))])
+    .classify(&msgs)
+    .tags;
+    assert_eq!(
+        strict,
+        vec![std::sync::Arc::<str>::from("complexity-medium")]
     );
 }

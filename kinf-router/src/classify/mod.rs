@@ -100,7 +100,7 @@ impl Classifiers {
                     }
                 }
                 ClassifierType::Complexity => {
-                    complexity = Some(Complexity::new(ComplexityConfig::default()));
+                    complexity = Some(Complexity::new(complexity_config(s.thresholds.as_ref())));
                 }
                 ClassifierType::External => {}
             }
@@ -166,4 +166,33 @@ pub fn redact(value: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// The complexity configuration of a spec's `thresholds`: given values over the defaults.
+/// Lists of the wrong length are ignored (lint reports them).
+pub fn complexity_config(t: Option<&kinf_policy::ComplexityThresholds>) -> ComplexityConfig {
+    let mut c = ComplexityConfig::default();
+    let Some(t) = t else { return c };
+    fn set<const N: usize>(dst: &mut [usize; N], src: &Option<Vec<u32>>) {
+        if let Some(v) = src
+            && v.len() == N
+        {
+            for (d, s) in dst.iter_mut().zip(v) {
+                *d = *s as usize;
+            }
+        }
+    }
+    set(&mut c.tokens, &t.tokens);
+    set(&mut c.turns, &t.turns);
+    set(&mut c.code_lines, &t.code_lines);
+    set(&mut c.math, &t.math);
+    set(&mut c.steps, &t.steps);
+    set(&mut c.questions, &t.questions);
+    if let Some(m) = t.medium_at {
+        c.medium_at = m;
+    }
+    if let Some(h) = t.high_at {
+        c.high_at = h;
+    }
+    c
 }
