@@ -156,6 +156,47 @@ async fn excess_bursts_to_bedrock_then_databricks_and_pii_stays_local() {
     }
 }
 
+/// The seed PII bundle with its worker set on `worker`, Databricks on the fake (token from a
+/// file) and, optionally, one more classifier (a YAML flow mapping).
+fn pii_bundle(
+    tag: &str,
+    worker: SocketAddr,
+    databricks: &Fake,
+    extra_classifier: Option<&str>,
+) -> std::path::PathBuf {
+    let dir = temp_dir(tag);
+    std::fs::write(dir.join("databricks.token"), fake_provider::OPENAI_KEY).unwrap();
+    let mut cluster =
+        std::fs::read_to_string(root().join("testdata/policies/pii-stays-local/cluster.yaml"))
+            .unwrap()
+            .replace(
+                r#"["10.0.0.1:8000", "10.0.0.2:8000"]"#,
+                &format!(r#"["{worker}"]"#),
+            )
+            .replace("kvEvents: { port: 5557 }", "metrics: { interval: 200ms }")
+            .replace(
+                "https://example.cloud.databricks.com/serving-endpoints",
+                &format!("{}/v1", databricks.url),
+            )
+            .replace(
+                "secretRef: { name: databricks-token, key: token }",
+                "file: databricks.token",
+            );
+    if let Some(c) = extra_classifier {
+        cluster = cluster.replace(
+            "  - { name: pii, type: Pii }",
+            &format!("  - {{ name: pii, type: Pii }}\n  - {c}"),
+        );
+    }
+    std::fs::write(dir.join("cluster.yaml"), cluster).unwrap();
+    std::fs::copy(
+        root().join("testdata/policies/pii-stays-local/policy.yaml"),
+        dir.join("policy.yaml"),
+    )
+    .unwrap();
+    dir
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pii_never_leaves_and_is_rejected_when_no_local_worker_can_take_it() {
     let worker = sim(&[
@@ -170,30 +211,7 @@ async fn pii_never_leaves_and_is_rejected_when_no_local_worker_can_take_it() {
     ])
     .await;
     let databricks = Fake::start().await;
-    let dir = temp_dir("pii");
-    std::fs::write(dir.join("databricks.token"), fake_provider::OPENAI_KEY).unwrap();
-    let cluster =
-        std::fs::read_to_string(root().join("testdata/policies/pii-stays-local/cluster.yaml"))
-            .unwrap()
-            .replace(
-                r#"["10.0.0.1:8000", "10.0.0.2:8000"]"#,
-                &format!(r#"["{}"]"#, worker.http),
-            )
-            .replace("kvEvents: { port: 5557 }", "metrics: { interval: 200ms }")
-            .replace(
-                "https://example.cloud.databricks.com/serving-endpoints",
-                &format!("{}/v1", databricks.url),
-            )
-            .replace(
-                "secretRef: { name: databricks-token, key: token }",
-                "file: databricks.token",
-            );
-    std::fs::write(dir.join("cluster.yaml"), cluster).unwrap();
-    std::fs::copy(
-        root().join("testdata/policies/pii-stays-local/policy.yaml"),
-        dir.join("policy.yaml"),
-    )
-    .unwrap();
+    let dir = pii_bundle("pii", worker.http, &databricks, None);
     let (gw, addr) = gateway(&dir).await;
 
     // No PII: the policy prefers the provider.
@@ -268,36 +286,10 @@ async fn an_external_classifier_timing_out_fails_closed_under_load() {
         tokio::spawn(async move { axum::serve(l, app).await });
         addr
     };
-    let dir = temp_dir("pii-ext");
-    std::fs::write(dir.join("databricks.token"), fake_provider::OPENAI_KEY).unwrap();
-    let cluster =
-        std::fs::read_to_string(root().join("testdata/policies/pii-stays-local/cluster.yaml"))
-            .unwrap()
-            .replace(
-                r#"["10.0.0.1:8000", "10.0.0.2:8000"]"#,
-                &format!(r#"["{}"]"#, worker.http),
-            )
-            .replace("kvEvents: { port: 5557 }", "metrics: { interval: 200ms }")
-            .replace(
-                "https://example.cloud.databricks.com/serving-endpoints",
-                &format!("{}/v1", databricks.url),
-            )
-            .replace(
-                "secretRef: { name: databricks-token, key: token }",
-                "file: databricks.token",
-            )
-            .replace(
-                "  - { name: pii, type: Pii }",
-                &format!(
-                    "  - {{ name: pii, type: Pii }}\n  - {{ name: dlp, type: External, url: \"http://{classifier}/classify\", tags: [pii-detected], timeout: 50ms, failureMode: FailClosed, failureTag: pii-detected }}"
-                ),
-            );
-    std::fs::write(dir.join("cluster.yaml"), cluster).unwrap();
-    std::fs::copy(
-        root().join("testdata/policies/pii-stays-local/policy.yaml"),
-        dir.join("policy.yaml"),
-    )
-    .unwrap();
+    let external = format!(
+        "{{ name: dlp, type: External, url: \"http://{classifier}/classify\", tags: [pii-detected], timeout: 50ms, failureMode: FailClosed, failureTag: pii-detected }}"
+    );
+    let dir = pii_bundle("pii-ext", worker.http, &databricks, Some(&external));
     let (_gw, addr) = gateway(&dir).await;
     let mut load = Vec::new();
     for i in 0..24 {
