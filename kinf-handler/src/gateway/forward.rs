@@ -105,6 +105,29 @@ pub struct ResponseObservation {
     pub token_events: u64,
 }
 
+impl ResponseObservation {
+    /// What a tap saw of a response with upstream `status`, forwarded at `sent_at` for a
+    /// request received at `started`.
+    pub fn from_tap(
+        status: u16,
+        o: &super::sse_tap::Observed,
+        sent_at: Instant,
+        started: Instant,
+    ) -> Self {
+        ResponseObservation {
+            status,
+            ttft_s: o
+                .first_token_at
+                .map(|t| t.duration_since(sent_at).as_secs_f64()),
+            mean_itl_s: (o.token_events > 1).then(|| o.gaps_sum_s / (o.token_events - 1) as f64),
+            usage: o.usage,
+            completed: o.completed,
+            duration_s: started.elapsed().as_secs_f64(),
+            token_events: o.token_events,
+        }
+    }
+}
+
 /// Learns from a finished response routed by `plan`: the endpoint's TTFT model, latency
 /// histograms, token counters.
 pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
@@ -229,7 +252,14 @@ pub async fn handle(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) 
 
 /// Counts a request in `kinference_requests_total` and, when it ended without a response
 /// passed through, in the per-tenant accounting (`who` says what was known of it).
-fn count_request(gw: &Gateway, api: Api, status: u16, code: &str, who: &crate::accounting::Who) {
+/// Counts a request by the status sent to the client, and a refusal per tenant and model.
+pub(crate) fn count_request(
+    gw: &Gateway,
+    api: Api,
+    status: u16,
+    code: &str,
+    who: &crate::accounting::Who,
+) {
     gw.metrics.count_request(api.label(), status, code);
     crate::accounting::account_refusal(&gw.metrics, who, code);
 }
@@ -940,19 +970,8 @@ struct Finisher {
 impl Drop for Finisher {
     fn drop(&mut self) {
         if let Some(r) = self.report.take() {
-            let o = &self.tap.observed;
-            let obs = ResponseObservation {
-                status: r.status,
-                ttft_s: o
-                    .first_token_at
-                    .map(|t| t.duration_since(r.sent_at).as_secs_f64()),
-                mean_itl_s: (o.token_events > 1)
-                    .then(|| o.gaps_sum_s / (o.token_events - 1) as f64),
-                usage: o.usage,
-                completed: o.completed,
-                duration_s: r.started.elapsed().as_secs_f64(),
-                token_events: o.token_events,
-            };
+            let obs =
+                ResponseObservation::from_tap(r.status, &self.tap.observed, r.sent_at, r.started);
             report(&r.gw, r.api, &r.chosen, &obs);
             settle(r.reservation, &r.chosen, &obs);
         }

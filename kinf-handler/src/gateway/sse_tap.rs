@@ -195,8 +195,9 @@ pub fn body_usage(api: Api, body: &[u8]) -> Option<TokenUsage> {
     })
 }
 
-/// End (exclusive) of the first complete event: after a blank line (`\n\n` or `\r\n\r\n`).
-fn find_event_end(buf: &[u8]) -> Option<usize> {
+/// End (exclusive) of the first complete SSE event: after a blank line (`\n\n` or
+/// `\r\n\r\n`).
+pub(crate) fn find_event_end(buf: &[u8]) -> Option<usize> {
     let mut i = 0;
     while i + 1 < buf.len() {
         if buf[i] == b'\n' {

@@ -456,18 +456,7 @@ impl Exchange {
             r.tap.observed.usage = body_usage(r.api, &r.body);
             r.tap.observed.completed = ended;
         }
-        let o = &r.tap.observed;
-        let obs = ResponseObservation {
-            status: r.status,
-            ttft_s: o
-                .first_token_at
-                .map(|t| t.duration_since(r.sent_at).as_secs_f64()),
-            mean_itl_s: (o.token_events > 1).then(|| o.gaps_sum_s / (o.token_events - 1) as f64),
-            usage: o.usage,
-            completed: o.completed,
-            duration_s: r.started.elapsed().as_secs_f64(),
-            token_events: o.token_events,
-        };
+        let obs = ResponseObservation::from_tap(r.status, &r.tap.observed, r.sent_at, r.started);
         forward::report(&self.gw, r.api, &r.chosen, &obs);
     }
 

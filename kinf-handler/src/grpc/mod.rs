@@ -158,19 +158,7 @@ pub(crate) fn header_map<'a>(
     (map, bad)
 }
 
-/// Counts a request in `kinference_requests_total` (the metric the HTTP gateway keeps) and,
-/// when it ended without a response passed through, in the per-tenant accounting (`who` says
-/// what was known of it).
-pub(crate) fn count_request(
-    gw: &Gateway,
-    api: Api,
-    status: u16,
-    code: &str,
-    who: &crate::accounting::Who,
-) {
-    gw.metrics.count_request(api.label(), status, code);
-    crate::accounting::account_refusal(&gw.metrics, who, code);
-}
+pub(crate) use crate::gateway::forward::count_request;
 
 /// The JSON error body for `api`, serialized.
 pub(crate) fn error_body(e: &ApiError, api: Api) -> Vec<u8> {

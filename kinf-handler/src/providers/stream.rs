@@ -11,6 +11,7 @@ use super::translate::{
     usage_bedrock, usage_openai,
 };
 use crate::gateway::errors::Api;
+use crate::gateway::sse_tap::find_event_end;
 
 /// One canonical stream event.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,22 +60,6 @@ impl SseSplitter {
         }
         out
     }
-}
-
-fn find_event_end(buf: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    while i + 1 < buf.len() {
-        if buf[i] == b'\n' {
-            if buf[i + 1] == b'\n' {
-                return Some(i + 2);
-            }
-            if buf[i + 1] == b'\r' && buf.get(i + 2) == Some(&b'\n') {
-                return Some(i + 3);
-            }
-        }
-        i += 1;
-    }
-    None
 }
 
 /// Decodes one provider's stream into canonical events.

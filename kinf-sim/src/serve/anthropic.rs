@@ -11,7 +11,7 @@ use http::StatusCode;
 use kinf_router::tokenize::ChatMessage;
 use serde_json::Value;
 
-use super::driver::Event;
+use super::driver::{Collected, Event, collect};
 use super::http::{St, json_response};
 use super::openai::{content_text, rejected};
 use super::sse::{self, js};
@@ -105,49 +105,32 @@ pub async fn messages(State(s): State<St>, body: Bytes) -> Response {
     let seed = s.output_seed(&prompt);
     let (mut rx, mut guard) = s.driver.submit(prompt, max_tokens, seed);
     if !stream {
-        let mut text = String::new();
-        let mut count = 0u32;
-        loop {
-            match rx.recv().await {
-                Some(Event::Token { index, token }) => {
-                    count += 1;
-                    if die.is_some_and(|d| count > d) {
-                        return sse::cut_response();
-                    }
-                    text.push_str(&s.tokens.piece(token, index));
-                }
-                Some(Event::Finished { reason, stats }) => {
-                    guard.disarm();
-                    if die.is_some_and(|d| count >= d) {
-                        return sse::cut_response();
-                    }
-                    return json_response(
-                        StatusCode::OK,
-                        format!(
-                            "{{\"id\":{},\"type\":\"message\",\"role\":\"assistant\",\"content\":[{{\
-                             \"type\":\"text\",\"text\":{}}}],\"model\":{},\"stop_reason\":\"{}\",\
-                             \"usage\":{}}}",
-                            js(&id),
-                            js(&text),
-                            js(&model),
-                            stop_reason(reason),
-                            final_usage(&stats)
-                        ),
-                    );
-                }
-                Some(Event::Rejected(r)) => {
-                    guard.disarm();
-                    return bad(&rejected(r));
-                }
-                None => {
-                    return error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "api_error",
-                        "engine stopped",
-                    );
-                }
-            }
-        }
+        return match collect(&mut rx, &mut guard, &s.tokens, die).await {
+            Collected::Done {
+                text,
+                reason,
+                stats,
+            } => json_response(
+                StatusCode::OK,
+                format!(
+                    "{{\"id\":{},\"type\":\"message\",\"role\":\"assistant\",\"content\":[{{\
+                     \"type\":\"text\",\"text\":{}}}],\"model\":{},\"stop_reason\":\"{}\",\
+                     \"usage\":{}}}",
+                    js(&id),
+                    js(&text),
+                    js(&model),
+                    stop_reason(reason),
+                    final_usage(&stats)
+                ),
+            ),
+            Collected::Cut => sse::cut_response(),
+            Collected::Rejected(r) => bad(&rejected(r)),
+            Collected::Stopped => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "api_error",
+                "engine stopped",
+            ),
+        };
     }
     let (tx, body) = sse::channel_body();
     let tokens = s.tokens.clone();

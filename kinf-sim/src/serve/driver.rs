@@ -84,6 +84,64 @@ pub enum Event {
     Rejected(RejectReason),
 }
 
+/// How a non-streamed request ended, for [`collect`].
+#[derive(Debug)]
+pub enum Collected {
+    /// It finished: the generated text, why, and its stats.
+    Done {
+        /// The output text.
+        text: String,
+        /// Why it finished.
+        reason: FinishReason,
+        /// Timings and token counts.
+        stats: RequestStats,
+    },
+    /// The die-mid-stream fault cut it: the connection must be dropped.
+    Cut,
+    /// The engine refused it.
+    Rejected(RejectReason),
+    /// The engine task is gone.
+    Stopped,
+}
+
+/// Collects a non-streamed request's tokens as text; `die` cuts it after that many tokens.
+pub async fn collect(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    guard: &mut AbortGuard,
+    tokens: &super::tokens::Tokens,
+    die: Option<u32>,
+) -> Collected {
+    let mut text = String::new();
+    let mut count = 0u32;
+    loop {
+        match rx.recv().await {
+            Some(Event::Token { index, token }) => {
+                count += 1;
+                if die.is_some_and(|d| count > d) {
+                    return Collected::Cut;
+                }
+                text.push_str(&tokens.piece(token, index));
+            }
+            Some(Event::Finished { reason, stats }) => {
+                guard.disarm();
+                if die.is_some_and(|d| count >= d) {
+                    return Collected::Cut;
+                }
+                return Collected::Done {
+                    text,
+                    reason,
+                    stats,
+                };
+            }
+            Some(Event::Rejected(r)) => {
+                guard.disarm();
+                return Collected::Rejected(r);
+            }
+            None => return Collected::Stopped,
+        }
+    }
+}
+
 /// Engine state for `/metrics`.
 #[derive(Debug, Clone)]
 pub struct Snapshot {

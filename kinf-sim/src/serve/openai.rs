@@ -10,7 +10,7 @@ use http::StatusCode;
 use kinf_router::tokenize::ChatMessage;
 use serde_json::Value;
 
-use super::driver::Event;
+use super::driver::{Collected, Event, collect};
 use super::http::{St, json_response, openai_error};
 use super::sse::{self, js};
 use crate::{FinishReason, RejectReason, RequestStats};
@@ -272,33 +272,18 @@ async fn run(s: St, kind: Kind, v: &Value, prompt: Vec<u32>) -> Response {
     let seed = s.output_seed(&prompt);
     let (mut rx, mut guard) = s.driver.submit(prompt, max_tokens, seed);
     if !stream {
-        let mut text = String::new();
-        let mut count = 0u32;
-        loop {
-            match rx.recv().await {
-                Some(Event::Token { index, token }) => {
-                    count += 1;
-                    if die.is_some_and(|d| count > d) {
-                        return sse::cut_response();
-                    }
-                    text.push_str(&s.tokens.piece(token, index));
-                }
-                Some(Event::Finished { reason: r, stats }) => {
-                    guard.disarm();
-                    if die.is_some_and(|d| count >= d) {
-                        return sse::cut_response();
-                    }
-                    return json_response(StatusCode::OK, plain(&ctx, &text, r, &stats));
-                }
-                Some(Event::Rejected(r)) => {
-                    guard.disarm();
-                    return bad(&rejected(r));
-                }
-                None => {
-                    return openai_error(StatusCode::INTERNAL_SERVER_ERROR, "engine stopped", None);
-                }
+        return match collect(&mut rx, &mut guard, &s.tokens, die).await {
+            Collected::Done {
+                text,
+                reason: r,
+                stats,
+            } => json_response(StatusCode::OK, plain(&ctx, &text, r, &stats)),
+            Collected::Cut => sse::cut_response(),
+            Collected::Rejected(r) => bad(&rejected(r)),
+            Collected::Stopped => {
+                openai_error(StatusCode::INTERNAL_SERVER_ERROR, "engine stopped", None)
             }
-        }
+        };
     }
     let (tx, body) = sse::channel_body();
     let tokens = s.tokens.clone();
