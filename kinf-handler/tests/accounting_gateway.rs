@@ -4,18 +4,15 @@
 //! capacity gauges are on `/metrics`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -26,55 +23,13 @@ use kinf_handler::gateway::{Gateway, GatewayOptions};
 use kinf_handler::serve::{OnApplied, reload};
 use kinf_router::usage::TokenUsage;
 use serde_json::Value;
-
-const CHAT: &str = include_str!("../../testdata/vllm-0.32.0-cpu/chat1.json");
-const CHAT_STREAM: &str = include_str!("../../testdata/vllm-0.32.0-cpu/chat_stream.txt");
+use support::replay::CHAT;
+use support::temp_dir;
 
 /// Prices of the `tiny` worker set in [`config`], per million tokens.
 const UNCACHED: f64 = 0.6;
 const CACHED: f64 = 0.06;
 const OUTPUT: f64 = 2.2;
-
-#[derive(Clone)]
-struct Upstream {
-    die_mid_stream: bool,
-}
-
-async fn replay(State(u): State<Upstream>, body: Bytes) -> Response {
-    let v: Value = serde_json::from_slice(&body).unwrap();
-    if !v["stream"].as_bool().unwrap_or(false) {
-        return ([("content-type", "application/json")], CHAT).into_response();
-    }
-    let events: Vec<String> = CHAT_STREAM
-        .split_inclusive("\n\n")
-        .map(str::to_owned)
-        .collect();
-    let die = u.die_mid_stream;
-    let s =
-        futures_util::stream::iter(events.into_iter().enumerate()).then(move |(i, e)| async move {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            if die && i == 3 {
-                Err(std::io::Error::other("worker died"))
-            } else {
-                Ok::<_, std::io::Error>(Bytes::from(e))
-            }
-        });
-    (
-        [("content-type", "text/event-stream")],
-        Body::from_stream(s),
-    )
-        .into_response()
-}
-
-async fn start_upstream(die_mid_stream: bool) -> SocketAddr {
-    let app = Router::new()
-        .route("/v1/chat/completions", post(replay))
-        .with_state(Upstream { die_mid_stream });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await });
-    addr
-}
 
 fn config(endpoint: SocketAddr) -> String {
     format!(
@@ -113,19 +68,6 @@ spec:
     )
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "kinf-acct-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn noop() -> OnApplied {
     Arc::new(|_, _| {})
 }
@@ -146,7 +88,7 @@ async fn start_gateway(dir: &Path) -> (Arc<Gateway>, SocketAddr) {
 }
 
 async fn setup(tag: &str, die_mid_stream: bool) -> (Arc<Gateway>, SocketAddr) {
-    let up = start_upstream(die_mid_stream).await;
+    let (up, _) = support::replay::start_upstream(die_mid_stream).await;
     let dir = temp_dir(tag);
     std::fs::write(dir.join("c.yaml"), config(up)).unwrap();
     start_gateway(&dir).await

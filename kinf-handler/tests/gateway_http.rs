@@ -10,98 +10,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use kinf_handler::gateway::{Gateway, GatewayOptions};
 use kinf_handler::serve::{OnApplied, reload};
-use parking_lot::Mutex;
 use serde_json::Value;
+use support::replay::{CHAT, CHAT_STREAM, MESSAGES, start_upstream};
 use support::temp_dir;
-
-const CHAT: &str = include_str!("../../testdata/vllm-0.32.0-cpu/chat1.json");
-const CHAT_STREAM: &str = include_str!("../../testdata/vllm-0.32.0-cpu/chat_stream.txt");
-const MESSAGES: &str = include_str!("../../testdata/vllm-0.32.0-cpu/messages_nonstream.json");
-
-/// What an upstream received.
-#[derive(Default)]
-struct Seen {
-    bodies: Vec<Value>,
-    headers: Vec<HeaderMap>,
-}
-
-#[derive(Clone)]
-struct Upstream {
-    seen: Arc<Mutex<Seen>>,
-    /// Stop streaming half way and drop the connection.
-    die_mid_stream: bool,
-}
-
-async fn replay(State(u): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response {
-    let v: Value = serde_json::from_slice(&body).unwrap();
-    let stream = v["stream"].as_bool().unwrap_or(false);
-    {
-        let mut s = u.seen.lock();
-        s.bodies.push(v);
-        s.headers.push(headers);
-    }
-    if !stream {
-        return ([("content-type", "application/json")], CHAT).into_response();
-    }
-    let events: Vec<String> = CHAT_STREAM
-        .split_inclusive("\n\n")
-        .map(str::to_owned)
-        .collect();
-    let die = u.die_mid_stream;
-    let s =
-        futures_util::stream::iter(events.into_iter().enumerate()).then(move |(i, e)| async move {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            if die && i == 3 {
-                Err(std::io::Error::other("worker died"))
-            } else {
-                Ok::<_, std::io::Error>(Bytes::from(e))
-            }
-        });
-    (
-        [("content-type", "text/event-stream")],
-        Body::from_stream(s),
-    )
-        .into_response()
-}
-
-async fn messages(State(u): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response {
-    let v: Value = serde_json::from_slice(&body).unwrap();
-    {
-        let mut s = u.seen.lock();
-        s.bodies.push(v);
-        s.headers.push(headers);
-    }
-    ([("content-type", "application/json")], MESSAGES).into_response()
-}
-
-use futures_util::StreamExt;
-
-async fn start_upstream(die_mid_stream: bool) -> (SocketAddr, Arc<Mutex<Seen>>) {
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let app = Router::new()
-        .route("/v1/chat/completions", post(replay))
-        .route("/v1/completions", post(replay))
-        .route("/v1/messages", post(messages))
-        .with_state(Upstream {
-            seen: seen.clone(),
-            die_mid_stream,
-        });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await });
-    (addr, seen)
-}
 
 fn config(endpoints: &[String], max_body: &str) -> String {
     let eps = endpoints

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod replay;
+
 use std::io::Write as _;
 
 use bytes::Bytes;
