@@ -289,6 +289,19 @@ impl PrefixIndex {
         }
     }
 
+    /// The engine hashes of the blocks `ep` holds, sorted: what the engine itself would list
+    /// (for checking the index against an engine's ground truth; costs a pass over the map).
+    pub fn engine_hashes(&self, ep: EndpointId) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .endpoints
+            .slot(ep)
+            .and_then(|s| self.endpoints.get(s))
+            .map(|e| e.engine.keys().copied().collect())
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
     /// Number of blocks `ep` holds (0 if unknown).
     pub fn endpoint_blocks(&self, ep: EndpointId) -> usize {
         self.endpoints

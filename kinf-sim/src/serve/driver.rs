@@ -157,6 +157,7 @@ enum Command {
     Reset(oneshot::Sender<bool>),
     Snapshot(oneshot::Sender<Snapshot>),
     RestartPublisher(oneshot::Sender<bool>),
+    CachedBlocks(oneshot::Sender<Vec<u64>>),
 }
 
 /// A handle on the driver task.
@@ -243,6 +244,14 @@ impl Driver {
         rx.await.unwrap_or(false)
     }
 
+    /// Every block hash in the engine's prefix cache now, sorted: the ground truth a consumer
+    /// of the KV events should have (`GET /sim/cache`).
+    pub async fn cached_blocks(&self) -> Option<Vec<u64>> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Command::CachedBlocks(tx)).ok()?;
+        rx.await.ok()
+    }
+
     /// Restarts the KV-event publisher (sequence from 0); returns whether the engine's prefix
     /// cache could be cleared too.
     pub async fn restart_publisher(&self) -> bool {
@@ -307,6 +316,11 @@ async fn run(
                     gauges: engine.gauges(),
                     metrics: engine.metrics().clone(),
                 });
+            }
+            Command::CachedBlocks(tx) => {
+                engine.advance_into(clock.sim_now(), &mut out);
+                dispatch(&mut out, &mut subs, kv.as_ref(), &clock);
+                let _ = tx.send(engine.cached_block_hashes());
             }
             Command::RestartPublisher(tx) => {
                 engine.advance_into(clock.sim_now(), &mut out);

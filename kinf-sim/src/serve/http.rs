@@ -167,6 +167,7 @@ pub fn router(state: St) -> Router {
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/sim/faults", get(get_faults).post(set_faults))
         .route("/sim/restart_publisher", post(restart_publisher))
+        .route("/sim/cache", get(cached_blocks))
         .fallback(not_found)
         .with_state(state)
 }
@@ -238,6 +239,22 @@ async fn set_faults(State(s): State<St>, body: Bytes) -> Response {
             )
         }
         Err(e) => openai_error(StatusCode::BAD_REQUEST, &e, None),
+    }
+}
+
+/// `GET /sim/cache`: `{"blocks": N, "block_hashes": [..]}`, the engine's prefix cache (block
+/// hashes as KV events report them, sorted), for checking a KV-event consumer against the truth.
+async fn cached_blocks(State(s): State<St>) -> Response {
+    match s.driver.cached_blocks().await {
+        Some(hashes) => json_response(
+            StatusCode::OK,
+            serde_json::json!({"blocks": hashes.len(), "block_hashes": hashes}).to_string(),
+        ),
+        None => openai_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the engine has stopped",
+            None,
+        ),
     }
 }
 
