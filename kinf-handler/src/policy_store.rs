@@ -79,7 +79,42 @@ impl PolicyStore {
 
     /// Compiles `sources` and swaps the result in if it has no errors.
     pub fn apply(&self, sources: &Sources) -> ApplyOutcome {
-        let c = kinf_lang::compile(sources);
+        self.apply_resolved(sources, &crate::bundle::Resolved::default())
+            .0
+    }
+
+    /// Like [`PolicyStore::apply`], with what the source resolved beside the resources: the
+    /// discovered endpoints of selector-mode worker sets are filled into the compiled policy
+    /// (so that the cluster state and live ingestion see them like static endpoints), and a
+    /// change of endpoints or Secret values counts as a change. Also returns every diagnostic
+    /// of the compilation (for Kubernetes status).
+    pub fn apply_resolved(
+        &self,
+        sources: &Sources,
+        resolved: &crate::bundle::Resolved,
+    ) -> (ApplyOutcome, Vec<Diagnostic>) {
+        let mut c = kinf_lang::compile(sources);
+        if let Some(policy) = c.policy.as_mut()
+            && (!resolved.endpoints.is_empty() || !resolved.secrets.is_empty())
+            && let Some(p) = Arc::get_mut(policy)
+        {
+            for d in &mut p.destinations {
+                if let Some(w) = d.worker_set.as_mut()
+                    && w.endpoints.is_empty()
+                    && let Some(found) = resolved
+                        .endpoints
+                        .get(&format!("{}/{}", d.namespace, d.name))
+                {
+                    w.endpoints = found.iter().map(|a| Arc::from(a.as_str())).collect();
+                }
+            }
+            p.fingerprint = p.fingerprint.rotate_left(1) ^ resolved.fingerprint();
+        }
+        let outcome = self.apply_compilation(sources, &c);
+        (outcome, c.diagnostics)
+    }
+
+    fn apply_compilation(&self, sources: &Sources, c: &kinf_lang::Compilation) -> ApplyOutcome {
         let render = |sev: Severity| -> Vec<String> {
             c.diagnostics
                 .iter()
@@ -87,7 +122,7 @@ impl PolicyStore {
                 .map(|d: &Diagnostic| d.render_plain(sources))
                 .collect()
         };
-        match c.policy {
+        match c.policy.clone() {
             Some(policy) => {
                 let fingerprint = policy.fingerprint;
                 let prev = self.current.load();

@@ -1,0 +1,200 @@
+//! What a configuration source hands the server: a [`ConfigBundle`] — the resources as YAML
+//! sources plus what only the platform can resolve beside them (pod endpoints of selector-mode
+//! worker sets, Secret values). Directory mode ([`crate::config_dir`]) and Kubernetes mode
+//! ([`crate::kube`]) both produce bundles; [`crate::gateway::Gateway::apply_bundle`] compiles
+//! and applies them the same way (a bundle with errors is not applied; the last good one stays).
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use kinf_lang::Sources;
+
+use crate::providers::credentials::Secret;
+
+/// Secret values: `(namespace, name)` → key → value.
+pub type SecretValues = BTreeMap<(String, String), BTreeMap<String, Secret>>;
+
+/// What a source resolved beside the resources.
+#[derive(Clone, Debug, Default)]
+pub struct Resolved {
+    /// `host:port` of the ready pods of each selector-mode worker set, by `namespace/name`
+    /// (Kubernetes mode). Static `endpoints` are in the sources and not repeated here.
+    pub endpoints: BTreeMap<String, Vec<String>>,
+    /// Secrets referenced by providers (`credentials.secretRef`) and front doors
+    /// (`tenants.apiKeys.secretRef`). Empty in directory mode.
+    pub secrets: Arc<SecretValues>,
+    /// Whether `secretRef`s resolve against [`Resolved::secrets`] (Kubernetes mode); without,
+    /// they are refused as unsupported (directory mode).
+    pub kubernetes: bool,
+}
+
+impl Resolved {
+    /// A hash of the endpoints and the secret values (never logged), so that a change of either
+    /// re-applies the policy.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = ahash::AHasher::default();
+        self.endpoints.hash(&mut h);
+        for ((ns, name), data) in self.secrets.iter() {
+            ns.hash(&mut h);
+            name.hash(&mut h);
+            for (k, v) in data {
+                k.hash(&mut h);
+                v.expose().hash(&mut h);
+            }
+        }
+        h.finish()
+    }
+
+    /// The value of one key of a Secret.
+    pub fn secret(&self, namespace: &str, name: &str, key: &str) -> Option<&Secret> {
+        self.secrets
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .and_then(|d| d.get(key))
+    }
+}
+
+/// One complete configuration.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigBundle {
+    /// Every resource, as YAML sources (one file per resource in Kubernetes mode, named
+    /// `Kind/namespace/name`).
+    pub sources: Sources,
+    /// Endpoints and Secrets resolved by the source.
+    pub resolved: Resolved,
+    /// A number the source gives each bundle it publishes (increasing), so that it can find
+    /// what the bundle was made of when the outcome comes back.
+    pub revision: u64,
+}
+
+impl ConfigBundle {
+    /// A bundle of sources alone (directory mode).
+    pub fn from_sources(sources: Sources) -> Self {
+        ConfigBundle {
+            sources,
+            resolved: Resolved::default(),
+            revision: 0,
+        }
+    }
+}
+
+/// The sending side of a source: the newest bundle (older unapplied ones are replaced).
+pub type BundleSender = tokio::sync::watch::Sender<Option<Arc<ConfigBundle>>>;
+
+/// What happened to one bundle: it is passed back to the source after each apply.
+pub type AfterApply = Arc<
+    dyn Fn(
+            &Arc<crate::gateway::Gateway>,
+            &ConfigBundle,
+            &crate::ApplyOutcome,
+            &[kinf_lang::Diagnostic],
+        ) + Send
+        + Sync,
+>;
+
+/// A source of configuration bundles (a directory, or the Kubernetes API). It runs until the
+/// server stops and publishes each new complete bundle; [`apply_loop`] compiles and applies
+/// the newest one through [`crate::gateway::Gateway::apply_bundle`].
+pub trait ConfigSource: Send + 'static {
+    /// Runs the source, publishing bundles on `tx`.
+    fn run(
+        self: Box<Self>,
+        tx: BundleSender,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+}
+
+/// Applies every bundle published on `rx` (the newest when several arrived meanwhile): compile
+/// on the blocking pool, swap in when it has no errors, run `on_applied` (live ingestion) when
+/// the policy changed, then `after` with the outcome. Returns when the sender is dropped.
+pub async fn apply_loop(
+    gw: Arc<crate::gateway::Gateway>,
+    mut rx: tokio::sync::watch::Receiver<Option<Arc<ConfigBundle>>>,
+    on_applied: crate::serve::OnApplied,
+    after: Option<AfterApply>,
+) {
+    while rx.changed().await.is_ok() {
+        let Some(bundle) = rx.borrow_and_update().clone() else {
+            continue;
+        };
+        let gw2 = gw.clone();
+        let b2 = bundle.clone();
+        let Ok((outcome, diags)) = tokio::task::spawn_blocking(move || gw2.apply_bundle(&b2)).await
+        else {
+            continue;
+        };
+        if let crate::ApplyOutcome::Applied { .. } = outcome
+            && let Some(applied) = gw.store.current()
+        {
+            on_applied(&gw, &applied.policy);
+        }
+        if let Some(after) = &after {
+            after(&gw, &bundle, &outcome, &diags);
+        }
+    }
+}
+
+/// A hash of the sources' names and texts (what directory polling compares).
+pub fn sources_hash(sources: &Sources) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (_, f) in sources.iter() {
+        for b in f.name.bytes().chain([0]).chain(f.text.bytes()).chain([0]) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Directory mode as a [`ConfigSource`]: every `every`, the directory is read
+/// ([`crate::config_dir::read_dir`]) and published when its content changed since `last`. A
+/// directory that cannot be read publishes nothing (the last good policy stays in force).
+#[derive(Clone, Debug)]
+pub struct DirSource {
+    /// The directory (or one file).
+    pub dir: std::path::PathBuf,
+    /// Polling interval.
+    pub every: std::time::Duration,
+    /// Hash ([`sources_hash`]) of the content already applied, if any.
+    pub last: Option<u64>,
+}
+
+impl ConfigSource for DirSource {
+    fn run(
+        self: Box<Self>,
+        tx: BundleSender,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            let DirSource {
+                dir,
+                every,
+                mut last,
+            } = *self;
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let d = dir.clone();
+                let read =
+                    tokio::task::spawn_blocking(move || crate::config_dir::read_dir(&d)).await;
+                let sources = match read {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "cannot read the configuration; the last good policy stays in force");
+                        continue;
+                    }
+                    Err(_) => continue,
+                };
+                let h = sources_hash(&sources);
+                if last == Some(h) {
+                    continue;
+                }
+                last = Some(h);
+                if tx
+                    .send(Some(Arc::new(ConfigBundle::from_sources(sources))))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        })
+    }
+}

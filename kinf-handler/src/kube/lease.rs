@@ -1,0 +1,175 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease: one replica writes status, all serve.
+//!
+//! Every `renew_every`, each replica reads the Lease. The holder renews it; another replica
+//! takes it over only once `renewTime + leaseDurationSeconds` has passed. Writes carry the
+//! `resourceVersion` read, so two replicas racing for an expired Lease cannot both win (the
+//! loser gets 409 Conflict). A holder that cannot renew steps down when its own lease expires.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ::kube::Api;
+use ::kube::api::{ObjectMeta, PostParams};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+/// Settings of the election.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    /// Lease name.
+    pub name: String,
+    /// This replica's identity (the pod name).
+    pub identity: String,
+    /// How long a lease is valid without renewal.
+    pub duration: Duration,
+    /// How often it is renewed (and others check it).
+    pub renew_every: Duration,
+}
+
+impl LeaseConfig {
+    /// A 15 s lease renewed every 5 s.
+    pub fn new(name: impl Into<String>, identity: impl Into<String>) -> Self {
+        LeaseConfig {
+            name: name.into(),
+            identity: identity.into(),
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What to do with the Lease as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// It does not exist: create it, held by us.
+    Create,
+    /// We hold it: renew.
+    Renew,
+    /// Another holder let it expire (or it has none): take it over.
+    TakeOver,
+    /// Another replica holds it.
+    Follow {
+        /// The holder.
+        holder: String,
+    },
+}
+
+/// Decides what to do at `now` with the Lease read (pure).
+pub fn decide(lease: Option<&Lease>, identity: &str, now: Timestamp) -> Action {
+    let Some(lease) = lease else {
+        return Action::Create;
+    };
+    let spec = lease.spec.clone().unwrap_or_default();
+    let holder = spec.holder_identity.unwrap_or_default();
+    if holder == identity {
+        return Action::Renew;
+    }
+    if holder.is_empty() {
+        return Action::TakeOver;
+    }
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+    let expired = match spec.renew_time.or(spec.acquire_time) {
+        Some(MicroTime(t)) => t
+            .checked_add(SignedDuration::from_secs(duration))
+            .map_or(true, |until| until < now),
+        None => true,
+    };
+    if expired {
+        Action::TakeOver
+    } else {
+        Action::Follow { holder }
+    }
+}
+
+/// The Lease after `action` (for `Create`, `Renew`, `TakeOver`).
+pub fn next_lease(
+    current: Option<&Lease>,
+    cfg: &LeaseConfig,
+    namespace: &str,
+    action: &Action,
+    now: Timestamp,
+) -> Lease {
+    let mut lease = current.cloned().unwrap_or_else(|| Lease {
+        metadata: ObjectMeta {
+            name: Some(cfg.name.clone()),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+    });
+    let mut spec: LeaseSpec = lease.spec.take().unwrap_or_default();
+    let secs = i32::try_from(cfg.duration.as_secs()).unwrap_or(i32::MAX);
+    spec.lease_duration_seconds = Some(secs);
+    spec.renew_time = Some(MicroTime(now));
+    if *action != Action::Renew {
+        spec.holder_identity = Some(cfg.identity.clone());
+        spec.acquire_time = Some(MicroTime(now));
+        if *action == Action::TakeOver {
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        } else {
+            spec.lease_transitions = Some(0);
+        }
+    }
+    lease.spec = Some(spec);
+    lease
+}
+
+/// One round: read, decide, write. Returns whether we hold the lease afterwards.
+pub async fn round(
+    api: &Api<Lease>,
+    cfg: &LeaseConfig,
+    namespace: &str,
+) -> Result<bool, ::kube::Error> {
+    let current = api.get_opt(&cfg.name).await?;
+    let now = Timestamp::now();
+    let action = decide(current.as_ref(), &cfg.identity, now);
+    if let Action::Follow { .. } = action {
+        return Ok(false);
+    }
+    let lease = next_lease(current.as_ref(), cfg, namespace, &action, now);
+    let pp = PostParams {
+        field_manager: Some(super::FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    let written = match action {
+        Action::Create => api.create(&pp, &lease).await,
+        _ => api.replace(&cfg.name, &pp, &lease).await,
+    };
+    match written {
+        Ok(_) => Ok(true),
+        // Another replica wrote first (create race or stale resourceVersion).
+        Err(::kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs the election forever, keeping `leader` up to date.
+pub async fn run(api: Api<Lease>, cfg: LeaseConfig, namespace: String, leader: Arc<AtomicBool>) {
+    let mut last_renewed: Option<tokio::time::Instant> = None;
+    loop {
+        match round(&api, &cfg, &namespace).await {
+            Ok(true) => {
+                if !leader.swap(true, Ordering::SeqCst) {
+                    tracing::info!(identity = %cfg.identity, lease = %cfg.name, "became the status-writing leader");
+                }
+                last_renewed = Some(tokio::time::Instant::now());
+            }
+            Ok(false) => {
+                if leader.swap(false, Ordering::SeqCst) {
+                    tracing::info!(identity = %cfg.identity, "lost the lease; no longer writing status");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "lease round failed");
+                if last_renewed.is_none_or(|t| t.elapsed() >= cfg.duration)
+                    && leader.swap(false, Ordering::SeqCst)
+                {
+                    tracing::warn!("lease not renewed in time; no longer writing status");
+                }
+            }
+        }
+        tokio::time::sleep(cfg.renew_every).await;
+    }
+}

@@ -1,0 +1,540 @@
+//! Kubernetes mode (`kinference serve --kubernetes`): a [`ConfigSource`] fed by watchers on the
+//! five Kinference CRDs and on Pods, plus the Secrets that providers and front doors refer
+//! to; and the status writer.
+//!
+//! - [`store`]: the synchronous index the watcher events go into; it produces the bundle
+//!   (one YAML source per object, the ready pods of each selector-mode worker set as
+//!   endpoints, the Secret values) that [`crate::gateway::Gateway::apply_bundle`] compiles like
+//!   a directory's.
+//! - [`status`]: the pure function from objects, diagnostics and live counts to each object's
+//!   server-side-apply `/status` body.
+//! - [`lease`]: leader election on a Lease; only the leader writes status, every replica
+//!   serves.
+//! - [`Controller`]: wiring (watch tasks, Secret reads, the apply loop, the status loop).
+
+pub mod lease;
+pub mod status;
+pub mod store;
+pub mod yaml;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use ::kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use ::kube::runtime::{WatchStreamExt, watcher};
+use ::kube::{Api, Client};
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret as K8sSecret};
+use kinf_lang::{Diagnostic, Sources};
+use kinf_policy::{
+    GatewayBackend, InferencePolicy, InferencePool, InferenceProvider, InferenceWorkerSet,
+    ResourceKind,
+};
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use crate::ApplyOutcome;
+use crate::bundle::{BundleSender, ConfigBundle, ConfigSource};
+use crate::gateway::Gateway;
+use status::{LiveCounts, SecretKeys, StatusInput, StatusPatch, WorkerSetLive};
+use store::{ClusterStore, ObjectKey, StoredObject, Stream};
+
+/// The field manager of every write (status patches, the Lease).
+pub const FIELD_MANAGER: &str = "kinference";
+
+/// Settings of Kubernetes mode.
+#[derive(Clone, Debug)]
+pub struct KubeOptions {
+    /// Namespace to watch; `None`: every namespace (needs a ClusterRole).
+    pub namespace: Option<String>,
+    /// Namespace of the Lease.
+    pub lease_namespace: String,
+    /// Name of the Lease.
+    pub lease_name: String,
+    /// This replica's identity in the Lease (the pod name).
+    pub identity: String,
+    /// How often status is recomputed (live counts change without any event).
+    pub status_interval: Duration,
+    /// How often referenced Secrets are read again.
+    pub secret_refresh: Duration,
+    /// Quiet time after a change before a bundle is published (batches bursts of events).
+    pub debounce: Duration,
+}
+
+impl KubeOptions {
+    /// Defaults for `namespace`, with the Lease `kinference-leader` in the same namespace (or
+    /// `default`).
+    pub fn new(namespace: Option<String>, identity: impl Into<String>) -> Self {
+        KubeOptions {
+            lease_namespace: namespace.clone().unwrap_or_else(|| "default".to_owned()),
+            namespace,
+            lease_name: "kinference-leader".to_owned(),
+            identity: identity.into(),
+            status_interval: Duration::from_secs(10),
+            secret_refresh: Duration::from_secs(30),
+            debounce: Duration::from_millis(200),
+        }
+    }
+}
+
+/// The API resource of a kind (for [`DynamicObject`] APIs).
+pub fn api_resource(kind: ResourceKind) -> ApiResource {
+    match kind {
+        ResourceKind::InferenceWorkerSet => ApiResource::erase::<InferenceWorkerSet>(&()),
+        ResourceKind::InferenceProvider => ApiResource::erase::<InferenceProvider>(&()),
+        ResourceKind::InferencePool => ApiResource::erase::<InferencePool>(&()),
+        ResourceKind::InferencePolicy => ApiResource::erase::<InferencePolicy>(&()),
+        ResourceKind::GatewayBackend => ApiResource::erase::<GatewayBackend>(&()),
+    }
+}
+
+/// Every stream that must have listed once before a bundle is published.
+pub const STREAMS: [Stream; 6] = [
+    Stream::Crd(ResourceKind::InferenceWorkerSet),
+    Stream::Crd(ResourceKind::InferenceProvider),
+    Stream::Crd(ResourceKind::InferencePool),
+    Stream::Crd(ResourceKind::InferencePolicy),
+    Stream::Crd(ResourceKind::GatewayBackend),
+    Stream::Pods,
+];
+
+/// The last bundle applied, as status needs it.
+#[derive(Clone, Debug)]
+struct LastApply {
+    objects: Arc<Vec<StoredObject>>,
+    sources: Sources,
+    diagnostics: Vec<Diagnostic>,
+    in_force: bool,
+}
+
+/// The Kubernetes controller of one replica.
+pub struct Controller {
+    client: Client,
+    opts: KubeOptions,
+    store: Mutex<ClusterStore>,
+    changed: tokio::sync::watch::Sender<u64>,
+    leader: Arc<AtomicBool>,
+    revision: AtomicU64,
+    snapshots: Mutex<BTreeMap<u64, Arc<Vec<StoredObject>>>>,
+    last: Mutex<Option<LastApply>>,
+    status_wake: tokio::sync::Notify,
+    /// Status bodies written, by object (until the watch reports them back).
+    last_sent: Mutex<HashMap<ObjectKey, Value>>,
+    /// One status writer at a time.
+    writing: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("opts", &self.opts)
+            .field("leader", &self.is_leader())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Controller {
+    /// A controller talking to `client`.
+    pub fn new(client: Client, opts: KubeOptions) -> Arc<Self> {
+        Arc::new(Controller {
+            client,
+            opts,
+            store: Mutex::new(ClusterStore::new()),
+            changed: tokio::sync::watch::channel(0).0,
+            leader: Arc::new(AtomicBool::new(false)),
+            revision: AtomicU64::new(0),
+            snapshots: Mutex::new(BTreeMap::new()),
+            last: Mutex::new(None),
+            status_wake: tokio::sync::Notify::new(),
+            last_sent: Mutex::new(HashMap::new()),
+            writing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Runs `f` on the store; when it returns true (something changed) the change is signalled.
+    pub fn update_store(&self, f: impl FnOnce(&mut ClusterStore) -> bool) -> bool {
+        let changed = f(&mut self.store.lock());
+        if changed {
+            self.changed.send_modify(|v| *v += 1);
+        }
+        changed
+    }
+
+    /// Reads the store.
+    pub fn with_store<R>(&self, f: impl FnOnce(&ClusterStore) -> R) -> R {
+        f(&self.store.lock())
+    }
+
+    /// Whether this replica holds the Lease.
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
+
+    /// Sets leadership (the lease loop does; tests may).
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.store(leader, Ordering::SeqCst);
+    }
+
+    /// The bundle of the store's current content, numbered, with a snapshot of its objects
+    /// kept for status.
+    pub fn snapshot_bundle(&self) -> ConfigBundle {
+        let (mut bundle, objects) =
+            self.with_store(|s| (s.bundle(), s.objects().cloned().collect()));
+        let rev = self.revision.fetch_add(1, Ordering::SeqCst) + 1;
+        bundle.revision = rev;
+        let mut snaps = self.snapshots.lock();
+        snaps.insert(rev, Arc::new(objects));
+        while snaps.len() > 8 {
+            snaps.pop_first();
+        }
+        bundle
+    }
+
+    /// Records the outcome of applying a bundle made by [`Controller::snapshot_bundle`] and
+    /// wakes the status loop.
+    pub fn after_apply(&self, bundle: &ConfigBundle, outcome: &ApplyOutcome, diags: &[Diagnostic]) {
+        let Some(objects) = self.snapshots.lock().get(&bundle.revision).cloned() else {
+            return;
+        };
+        let in_force = !matches!(outcome, ApplyOutcome::Refused { .. });
+        *self.last.lock() = Some(LastApply {
+            objects,
+            sources: bundle.sources.clone(),
+            diagnostics: diags.to_vec(),
+            in_force,
+        });
+        self.status_wake.notify_one();
+    }
+
+    /// The status of every object of the last applied bundle, with the objects' current status
+    /// from the store (for `lastTransitionTime`) and the gateway's live counts.
+    pub fn status_patches(&self, gw: &Gateway, now: &str) -> Vec<StatusPatch> {
+        let Some(last) = self.last.lock().clone() else {
+            return Vec::new();
+        };
+        let sent = self.last_sent.lock().clone();
+        let (objects, secrets, selected) = self.with_store(|s| {
+            let objects: Vec<StoredObject> = last
+                .objects
+                .iter()
+                .map(|o| {
+                    let mut o = o.clone();
+                    if let Some(cur) = s.object(&o.key) {
+                        o.status = cur.status.clone();
+                    }
+                    // Written but not yet reported back by the watch: that is the previous
+                    // status (keeps transition times stable).
+                    if let Some(body) = sent.get(&o.key)
+                        && !status::covers(&o.status, &body["status"])
+                    {
+                        o.status = body["status"].clone();
+                    }
+                    o
+                })
+                .collect();
+            (objects, secret_keys(s), s.selected_pods())
+        });
+        let live = live_counts(gw, &selected);
+        let current = gw.store.current();
+        let policy = current.as_ref().map(|a| a.policy.clone());
+        status::compute(&StatusInput {
+            objects: &objects,
+            sources: &last.sources,
+            diagnostics: &last.diagnostics,
+            in_force: last.in_force,
+            generation: current.as_ref().map(|a| a.generation),
+            policy: policy.as_deref(),
+            live: &live,
+            secrets: &secrets,
+            now,
+        })
+    }
+
+    /// Writes every status that differs from the stored one (and from the last one written),
+    /// when this replica is the leader. Returns how many were written.
+    pub async fn write_status(&self, gw: &Gateway) -> usize {
+        if !self.is_leader() {
+            return 0;
+        }
+        let _one_writer = self.writing.lock().await;
+        let now = now_rfc3339();
+        let patches = self.status_patches(gw, &now);
+        let mut written = 0;
+        for p in patches {
+            let stored = self.with_store(|s| s.object(&p.key).map(|o| o.status.clone()));
+            let Some(stored) = stored else { continue };
+            if status::up_to_date(&stored, &p) || self.last_sent.lock().get(&p.key) == Some(&p.body)
+            {
+                continue;
+            }
+            if !self.is_leader() {
+                break;
+            }
+            let api: Api<DynamicObject> = Api::namespaced_with(
+                self.client.clone(),
+                &p.key.namespace,
+                &api_resource(p.key.kind),
+            );
+            let pp = PatchParams::apply(FIELD_MANAGER).force();
+            match api
+                .patch_status(&p.key.name, &pp, &Patch::Apply(&p.body))
+                .await
+            {
+                Ok(_) => {
+                    written += 1;
+                    self.last_sent.lock().insert(p.key.clone(), p.body);
+                }
+                Err(e) => {
+                    tracing::warn!(object = %p.key.label(), error = %e, "status patch failed");
+                }
+            }
+        }
+        written
+    }
+
+    fn crd_api(&self, kind: ResourceKind) -> Api<DynamicObject> {
+        let ar = api_resource(kind);
+        match &self.opts.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
+        }
+    }
+
+    /// Reads the referenced Secrets (all when `all`, else only those not read yet).
+    pub async fn read_secrets(&self, all: bool) {
+        let refs = self.with_store(|s| {
+            s.referenced_secrets()
+                .into_iter()
+                .filter(|(ns, n)| all || s.secret_state(ns, n, None).is_none())
+                .collect::<Vec<_>>()
+        });
+        for (ns, name) in refs {
+            let api: Api<K8sSecret> = Api::namespaced(self.client.clone(), &ns);
+            let got = match api.get_opt(&name).await {
+                Ok(s) => s,
+                Err(::kube::Error::Api(e)) if e.code == 403 => {
+                    tracing::warn!(secret = %format!("{ns}/{name}"), "forbidden: grant the controller `get` on this Secret");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(secret = %format!("{ns}/{name}"), error = %e, "cannot read Secret");
+                    continue;
+                }
+            };
+            self.update_store(|s| s.set_secret(&ns, &name, got.as_ref()));
+        }
+    }
+
+    /// Starts the watch tasks, the Secret reader, the lease loop, the apply loop and the status
+    /// loop. Returns at once; the tasks run until the runtime stops.
+    pub fn start(self: &Arc<Self>, gw: Arc<Gateway>, on_applied: crate::serve::OnApplied) {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let me = self.clone();
+        let after: crate::bundle::AfterApply =
+            Arc::new(move |_gw, bundle, outcome, diags| me.after_apply(bundle, outcome, diags));
+        tokio::spawn(crate::bundle::apply_loop(
+            gw.clone(),
+            rx,
+            on_applied,
+            Some(after),
+        ));
+        let source: Box<dyn ConfigSource> = Box::new(KubeSource(self.clone()));
+        tokio::spawn(source.run(tx));
+        // Lease.
+        let lease_api = Api::namespaced(self.client.clone(), &self.opts.lease_namespace);
+        let cfg = lease::LeaseConfig::new(&self.opts.lease_name, &self.opts.identity);
+        tokio::spawn(lease::run(
+            lease_api,
+            cfg,
+            self.opts.lease_namespace.clone(),
+            self.leader.clone(),
+        ));
+        // Status.
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = me.status_wake.notified() => {}
+                    () = tokio::time::sleep(me.opts.status_interval) => {}
+                }
+                me.write_status(&gw).await;
+            }
+        });
+    }
+}
+
+/// The [`ConfigSource`] of a [`Controller`].
+struct KubeSource(Arc<Controller>);
+
+impl ConfigSource for KubeSource {
+    fn run(
+        self: Box<Self>,
+        tx: BundleSender,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let c = self.0;
+        Box::pin(async move {
+            for kind in ResourceKind::ALL {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut events = watcher(c.crd_api(kind), watcher::Config::default())
+                        .default_backoff()
+                        .boxed();
+                    while let Some(ev) = events.next().await {
+                        match ev {
+                            Ok(ev) => {
+                                c.update_store(|s| s.apply_object_event(kind, ev));
+                            }
+                            Err(e) => {
+                                tracing::warn!(kind = %kind, error = %e, "watch failed; retrying")
+                            }
+                        }
+                    }
+                });
+            }
+            {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let api: Api<Pod> = match &c.opts.namespace {
+                        Some(ns) => Api::namespaced(c.client.clone(), ns),
+                        None => Api::all(c.client.clone()),
+                    };
+                    let mut events = watcher(api, watcher::Config::default())
+                        .default_backoff()
+                        .boxed();
+                    while let Some(ev) = events.next().await {
+                        match ev {
+                            Ok(ev) => {
+                                c.update_store(|s| s.apply_pod_event(ev));
+                            }
+                            Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
+                        }
+                    }
+                });
+            }
+            {
+                let c = c.clone();
+                let mut changed = c.changed.subscribe();
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(c.opts.secret_refresh);
+                    loop {
+                        let all = tokio::select! {
+                            _ = tick.tick() => true,
+                            r = changed.changed() => { if r.is_err() { return; } false }
+                        };
+                        c.read_secrets(all).await;
+                    }
+                });
+            }
+            let mut changed = c.changed.subscribe();
+            let mut waiting_logged = false;
+            let mut last_content: Option<u64> = None;
+            while changed.changed().await.is_ok() {
+                tokio::time::sleep(c.opts.debounce).await;
+                changed.borrow_and_update();
+                if !c.with_store(|s| s.synced(&STREAMS)) {
+                    if !waiting_logged {
+                        tracing::info!("waiting for the first listing of every watched resource");
+                        waiting_logged = true;
+                    }
+                    continue;
+                }
+                // Status written by the leader comes back as events: a bundle whose sources,
+                // endpoints and Secrets are unchanged is not compiled again.
+                let content = c.with_store(|s| {
+                    let b = s.bundle();
+                    crate::bundle::sources_hash(&b.sources) ^ b.resolved.fingerprint()
+                });
+                if last_content == Some(content) {
+                    c.status_wake.notify_one();
+                    continue;
+                }
+                last_content = Some(content);
+                let bundle = c.snapshot_bundle();
+                if tx.send(Some(Arc::new(bundle))).is_err() {
+                    return;
+                }
+            }
+        })
+    }
+}
+
+/// What the store knows of every referenced Secret.
+fn secret_keys(s: &ClusterStore) -> SecretKeys {
+    let bundle_secrets = s.bundle().resolved.secrets;
+    s.referenced_secrets()
+        .into_iter()
+        .filter_map(|(ns, name)| {
+            let state = s.secret_state(&ns, &name, None)?;
+            let keys = state.then(|| {
+                bundle_secrets
+                    .get(&(ns.clone(), name.clone()))
+                    .map(|d| d.keys().cloned().collect())
+                    .unwrap_or_default()
+            });
+            Some(((ns, name), keys))
+        })
+        .collect()
+}
+
+/// Live counts of a gateway: endpoints and their health from the cluster state, KV-event
+/// streams from the ingestion status, selected pods from the store.
+pub fn live_counts(gw: &Gateway, selected: &BTreeMap<String, store::SelectedPods>) -> LiveCounts {
+    let mut out = LiveCounts::default();
+    gw.state.with(|st| {
+        for (k, ws) in &st.worker_sets {
+            out.worker_sets.insert(
+                k.to_string(),
+                WorkerSetLive {
+                    selected_pods: selected.get(&**k).map(|s| s.selected),
+                    endpoints: ws.endpoints.len() as u32,
+                    ready_endpoints: ws.endpoints.iter().filter(|e| e.ready).count() as u32,
+                    kv_streams: 0,
+                    kv_connected: 0,
+                },
+            );
+        }
+        for (k, p) in &st.providers {
+            out.providers.insert(k.to_string(), p.ready);
+        }
+    });
+    for (k, s) in selected {
+        out.worker_sets
+            .entry(k.clone())
+            .or_insert_with(|| WorkerSetLive {
+                selected_pods: Some(s.selected),
+                ..WorkerSetLive::default()
+            });
+    }
+    if let Some(live) = gw.live.load_full() {
+        let status = live.status_json();
+        for e in status.as_array().into_iter().flatten() {
+            let Some(ws) = e.get("workerSet").and_then(Value::as_str) else {
+                continue;
+            };
+            let Some(kv) = e.get("kv").filter(|k| k.is_object()) else {
+                continue;
+            };
+            if let Some(w) = out.worker_sets.get_mut(ws) {
+                w.kv_streams += 1;
+                if kv.get("connected").and_then(Value::as_bool) == Some(true) {
+                    w.kv_connected += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Now, RFC 3339 in whole seconds (`metav1.Time`).
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// A Kubernetes client from the in-cluster service account or `KUBECONFIG`.
+pub async fn client() -> Result<Client, ::kube::Error> {
+    Client::try_default().await
+}

@@ -1,0 +1,144 @@
+//! Static checks of the Helm charts (no `helm` binary on these machines, so templates are not
+//! rendered): the plain YAML files parse; CRD templates are the five CRDs; every template has
+//! balanced actions and blocks, includes only defined templates and reads only values that
+//! `values.yaml` defines; RBAC names exactly the CRD plurals and their `/status`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+fn helm_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm")
+}
+
+fn parse_yaml(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut sources = kinf_lang::Sources::new();
+    let id = sources.add(path.display().to_string(), text);
+    let mut diags = Vec::new();
+    let docs = kinf_lang::yaml::parse_documents(id, sources.get(id).unwrap(), &mut diags);
+    assert!(diags.is_empty(), "{}: {diags:?}", path.display());
+    docs.iter().map(|d| d.root.to_json()).collect()
+}
+
+#[test]
+fn crd_chart_templates_are_the_five_crds() {
+    let dir = helm_dir().join("kinference-crds");
+    let chart = parse_yaml(&dir.join("Chart.yaml"));
+    assert_eq!(chart[0]["name"], "kinference-crds");
+    let mut names = BTreeSet::new();
+    for kind in kinf_policy::ResourceKind::ALL {
+        let crd = kinf_policy::schema::crd(kind);
+        let docs = parse_yaml(&dir.join(format!("templates/{}.yaml", crd.spec.names.plural)));
+        assert_eq!(docs.len(), 1);
+        assert_eq!(docs[0], serde_json::to_value(&crd).unwrap(), "{kind}");
+        assert_eq!(docs[0]["kind"], "CustomResourceDefinition");
+        names.insert(docs[0]["metadata"]["name"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(names.len(), 5);
+}
+
+fn values_paths(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    if let Value::Object(m) = v {
+        for (k, child) in m {
+            let p = format!("{prefix}.{k}");
+            out.insert(p.clone());
+            values_paths(child, &p, out);
+        }
+    }
+}
+
+#[test]
+fn app_chart_templates_are_well_formed_and_read_defined_values() {
+    let dir = helm_dir().join("kinference");
+    let chart = parse_yaml(&dir.join("Chart.yaml"));
+    assert_eq!(chart[0]["name"], "kinference");
+    let values = parse_yaml(&dir.join("values.yaml"));
+    let mut defined = BTreeSet::new();
+    values_paths(&values[0], ".Values", &mut defined);
+    let helpers = std::fs::read_to_string(dir.join("templates/_helpers.tpl")).unwrap();
+    let defines: BTreeSet<String> = helpers
+        .split("define \"")
+        .skip(1)
+        .map(|s| s.split('"').next().unwrap().to_owned())
+        .collect();
+    let mut kinds = BTreeSet::new();
+    for entry in std::fs::read_dir(dir.join("templates")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        // Balanced actions, and blocks closed by `end`.
+        let mut depth: i32 = 0;
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("{{") {
+            let after = &rest[start + 2..];
+            let end = after
+                .find("}}")
+                .unwrap_or_else(|| panic!("{name}: unclosed action"));
+            let action = after[..end].trim_matches(|c: char| c == '-' || c.is_whitespace());
+            let word = action.split_whitespace().next().unwrap_or("");
+            match word {
+                "if" | "with" | "range" | "define" => depth += 1,
+                "end" => depth -= 1,
+                _ => {}
+            }
+            assert!(depth >= 0, "{name}: `end` without a block");
+            for tok in action.split(|c: char| c.is_whitespace() || c == '(' || c == ')') {
+                if let Some(v) = tok.strip_prefix(".Values.") {
+                    let p = format!(".Values.{v}");
+                    assert!(defined.contains(&p), "{name}: `{p}` is not in values.yaml");
+                }
+            }
+            if let Some(i) = action
+                .strip_prefix("include \"")
+                .or(action.strip_prefix("include \""))
+            {
+                let tpl = i.split('"').next().unwrap();
+                assert!(
+                    defines.contains(tpl),
+                    "{name}: include of undefined `{tpl}`"
+                );
+            }
+            for part in action.split("include \"").skip(1) {
+                let tpl = part.split('"').next().unwrap();
+                assert!(
+                    defines.contains(tpl),
+                    "{name}: include of undefined `{tpl}`"
+                );
+            }
+            rest = &after[end + 2..];
+        }
+        assert_eq!(depth, 0, "{name}: unclosed block");
+        for line in text.lines() {
+            if let Some(k) = line.strip_prefix("kind: ") {
+                kinds.insert(k.trim().to_owned());
+            }
+        }
+        if name == "rbac.yaml" {
+            for kind in kinf_policy::ResourceKind::ALL {
+                let plural = kinf_policy::schema::crd(kind).spec.names.plural;
+                assert!(text.contains(&format!("- {plural}\n")), "rbac: {plural}");
+                assert!(
+                    text.contains(&format!("- {plural}/status\n")),
+                    "rbac: {plural}/status"
+                );
+            }
+            assert!(!text.contains("\"*\""), "rbac: no wildcards");
+        }
+    }
+    for k in [
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+        "Role",
+        "RoleBinding",
+    ] {
+        assert!(kinds.contains(k), "the chart has a {k}: {kinds:?}");
+    }
+}

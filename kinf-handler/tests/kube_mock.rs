@@ -1,0 +1,392 @@
+//! Kubernetes mode against kube's mocked API server (`tower_test::mock::pair`): the exact
+//! server-side-apply status PATCH requests, a fixed policy flipping `Accepted` back to true,
+//! no status from a replica without the Lease, and the Lease rounds.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod kube_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use k8s_openapi::api::coordination::v1::Lease;
+use kinf_handler::gateway::{Gateway, GatewayOptions};
+use kinf_handler::kube::lease::{self, Action, LeaseConfig};
+use kinf_handler::kube::{Controller, KubeOptions};
+use kinf_policy::ResourceKind;
+use kube::client::Body;
+use kube::runtime::watcher::Event;
+use kube::{Api, Client};
+use kube_support::*;
+use serde_json::{Value, json};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+fn mock() -> (Client, Handle) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    (Client::new(svc, "llm"), handle)
+}
+
+fn load(c: &Controller, policy_obj: kube::api::DynamicObject) {
+    let objs = [
+        (ResourceKind::InferenceWorkerSet, worker_set()),
+        (ResourceKind::InferenceProvider, provider()),
+        (ResourceKind::InferencePool, pool()),
+        (ResourceKind::InferencePolicy, policy_obj),
+        (ResourceKind::GatewayBackend, gateway()),
+    ];
+    c.update_store(|s| {
+        for (kind, o) in objs {
+            s.apply_object_event(kind, Event::Init);
+            s.apply_object_event(kind, Event::InitApply(o));
+            s.apply_object_event(kind, Event::InitDone);
+        }
+        s.apply_pod_event(Event::Init);
+        s.apply_pod_event(Event::InitApply(pod(
+            "vllm-0",
+            "vllm",
+            Some("10.0.0.1"),
+            true,
+            Some(8000),
+        )));
+        s.apply_pod_event(Event::InitDone);
+        s.set_secret(
+            "llm",
+            "openai-key",
+            Some(&secret("openai-key", &[("apiKey", "sk")])),
+        );
+        true
+    });
+}
+
+fn apply(c: &Controller, gw: &Gateway) {
+    let bundle = c.snapshot_bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    c.after_apply(&bundle, &outcome, &diags);
+}
+
+/// One request as seen by the mock API server.
+#[derive(Debug)]
+struct Seen {
+    method: String,
+    uri: String,
+    content_type: String,
+    body: Value,
+}
+
+/// Answers `n` requests with 200 and the object echoed back; returns what was asked.
+async fn serve_patches(handle: &mut Handle, n: usize) -> Vec<Seen> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("a request")
+            .expect("the client is alive");
+        let (parts, body) = req.into_parts();
+        let bytes = body.collect_bytes().await.unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        let mut echoed = body.clone();
+        echoed["metadata"]["resourceVersion"] = json!("2");
+        send.send_response(
+            Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&echoed).unwrap()))
+                .unwrap(),
+        );
+        out.push(Seen {
+            method: parts.method.to_string(),
+            uri: parts.uri.to_string(),
+            content_type: parts
+                .headers
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default(),
+            body,
+        });
+    }
+    out
+}
+
+/// Makes the store hold what was written, as the watcher would report it.
+fn store_written(c: &Controller, seen: &[Seen]) {
+    for s in seen {
+        let kind = ResourceKind::parse(s.body["kind"].as_str().unwrap()).unwrap();
+        let key = kinf_handler::kube::store::ObjectKey {
+            kind,
+            namespace: s.body["metadata"]["namespace"].as_str().unwrap().into(),
+            name: s.body["metadata"]["name"].as_str().unwrap().into(),
+        };
+        c.update_store(|st| {
+            let mut o = st.object(&key).unwrap().clone();
+            o.status = s.body["status"].clone();
+            st.upsert(o)
+        });
+    }
+}
+
+#[tokio::test]
+async fn leader_sends_the_exact_server_side_apply_status_patch_and_a_fix_flips_accepted() {
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    load(&c, policy(2, "iff"));
+    apply(&c, &gw);
+    c.set_leader(true);
+    let expected = c.status_patches(&gw, "2026-11-30T08:00:00Z");
+    assert_eq!(expected.len(), 5);
+
+    let writer = {
+        let (c, gw) = (c.clone(), gw.clone());
+        tokio::spawn(async move { c.write_status(&gw).await })
+    };
+    let seen = serve_patches(&mut handle, 5).await;
+    assert_eq!(writer.await.unwrap(), 5);
+
+    let pol = seen
+        .iter()
+        .find(|s| s.body["kind"] == "InferencePolicy")
+        .unwrap();
+    assert_eq!(pol.method, "PATCH");
+    assert_eq!(
+        pol.uri,
+        "/apis/kinference.buoyant.io/v1alpha1/namespaces/llm/inferencepolicies/routing/status?&force=true&fieldManager=kinference"
+    );
+    assert_eq!(pol.content_type, "application/apply-patch+yaml");
+    let want = expected
+        .iter()
+        .find(|p| p.key.kind == ResourceKind::InferencePolicy)
+        .unwrap();
+    // Everything but the transition time (the writer uses the clock) is exactly as computed.
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        for c in v["status"]["conditions"].as_array_mut().unwrap() {
+            c.as_object_mut().unwrap().remove("lastTransitionTime");
+        }
+        v
+    };
+    assert_eq!(strip(&pol.body), strip(&want.body));
+    assert_eq!(pol.body["apiVersion"], "kinference.buoyant.io/v1alpha1");
+    assert_eq!(pol.body["status"]["observedGeneration"], 2);
+    let accepted = &pol.body["status"]["conditions"][0];
+    assert_eq!(
+        (
+            accepted["type"].as_str(),
+            accepted["status"].as_str(),
+            accepted["reason"].as_str()
+        ),
+        (Some("Accepted"), Some("False"), Some("Invalid"))
+    );
+    assert!(
+        accepted["message"]
+            .as_str()
+            .unwrap()
+            .contains("error[KINF0101] spec.rules[0].route.exclude[0].iff")
+    );
+    let uris: Vec<&str> = seen
+        .iter()
+        .map(|s| s.uri.split('?').next().unwrap())
+        .collect();
+    assert_eq!(
+        uris,
+        vec![
+            "/apis/kinference.buoyant.io/v1alpha1/namespaces/llm/inferenceworkersets/vllm/status",
+            "/apis/kinference.buoyant.io/v1alpha1/namespaces/llm/inferenceproviders/openai/status",
+            "/apis/kinference.buoyant.io/v1alpha1/namespaces/llm/inferencepools/pool/status",
+            "/apis/kinference.buoyant.io/v1alpha1/namespaces/llm/inferencepolicies/routing/status",
+            "/apis/kinference.buoyant.io/v1alpha1/namespaces/llm/gatewaybackends/front/status",
+        ]
+    );
+
+    // Nothing changed: nothing is sent again.
+    store_written(&c, &seen);
+    let again = tokio::time::timeout(Duration::from_secs(2), c.write_status(&gw))
+        .await
+        .expect("no request is waiting for an answer");
+    assert_eq!(again, 0);
+
+    // The policy is fixed (generation 3): Accepted flips back to true everywhere.
+    c.update_store(|s| {
+        let mut fixed = policy(3, "if");
+        fixed.data["status"] = pol.body["status"].clone();
+        s.apply_object_event(ResourceKind::InferencePolicy, Event::Apply(fixed))
+    });
+    apply(&c, &gw);
+    assert!(gw.store.is_ready());
+    let writer = {
+        let (c, gw) = (c.clone(), gw.clone());
+        tokio::spawn(async move { c.write_status(&gw).await })
+    };
+    let seen = serve_patches(&mut handle, 5).await;
+    assert_eq!(writer.await.unwrap(), 5);
+    for s in &seen {
+        let a = &s.body["status"]["conditions"][0];
+        assert_eq!(a["type"], "Accepted");
+        assert_eq!(a["status"], "True", "{}", s.body);
+    }
+    let pol = seen
+        .iter()
+        .find(|s| s.body["kind"] == "InferencePolicy")
+        .unwrap();
+    assert_eq!(pol.body["status"]["observedGeneration"], 3);
+    assert_eq!(pol.body["status"]["conditions"][0]["observedGeneration"], 3);
+}
+
+#[tokio::test]
+async fn a_replica_without_the_lease_sends_no_status_until_it_wins_it() {
+    let (client, mut handle) = mock();
+    let c = Controller::new(
+        client.clone(),
+        KubeOptions::new(Some("llm".into()), "pod-a"),
+    );
+    let gw = Gateway::new(GatewayOptions::default());
+    load(&c, policy(1, "if"));
+    apply(&c, &gw);
+    assert!(!c.is_leader());
+    let written = tokio::time::timeout(Duration::from_secs(2), c.write_status(&gw))
+        .await
+        .unwrap();
+    assert_eq!(written, 0);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), handle.next_request())
+            .await
+            .is_err(),
+        "a follower sends nothing"
+    );
+
+    // The Lease does not exist: GET 404, then POST creates it held by this replica.
+    let api: Api<Lease> = Api::namespaced(client, "llm");
+    let cfg = LeaseConfig::new("kinference-leader", "pod-a");
+    let round = tokio::spawn({
+        let cfg = cfg.clone();
+        async move { lease::round(&api, &cfg, "llm").await }
+    });
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "GET");
+    assert_eq!(
+        req.uri().to_string(),
+        "/apis/coordination.k8s.io/v1/namespaces/llm/leases/kinference-leader"
+    );
+    send.send_response(
+        Response::builder()
+            .status(404)
+            .body(Body::from(
+                serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "reason": "NotFound", "code": 404, "message": "leases \"kinference-leader\" not found"}))
+                .unwrap(),
+            ))
+            .unwrap(),
+    );
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "POST");
+    assert_eq!(
+        req.uri().to_string(),
+        "/apis/coordination.k8s.io/v1/namespaces/llm/leases?&fieldManager=kinference"
+    );
+    let body: Value =
+        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+    assert_eq!(body["spec"]["holderIdentity"], "pod-a");
+    assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
+    send.send_response(
+        Response::builder()
+            .status(201)
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap(),
+    );
+    assert!(round.await.unwrap().unwrap(), "it holds the lease");
+    c.set_leader(true);
+    let writer = {
+        let (c, gw) = (c.clone(), gw.clone());
+        tokio::spawn(async move { c.write_status(&gw).await })
+    };
+    let seen = serve_patches(&mut handle, 5).await;
+    assert!(seen.iter().all(|s| s.method == "PATCH"));
+    assert_eq!(writer.await.unwrap(), 5);
+}
+
+#[tokio::test]
+async fn a_lease_held_by_another_replica_is_respected_until_it_expires() {
+    let (client, mut handle) = mock();
+    let api: Api<Lease> = Api::namespaced(client, "llm");
+    let cfg = LeaseConfig::new("kinference-leader", "pod-a");
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let held = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "kinference-leader", "namespace": "llm", "resourceVersion": "7"},
+        "spec": {"holderIdentity": "pod-b", "leaseDurationSeconds": 15,
+                 "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(), "leaseTransitions": 2},
+    });
+    let round = tokio::spawn({
+        let (api, cfg) = (api.clone(), cfg.clone());
+        async move { lease::round(&api, &cfg, "llm").await }
+    });
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "GET");
+    send.send_response(Response::new(Body::from(
+        serde_json::to_vec(&held).unwrap(),
+    )));
+    assert!(!round.await.unwrap().unwrap(), "pod-b holds it");
+
+    // Expired: taken over with the resourceVersion read (a PUT), transitions counted.
+    let mut expired = held.clone();
+    expired["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z");
+    let round = tokio::spawn(async move { lease::round(&api, &cfg, "llm").await });
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_response(Response::new(Body::from(
+        serde_json::to_vec(&expired).unwrap(),
+    )));
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "PUT");
+    let body: Value =
+        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+    assert_eq!(body["metadata"]["resourceVersion"], "7");
+    assert_eq!(body["spec"]["holderIdentity"], "pod-a");
+    assert_eq!(body["spec"]["leaseTransitions"], 3);
+    // Another replica won the race: 409, not leader.
+    send.send_response(
+        Response::builder()
+            .status(409)
+            .body(Body::from(
+                serde_json::to_vec(
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "reason": "Conflict", "code": 409, "message": "conflict"}),
+                )
+                .unwrap(),
+            ))
+            .unwrap(),
+    );
+    assert!(!round.await.unwrap().unwrap());
+}
+
+#[test]
+fn lease_decisions() {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let lease = |holder: &str, age_s: i64| -> Lease {
+        serde_json::from_value(json!({
+            "metadata": {"name": "l"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                     "renewTime": (now - k8s_openapi::jiff::SignedDuration::from_secs(age_s))
+                        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
+        }))
+        .unwrap()
+    };
+    assert_eq!(lease::decide(None, "a", now), Action::Create);
+    assert_eq!(
+        lease::decide(Some(&lease("a", 100)), "a", now),
+        Action::Renew
+    );
+    assert_eq!(
+        lease::decide(Some(&lease("b", 5)), "a", now),
+        Action::Follow { holder: "b".into() }
+    );
+    assert_eq!(
+        lease::decide(Some(&lease("b", 16)), "a", now),
+        Action::TakeOver
+    );
+    assert_eq!(
+        lease::decide(Some(&lease("", 1)), "a", now),
+        Action::TakeOver
+    );
+    let _ = Arc::new(());
+}

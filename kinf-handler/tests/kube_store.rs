@@ -1,0 +1,438 @@
+//! Kubernetes mode without an API server: watcher events go into the controller's store; the
+//! bundle it produces is applied through the same path as a directory's; the compiled policy,
+//! the endpoint set and the exact status of every object are asserted (insta snapshots).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod kube_support;
+
+use std::sync::Arc;
+
+use kinf_handler::ApplyOutcome;
+use kinf_handler::gateway::{Gateway, GatewayOptions};
+use kinf_handler::kube::status::{self, LiveCounts, SecretKeys, StatusInput, WorkerSetLive};
+use kinf_handler::kube::store::{ClusterStore, ObjectKey, StoredObject};
+use kinf_policy::ResourceKind;
+use kube::runtime::watcher::Event;
+use kube_support::*;
+use serde_json::{Value, json};
+
+const NOW: &str = "2026-11-30T08:00:00Z";
+
+/// Lists every CRD and the pods like a fresh watcher does (Init, InitApply…, InitDone).
+fn initial_store(policy_obj: kube::api::DynamicObject) -> ClusterStore {
+    let mut s = ClusterStore::new();
+    let objs = [
+        (ResourceKind::InferenceWorkerSet, vec![worker_set()]),
+        (ResourceKind::InferenceProvider, vec![provider()]),
+        (ResourceKind::InferencePool, vec![pool()]),
+        (ResourceKind::InferencePolicy, vec![policy_obj]),
+        (ResourceKind::GatewayBackend, vec![gateway()]),
+    ];
+    for (kind, list) in objs {
+        s.apply_object_event(kind, Event::Init);
+        for o in list {
+            s.apply_object_event(kind, Event::InitApply(o));
+        }
+        assert!(s.apply_object_event(kind, Event::InitDone));
+    }
+    s.apply_pod_event(Event::Init);
+    for p in [
+        pod("vllm-0", "vllm", Some("10.0.0.1"), true, Some(8000)),
+        pod("vllm-1", "vllm", Some("10.0.0.2"), false, Some(8000)),
+        pod("vllm-2", "vllm", Some("10.0.0.4"), true, Some(9000)),
+        pod("vllm-3", "vllm", None, false, None),
+        pod("other", "web", Some("10.0.0.3"), true, Some(8000)),
+    ] {
+        s.apply_pod_event(Event::InitApply(p));
+    }
+    assert!(s.apply_pod_event(Event::InitDone));
+    s
+}
+
+fn gateway_() -> Arc<Gateway> {
+    Gateway::new(GatewayOptions::default())
+}
+
+fn endpoints(gw: &Gateway, ws: &str) -> Vec<String> {
+    let applied = gw.store.current().unwrap();
+    let d = applied
+        .policy
+        .destinations
+        .iter()
+        .find(|d| format!("{}/{}", d.namespace, d.name) == ws)
+        .unwrap();
+    let from_policy: Vec<String> = d
+        .worker_set
+        .as_ref()
+        .unwrap()
+        .endpoints
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    let from_state: Vec<String> = gw.state.with(|st| {
+        st.worker_sets[ws]
+            .endpoints
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect()
+    });
+    assert_eq!(
+        from_policy, from_state,
+        "the cluster state follows the policy"
+    );
+    from_policy
+}
+
+fn secrets_known(s: &ClusterStore) -> SecretKeys {
+    s.referenced_secrets()
+        .into_iter()
+        .filter_map(|(ns, n)| {
+            let found = s.secret_state(&ns, &n, None)?;
+            let keys = found.then(|| {
+                s.bundle()
+                    .resolved
+                    .secrets
+                    .get(&(ns.clone(), n.clone()))
+                    .map(|d| d.keys().cloned().collect())
+                    .unwrap_or_default()
+            });
+            Some(((ns, n), keys))
+        })
+        .collect()
+}
+
+fn patches(
+    s: &ClusterStore,
+    gw: &Gateway,
+    bundle: &kinf_handler::bundle::ConfigBundle,
+    outcome: &ApplyOutcome,
+    diags: &[kinf_lang::Diagnostic],
+    live: &LiveCounts,
+) -> Vec<(String, Value)> {
+    let objects: Vec<StoredObject> = s.objects().cloned().collect();
+    let current = gw.store.current();
+    let secrets = secrets_known(s);
+    status::compute(&StatusInput {
+        objects: &objects,
+        sources: &bundle.sources,
+        diagnostics: diags,
+        in_force: !matches!(outcome, ApplyOutcome::Refused { .. }),
+        generation: current.as_ref().map(|c| c.generation),
+        policy: current.as_ref().map(|c| &*c.policy),
+        live,
+        secrets: &secrets,
+        now: NOW,
+    })
+    .into_iter()
+    .map(|p| (p.key.label(), p.body))
+    .collect()
+}
+
+fn live() -> LiveCounts {
+    let mut l = LiveCounts::default();
+    l.worker_sets.insert(
+        "llm/vllm".into(),
+        WorkerSetLive {
+            selected_pods: Some(4),
+            endpoints: 2,
+            ready_endpoints: 2,
+            kv_streams: 0,
+            kv_connected: 0,
+        },
+    );
+    l.providers.insert("llm/openai".into(), true);
+    l
+}
+
+#[test]
+fn selected_ready_pods_become_the_worker_sets_endpoints() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let bundle = s.bundle();
+    assert_eq!(bundle.sources.len(), 5, "one source per object");
+    assert_eq!(
+        bundle.resolved.endpoints["llm/vllm"],
+        vec!["10.0.0.1:8000", "10.0.0.4:9000"],
+        "ready pods with an IP, on their `http` container port; not the unready, IP-less or unselected ones"
+    );
+    let gw = gateway_();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    assert_eq!(
+        outcome,
+        ApplyOutcome::Applied { generation: 1 },
+        "{diags:?}"
+    );
+    assert_eq!(
+        endpoints(&gw, "llm/vllm"),
+        vec!["10.0.0.1:8000", "10.0.0.4:9000"]
+    );
+    // Live ingestion (scrapers, KV subscribers) follows the policy's endpoints: every replica
+    // tracks the discovered pods like static endpoints.
+    let tracked: Vec<String> =
+        kinf_handler::live::EndpointSpec::from_policy(&gw.store.current().unwrap().policy)
+            .into_iter()
+            .map(|e| format!("{} {}", e.worker_set, e.address))
+            .collect();
+    assert_eq!(
+        tracked,
+        vec!["llm/vllm 10.0.0.1:8000", "llm/vllm 10.0.0.4:9000"]
+    );
+    let applied = gw.store.current().unwrap();
+    let pool = applied.policy.pool("llm", "pool").unwrap();
+    assert_eq!(pool.rules.len(), 1);
+    assert_eq!(pool.model_names(), vec!["Qwen/Qwen3-8B", "qwen"]);
+
+    // A pod becomes ready, another is deleted: the policy is re-applied with the new set.
+    assert!(s.apply_pod_event(Event::Apply(pod(
+        "vllm-1",
+        "vllm",
+        Some("10.0.0.2"),
+        true,
+        Some(8000)
+    ))));
+    assert!(s.apply_pod_event(Event::Delete(pod(
+        "vllm-0",
+        "vllm",
+        Some("10.0.0.1"),
+        true,
+        Some(8000)
+    ))));
+    let (outcome, _) = gw.apply_bundle(&s.bundle());
+    assert_eq!(outcome, ApplyOutcome::Applied { generation: 2 });
+    assert_eq!(
+        endpoints(&gw, "llm/vllm"),
+        vec!["10.0.0.2:8000", "10.0.0.4:9000"]
+    );
+
+    // The same event again changes nothing.
+    assert!(!s.apply_pod_event(Event::Apply(pod(
+        "vllm-1",
+        "vllm",
+        Some("10.0.0.2"),
+        true,
+        Some(8000)
+    ))));
+    assert_eq!(gw.apply_bundle(&s.bundle()).0, ApplyOutcome::Unchanged);
+
+    // An explicit `spec.port` wins over container ports.
+    let mut ws = worker_set();
+    ws.data["spec"]["port"] = json!(8080);
+    assert!(s.apply_object_event(ResourceKind::InferenceWorkerSet, Event::Apply(ws)));
+    assert_eq!(
+        s.bundle().resolved.endpoints["llm/vllm"],
+        vec!["10.0.0.2:8080", "10.0.0.4:8080"]
+    );
+}
+
+#[test]
+fn provider_credentials_come_from_the_secret() {
+    let mut s = initial_store(policy(1, "if"));
+    let gw = gateway_();
+    gw.apply_bundle(&s.bundle());
+    let p = gw.providers.load_full();
+    assert!(
+        format!("{p:?}").contains("SecretMissing"),
+        "without the Secret the provider has no credentials: {p:?}"
+    );
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let (outcome, _) = gw.apply_bundle(&s.bundle());
+    assert!(
+        matches!(outcome, ApplyOutcome::Applied { .. }),
+        "a new Secret value re-applies the policy"
+    );
+    let p = gw.providers.load_full();
+    assert!(!format!("{p:?}").contains("SecretMissing"), "{p:?}");
+}
+
+#[test]
+fn status_of_a_clean_bundle() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
+    insta::assert_json_snapshot!("status_clean", p);
+    for (_, body) in &p {
+        let accepted = &body["status"]["conditions"][0];
+        assert_eq!(accepted["status"], "True", "{body}");
+    }
+}
+
+#[test]
+fn status_names_the_error_by_code_field_path_and_help_and_a_fix_flips_accepted() {
+    let mut s = initial_store(policy(2, "iff"));
+    s.set_secret("llm", "openai-key", None);
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    assert!(matches!(outcome, ApplyOutcome::Refused { .. }));
+    assert!(!gw.store.is_ready(), "nothing was applied");
+    let broken = patches(&s, &gw, &bundle, &outcome, &diags, &LiveCounts::default());
+    insta::assert_json_snapshot!("status_broken", broken);
+    let pol = &broken
+        .iter()
+        .find(|(k, _)| k == "InferencePolicy/llm/routing")
+        .unwrap()
+        .1;
+    let accepted = &pol["status"]["conditions"][0];
+    assert_eq!(accepted["status"], "False");
+    assert_eq!(accepted["reason"], "Invalid");
+    let msg = accepted["message"].as_str().unwrap();
+    assert!(
+        msg.contains("error[KINF0101] spec.rules[0].route.exclude[0].iff"),
+        "code and field path: {msg}"
+    );
+    assert!(msg.contains("did you mean `if`"), "help: {msg}");
+    let pool_accepted = &broken
+        .iter()
+        .find(|(k, _)| k == "InferencePool/llm/pool")
+        .unwrap()
+        .1["status"]["conditions"][0];
+    assert_eq!(pool_accepted["reason"], "BundleRefused");
+    assert!(
+        pool_accepted["message"]
+            .as_str()
+            .unwrap()
+            .contains("InferencePolicy/llm/routing"),
+        "other objects say which one is wrong"
+    );
+    let provider_refs = &broken
+        .iter()
+        .find(|(k, _)| k == "InferenceProvider/llm/openai")
+        .unwrap()
+        .1["status"]["conditions"][1];
+    assert_eq!(provider_refs["reason"], "SecretNotFound");
+
+    // The stored status is what was written; then the policy is fixed (generation 3).
+    for (k, body) in &broken {
+        let key = ObjectKey::parse_label(k).unwrap();
+        let mut o = s.object(&key).unwrap().clone();
+        o.status = body["status"].clone();
+        s.upsert(o);
+    }
+    let mut fixed_obj = policy(3, "if");
+    fixed_obj.data["status"] = s
+        .object(&ObjectKey::parse_label("InferencePolicy/llm/routing").unwrap())
+        .unwrap()
+        .status
+        .clone();
+    s.apply_object_event(ResourceKind::InferencePolicy, Event::Apply(fixed_obj));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    assert_eq!(outcome, ApplyOutcome::Applied { generation: 1 });
+    let later = "2026-11-30T08:05:00Z";
+    let objects: Vec<StoredObject> = s.objects().cloned().collect();
+    let current = gw.store.current().unwrap();
+    let secrets = secrets_known(&s);
+    let fixed = status::compute(&StatusInput {
+        objects: &objects,
+        sources: &bundle.sources,
+        diagnostics: &diags,
+        in_force: true,
+        generation: Some(current.generation),
+        policy: Some(&current.policy),
+        live: &live(),
+        secrets: &secrets,
+        now: later,
+    });
+    let pol = fixed
+        .iter()
+        .find(|p| p.key.kind == ResourceKind::InferencePolicy)
+        .unwrap();
+    assert_eq!(pol.status()["observedGeneration"], 3);
+    let c = &pol.status()["conditions"];
+    assert_eq!(c[0]["type"], "Accepted");
+    assert_eq!(c[0]["status"], "True");
+    assert_eq!(c[0]["reason"], "Accepted");
+    assert_eq!(c[0]["lastTransitionTime"], later, "the condition changed");
+    assert_eq!(c[1]["status"], "True");
+    assert_eq!(
+        c[1]["lastTransitionTime"], NOW,
+        "ResolvedRefs stayed True: its transition time is kept"
+    );
+}
+
+#[test]
+fn status_of_an_up_to_date_object_needs_no_write() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "k")])),
+    );
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    let objects: Vec<StoredObject> = s.objects().cloned().collect();
+    let current = gw.store.current();
+    let secrets = secrets_known(&s);
+    let input = StatusInput {
+        objects: &objects,
+        sources: &bundle.sources,
+        diagnostics: &diags,
+        in_force: !matches!(outcome, ApplyOutcome::Refused { .. }),
+        generation: current.as_ref().map(|c| c.generation),
+        policy: current.as_ref().map(|c| &*c.policy),
+        live: &live(),
+        secrets: &secrets,
+        now: NOW,
+    };
+    let first = status::compute(&input);
+    for p in &first {
+        assert!(!status::up_to_date(&Value::Null, p));
+        // The API server adds nothing we compare; a stored copy is up to date.
+        assert!(status::up_to_date(&p.status().clone(), p));
+    }
+}
+
+#[test]
+fn selectors_with_expressions() {
+    use std::collections::BTreeMap;
+    let labels: BTreeMap<String, String> = [
+        ("app".to_owned(), "vllm".to_owned()),
+        ("tier".to_owned(), "gpu".to_owned()),
+    ]
+    .into();
+    let sel = |v: Value| status_sel(&v, &labels);
+    assert!(sel(json!({})));
+    assert!(sel(json!({"matchLabels": {"app": "vllm"}})));
+    assert!(!sel(json!({"matchLabels": {"app": "web"}})));
+    assert!(sel(
+        json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu", "cpu"]}]})
+    ));
+    assert!(!sel(
+        json!({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["gpu"]}]})
+    ));
+    assert!(sel(
+        json!({"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]})
+    ));
+    assert!(!sel(
+        json!({"matchExpressions": [{"key": "zone", "operator": "Exists"}]})
+    ));
+    assert!(!sel(
+        json!({"matchExpressions": [{"key": "tier", "operator": "Bogus"}]})
+    ));
+}
+
+fn status_sel(v: &Value, labels: &std::collections::BTreeMap<String, String>) -> bool {
+    kinf_handler::kube::store::selector_matches(v, labels)
+}

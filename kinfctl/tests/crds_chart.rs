@@ -1,0 +1,42 @@
+//! The CRD chart (`deploy/helm/kinference-crds/templates/`) holds exactly what `kinfctl crds`
+//! prints: one file per CRD, in kind order. `KINF_UPDATE_CRDS=1` rewrites the files.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::path::PathBuf;
+
+use kinfctl::cli::Format;
+
+fn chart_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/kinference-crds/templates")
+}
+
+#[test]
+fn chart_crds_are_identical_to_kinfctl_crds() {
+    let text = kinfctl::crds::crds_text(Format::Human);
+    let docs: Vec<&str> = text.split("---\n").filter(|d| !d.is_empty()).collect();
+    assert_eq!(docs.len(), 5);
+    let mut concatenated = String::new();
+    for (doc, kind) in docs.iter().zip(kinf_policy::ResourceKind::ALL) {
+        let crd = kinf_policy::schema::crd(kind);
+        let file = chart_dir().join(format!("{}.yaml", crd.spec.names.plural));
+        let want = format!("---\n{doc}");
+        if std::env::var_os("KINF_UPDATE_CRDS").is_some() {
+            std::fs::write(&file, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e} (run with KINF_UPDATE_CRDS=1)", file.display()));
+        assert!(
+            have == want,
+            "{} differs from `kinfctl crds`; regenerate with KINF_UPDATE_CRDS=1 cargo test -p kinfctl --test crds_chart",
+            file.display()
+        );
+        concatenated.push_str(&have);
+    }
+    assert_eq!(
+        concatenated, text,
+        "the chart holds every CRD and nothing else"
+    );
+    let files = std::fs::read_dir(chart_dir()).unwrap().count();
+    assert_eq!(files, 5, "no stray templates in the CRD chart");
+}
