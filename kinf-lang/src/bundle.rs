@@ -100,10 +100,10 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
         bundle.docs.extend(yaml::parse_documents(id, file, diags));
     }
     let mut seen: Vec<(ResourceKind, Arc<str>, Arc<str>, Span)> = Vec::new();
-    for doc in 0..bundle.docs.len() {
-        let Some(root) = bundle.root(doc) else {
-            continue;
-        };
+    // Specs deserialize from the documents in place: hold them apart from the lists they fill.
+    let docs = std::mem::take(&mut bundle.docs);
+    for (doc, d) in docs.iter().enumerate() {
+        let root = &d.root;
         let name: Arc<str> = root
             .get("metadata")
             .and_then(|m| m.get("name"))
@@ -126,8 +126,7 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
             }
             continue;
         };
-        let mut json = root.to_json();
-        let errors = schema_check::validate(kind, root, &json);
+        let errors = schema_check::validate(kind, root);
         let resource = describe(kind, root);
         if !errors.is_empty() {
             diags.extend(
@@ -138,9 +137,7 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
             bundle.failed.push((kind, namespace, name));
             continue;
         }
-        let name_span = bundle
-            .value_span(doc, &crate::fpath!["metadata", "name"])
-            .unwrap_or(root.span);
+        let name_span = root.lookup(&crate::fpath!["metadata", "name"]).node.span;
         if let Some((_, _, _, first)) = seen
             .iter()
             .find(|(k, ns, n, _)| *k == kind && *ns == namespace && *n == name)
@@ -158,10 +155,7 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
             continue;
         }
         seen.push((kind, namespace.clone(), name.clone(), name_span));
-        let spec = json
-            .as_object_mut()
-            .and_then(|o| o.remove("spec"))
-            .unwrap_or(serde_json::Value::Null);
+        let spec = root.get("spec").unwrap_or(&NULL);
         let root_span = root.span;
         let ok = match kind {
             ResourceKind::InferenceWorkerSet => {
@@ -187,17 +181,31 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
             );
         }
     }
+    bundle.docs = docs;
     bundle
 }
 
+/// `spec` when a document has none (the schema requires one: only reached after an error).
+static NULL: Node = Node {
+    value: yaml::Value::Null,
+    span: Span {
+        file: crate::source::FileId(0),
+        start: 0,
+        end: 0,
+    },
+    style: yaml::Style::Plain,
+};
+
+/// Deserializes the typed spec straight from the YAML tree (as `serde_json::from_value` of
+/// its JSON form would, with the same error messages).
 fn push<T: DeserializeOwned>(
     list: &mut Vec<Res<T>>,
-    spec: serde_json::Value,
+    spec: &Node,
     name: &Arc<str>,
     namespace: &Arc<str>,
     doc: usize,
-) -> Result<(), serde_json::Error> {
-    let spec = serde_json::from_value(spec)?;
+) -> Result<(), crate::yaml_view::Error> {
+    let spec = crate::yaml_view::from_node(spec)?;
     list.push(Res {
         name: name.clone(),
         namespace: namespace.clone(),

@@ -12,6 +12,7 @@ use crate::diagnostic::Diagnostic;
 use crate::path::{FieldPath, Seg};
 use crate::suggest::help_for;
 use crate::yaml::Node;
+use crate::yaml_view::YamlJson;
 
 /// The schema used by lint: the generated schema of the kind, with nullable wrappers removed,
 /// `oneOf` of constants turned into `enum`, and `apiVersion`/`kind`/`metadata` added.
@@ -101,7 +102,7 @@ fn simplify(v: &mut J) {
 
 struct KindSchema {
     schema: J,
-    validator: Option<jsonschema::Validator>,
+    validator: Option<jsonschema::Validator<YamlJson>>,
 }
 
 fn schemas() -> &'static [KindSchema] {
@@ -111,7 +112,7 @@ fn schemas() -> &'static [KindSchema] {
             .iter()
             .map(|k| {
                 let schema = lint_schema(*k);
-                let validator = jsonschema::validator_for(&schema).ok();
+                let validator = jsonschema::options_for::<YamlJson>().build(&schema).ok();
                 KindSchema { schema, validator }
             })
             .collect()
@@ -148,20 +149,20 @@ pub fn property_names(schema: &J) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// Validates one document root against the kind's schema. Returns the diagnostics, in
-/// document order.
-pub fn validate(kind: ResourceKind, root: &Node, json: &J) -> Vec<Diagnostic> {
+/// Validates one document root against the kind's schema, reading the YAML tree in place.
+/// Returns the diagnostics, in document order.
+pub fn validate(kind: ResourceKind, root: &Node) -> Vec<Diagnostic> {
     let Some(ks) = kind_schema(kind) else {
         return Vec::new();
     };
     let Some(validator) = &ks.validator else {
         return Vec::new();
     };
-    if validator.is_valid(json) {
+    if validator.is_valid(root) {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for err in validator.iter_errors(json) {
+    for err in validator.iter_errors(root) {
         let path = FieldPath::from_json_pointer(err.instance_path().as_str());
         map_error(&ks.schema, root, &path, err.kind(), &mut out);
     }

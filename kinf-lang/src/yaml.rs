@@ -203,6 +203,8 @@ pub fn parse_documents(
         id,
         file,
         stack: Vec::new(),
+        items: Vec::new(),
+        entries: Vec::new(),
         anchors: HashMap::new(),
         docs: Vec::new(),
         diags,
@@ -251,16 +253,18 @@ fn describe_scan_error(info: &str) -> (String, String) {
     (msg, help)
 }
 
+/// An open collection. Its children wait on the builder's shared `items` / `entries` stacks
+/// from index `base` on, and move into an exactly sized vector when it closes (no regrowth).
 enum Frame {
     Seq {
         start: usize,
         anchor: usize,
-        items: Vec<Node>,
+        base: usize,
     },
     Map {
         start: usize,
         anchor: usize,
-        entries: Vec<Entry>,
+        base: usize,
         pending_key: Option<(String, Span)>,
     },
 }
@@ -269,6 +273,8 @@ struct Builder<'a> {
     id: FileId,
     file: &'a SourceFile,
     stack: Vec<Frame>,
+    items: Vec<Node>,
+    entries: Vec<Entry>,
     anchors: HashMap<usize, Node>,
     docs: Vec<Document>,
     diags: &'a mut Vec<Diagnostic>,
@@ -319,12 +325,12 @@ impl Builder<'_> {
             Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
                 start,
                 anchor,
-                items: Vec::new(),
+                base: self.items.len(),
             }),
             Event::MappingStart(anchor, _) => self.stack.push(Frame::Map {
                 start,
                 anchor,
-                entries: Vec::new(),
+                base: self.entries.len(),
                 pending_key: None,
             }),
             Event::SequenceEnd | Event::MappingEnd => {
@@ -332,14 +338,22 @@ impl Builder<'_> {
                     Some(Frame::Seq {
                         start,
                         anchor,
-                        items,
-                    }) => (Value::Seq(items), start, anchor),
+                        base,
+                    }) => (
+                        Value::Seq(self.items.drain(base..).collect()),
+                        start,
+                        anchor,
+                    ),
                     Some(Frame::Map {
                         start,
                         anchor,
-                        entries,
+                        base,
                         ..
-                    }) => (Value::Map(entries), start, anchor),
+                    }) => (
+                        Value::Map(self.entries.drain(base..).collect()),
+                        start,
+                        anchor,
+                    ),
                     None => return false,
                 };
                 let end = self.collection_end(&value, frame_start, end);
@@ -392,11 +406,9 @@ impl Builder<'_> {
                     });
                 }
             }
-            Some(Frame::Seq { items, .. }) => items.push(node),
+            Some(Frame::Seq { .. }) => self.items.push(node),
             Some(Frame::Map {
-                entries,
-                pending_key,
-                ..
+                base, pending_key, ..
             }) => match pending_key.take() {
                 None => {
                     let key_span = node.span;
@@ -421,7 +433,11 @@ impl Builder<'_> {
                     *pending_key = Some((key, key_span));
                 }
                 Some((key, key_span)) => {
-                    if let Some(first) = entries.iter().find(|e| e.key == key) {
+                    let entries = &mut self.entries;
+                    if let Some(first) = entries
+                        .get(*base..)
+                        .and_then(|open| open.iter().find(|e| e.key == key))
+                    {
                         let first_span = first.key_span;
                         self.diags.push(
                             Diagnostic::error(Code::DuplicateKey, format!("duplicate key `{key}`"))

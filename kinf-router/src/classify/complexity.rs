@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 use serde::Serialize;
 
 use super::Message;
@@ -125,22 +124,14 @@ const MATH_WORDS: &[&str] = &[
 #[derive(Clone, Debug)]
 pub struct Complexity {
     config: ComplexityConfig,
-    words: Option<AhoCorasick>,
     tags: [Arc<str>; 3],
 }
 
 impl Complexity {
     /// A classifier with these thresholds.
     pub fn new(config: ComplexityConfig) -> Self {
-        let words = AhoCorasickBuilder::new()
-            .ascii_case_insensitive(true)
-            .match_kind(MatchKind::LeftmostLongest)
-            .kind(Some(AhoCorasickKind::DFA))
-            .build(STEP_WORDS.iter().chain(MATH_WORDS))
-            .ok();
         Complexity {
             config,
-            words,
             tags: [
                 Arc::from("complexity-low"),
                 Arc::from("complexity-medium"),
@@ -164,7 +155,8 @@ impl Complexity {
         })
     }
 
-    /// The features of a request.
+    /// The features of a request: one pass over the bytes of each message (lines, `?`, words
+    /// and math symbols together).
     pub fn features(&self, messages: &[Message<'_>]) -> Features {
         let mut f = Features::default();
         let mut chars = 0usize;
@@ -173,48 +165,7 @@ impl Complexity {
             if m.role != "system" {
                 f.turns += 1;
             }
-            let text = m.content;
-            f.questions += text.bytes().filter(|b| *b == b'?').count();
-            let mut in_fence = false;
-            for line in text.lines() {
-                let t = line.trim();
-                if t.starts_with("```") {
-                    if !in_fence {
-                        f.code_lines += 5;
-                    }
-                    in_fence = !in_fence;
-                    continue;
-                }
-                if in_fence {
-                    continue;
-                }
-                if is_code_line(t) {
-                    f.code_lines += 1;
-                }
-                if is_list_item(t) {
-                    f.steps += 1;
-                }
-            }
-            if let Some(ac) = &self.words {
-                let bytes = text.as_bytes();
-                for m in ac.find_iter(text) {
-                    let before = m.start().checked_sub(1).and_then(|i| bytes.get(i));
-                    let after = bytes.get(m.end());
-                    let word_edge = |b: Option<&u8>| !b.is_some_and(|b| b.is_ascii_alphanumeric());
-                    let pat = m.pattern().as_usize();
-                    let is_symbol = !text
-                        .get(m.start()..m.end())
-                        .is_some_and(|s| s.bytes().all(|b| b.is_ascii_alphabetic()));
-                    if !(is_symbol || (word_edge(before) && word_edge(after))) {
-                        continue;
-                    }
-                    if pat < STEP_WORDS.len() {
-                        f.steps += 1;
-                    } else {
-                        f.math += 1;
-                    }
-                }
-            }
+            scan(m.content, &mut f);
         }
         f.tokens = chars / 4;
         f
@@ -243,6 +194,168 @@ impl Complexity {
         } else {
             ComplexityLevel::Low
         }
+    }
+}
+
+/// Byte classes of the scan.
+const OTHER: u8 = 0;
+const ALNUM: u8 = 1;
+const QUESTION: u8 = 2;
+const NEWLINE: u8 = 3;
+const BACKSLASH: u8 = 4;
+const DOLLAR: u8 = 5;
+/// First byte of the UTF-8 math symbols (`∑`, `∫`, `√`, `≤`, `≥`, `≠`, `∀`, `∃`).
+const E2: u8 = 6;
+
+static CLASS: [u8; 256] = {
+    let mut t = [OTHER; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = if c.is_ascii_alphanumeric() {
+            ALNUM
+        } else {
+            match c {
+                b'?' => QUESTION,
+                b'\n' => NEWLINE,
+                b'\\' => BACKSLASH,
+                b'$' => DOLLAR,
+                0xE2 => E2,
+                _ => OTHER,
+            }
+        };
+        b += 1;
+    }
+    t
+};
+
+/// The LaTeX commands counted as math (matched ASCII case-insensitively, wherever they occur).
+const LATEX: &[&str] = &[
+    "\\frac",
+    "\\sum",
+    "\\int",
+    "\\sqrt",
+    "\\begin{equation",
+    "\\alpha",
+    "\\lim",
+];
+
+/// The math symbols after their first byte `0xE2`.
+const SYMBOL_TAILS: &[[u8; 2]] = &[
+    [0x88, 0x91], // ∑
+    [0x88, 0xAB], // ∫
+    [0x88, 0x9A], // √
+    [0x89, 0xA4], // ≤
+    [0x89, 0xA5], // ≥
+    [0x89, 0xA0], // ≠
+    [0x88, 0x80], // ∀
+    [0x88, 0x83], // ∃
+];
+
+/// Adds the features of one message's text to `f`, in one pass over its bytes. Matches
+/// `STEP_WORDS` and `MATH_WORDS` as a leftmost-longest, non-overlapping scan would: a word
+/// counts when it is a whole run of ASCII letters and digits; a LaTeX command, `$$` or a math
+/// symbol counts wherever it starts, and what it covers is not read again.
+fn scan(text: &str, f: &mut Features) {
+    let bytes = text.as_bytes();
+    let n = bytes.len();
+    let mut in_fence = false;
+    let mut line_start = 0;
+    let mut i = 0;
+    while i < n {
+        let Some(&b) = bytes.get(i) else { break };
+        match CLASS[usize::from(b)] {
+            ALNUM => {
+                let start = i;
+                while bytes.get(i).is_some_and(u8::is_ascii_alphanumeric) {
+                    i += 1;
+                }
+                let prev_alnum = start
+                    .checked_sub(1)
+                    .and_then(|p| bytes.get(p))
+                    .is_some_and(u8::is_ascii_alphanumeric);
+                if !prev_alnum && let Some(word) = bytes.get(start..i) {
+                    match word_kind(word) {
+                        Some(true) => f.steps += 1,
+                        Some(false) => f.math += 1,
+                        None => {}
+                    }
+                }
+                continue;
+            }
+            QUESTION => f.questions += 1,
+            NEWLINE => {
+                line(text.get(line_start..i).unwrap_or(""), &mut in_fence, f);
+                line_start = i + 1;
+            }
+            BACKSLASH => {
+                let rest = bytes.get(i..).unwrap_or_default();
+                if let Some(cmd) = LATEX.iter().find(|c| {
+                    rest.get(..c.len())
+                        .is_some_and(|r| r.eq_ignore_ascii_case(c.as_bytes()))
+                }) {
+                    f.math += 1;
+                    i += cmd.len();
+                    continue;
+                }
+            }
+            DOLLAR if bytes.get(i + 1) == Some(&b'$') => {
+                f.math += 1;
+                i += 2;
+                continue;
+            }
+            E2 => {
+                if let Some(tail) = bytes.get(i + 1..i + 3)
+                    && SYMBOL_TAILS.iter().any(|t| t == tail)
+                {
+                    f.math += 1;
+                    i += 3;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    line(text.get(line_start..).unwrap_or(""), &mut in_fence, f);
+}
+
+/// `Some(true)` for a step word, `Some(false)` for a math word (ASCII case-insensitive).
+fn word_kind(word: &[u8]) -> Option<bool> {
+    if !(4..=10).contains(&word.len()) {
+        return None;
+    }
+    let eq = |w: &&str| word.eq_ignore_ascii_case(w.as_bytes());
+    if STEP_WORDS.iter().any(eq) {
+        Some(true)
+    } else if MATH_WORDS.iter().any(eq) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// The per-line features (fences, code lines, numbered list items) of one line.
+fn line(line: &str, in_fence: &mut bool, f: &mut Features) {
+    let t = line.trim();
+    if t.is_empty() {
+        return;
+    }
+    if t.starts_with("```") {
+        if !*in_fence {
+            f.code_lines += 5;
+        }
+        *in_fence = !*in_fence;
+        return;
+    }
+    if *in_fence {
+        return;
+    }
+    if is_code_line(t) {
+        f.code_lines += 1;
+    }
+    if is_list_item(t) {
+        f.steps += 1;
     }
 }
 
@@ -291,4 +404,137 @@ fn is_list_item(t: &str) -> bool {
             && matches!(t.as_bytes().get(digits + 1), Some(b' '));
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use aho_corasick::{AhoCorasickBuilder, AhoCorasickKind, MatchKind};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The previous implementation (three passes: `?`, lines, Aho-Corasick over the words): the
+    /// one-pass scan must count the same.
+    fn reference(text: &str) -> Features {
+        let mut f = Features::default();
+        f.questions += text.bytes().filter(|b| *b == b'?').count();
+        let mut in_fence = false;
+        for l in text.lines() {
+            let t = l.trim();
+            if t.starts_with("```") {
+                if !in_fence {
+                    f.code_lines += 5;
+                }
+                in_fence = !in_fence;
+                continue;
+            }
+            if in_fence {
+                continue;
+            }
+            if is_code_line(t) {
+                f.code_lines += 1;
+            }
+            if is_list_item(t) {
+                f.steps += 1;
+            }
+        }
+        let ac = AhoCorasickBuilder::new()
+            .ascii_case_insensitive(true)
+            .match_kind(MatchKind::LeftmostLongest)
+            .kind(Some(AhoCorasickKind::DFA))
+            .build(STEP_WORDS.iter().chain(MATH_WORDS))
+            .unwrap();
+        let bytes = text.as_bytes();
+        for m in ac.find_iter(text) {
+            let before = m.start().checked_sub(1).and_then(|i| bytes.get(i));
+            let after = bytes.get(m.end());
+            let word_edge = |b: Option<&u8>| !b.is_some_and(|b| b.is_ascii_alphanumeric());
+            let is_symbol = !text
+                .get(m.start()..m.end())
+                .is_some_and(|s| s.bytes().all(|b| b.is_ascii_alphabetic()));
+            if !(is_symbol || (word_edge(before) && word_edge(after))) {
+                continue;
+            }
+            if m.pattern().as_usize() < STEP_WORDS.len() {
+                f.steps += 1;
+            } else {
+                f.math += 1;
+            }
+        }
+        f
+    }
+
+    fn one_pass(text: &str) -> Features {
+        let mut f = Features::default();
+        scan(text, &mut f);
+        f
+    }
+
+    const PIECES: &[&str] = &[
+        "first",
+        "Firstly",
+        "THEN",
+        "next",
+        "step",
+        "steps",
+        "matrix",
+        "prove",
+        "theorem",
+        "\\frac",
+        "\\FRAC",
+        "\\integral",
+        "\\int",
+        "\\begin{equation}",
+        "\\begin{Equations",
+        "$$",
+        "$",
+        "∑",
+        "≤",
+        "≥",
+        "é",
+        "∀x",
+        "?",
+        "\n",
+        "\r\n",
+        " ",
+        "  ",
+        "\t",
+        "x",
+        "2",
+        "1. ",
+        "12) ",
+        "```",
+        "```rust\n",
+        "fn main() {",
+        "}",
+        "return x;",
+        "def f():",
+        "a_b",
+        "then2",
+        "2then",
+        "-",
+        ".",
+        "\u{a0}",
+        "equation",
+        "derivative",
+        "afterwards",
+        "lastly",
+    ];
+
+    proptest! {
+        #[test]
+        fn one_pass_counts_as_the_three_pass_reference(
+            parts in proptest::collection::vec(0..PIECES.len(), 0..60)
+        ) {
+            let text: String = parts.iter().map(|i| PIECES[*i]).collect();
+            prop_assert_eq!(one_pass(&text), reference(&text), "{:?}", text);
+        }
+
+        #[test]
+        fn one_pass_counts_as_the_reference_on_any_text(text in "\\PC{0,200}") {
+            prop_assert_eq!(one_pass(&text), reference(&text));
+        }
+    }
 }

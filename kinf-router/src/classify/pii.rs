@@ -1,11 +1,12 @@
 //! The built-in PII detector.
 //!
-//! One pass of a combined regex (the alternation of every candidate pattern) over each message
-//! finds candidate start positions; at each start that is not glued to a word character, the
-//! per-entity patterns whose first byte fits are run anchored there, and every candidate is
-//! validated in code (checksums, ranges, boundaries and context). Overlapping matches are resolved by entity
-//! priority: credential, e-mail, IBAN, card, SSN, IP address, phone. The rules are documented in
-//! `docs/reference/classifiers.md`.
+//! One pass over the bytes of each message: a start byte table says which candidate patterns
+//! may begin at a position that is not glued to a word character, cheap byte tests (an exact
+//! prefix test for most kinds; for e-mail, the next `@` located with `memchr`) rule most of them
+//! out, and only then is the per-entity pattern run anchored there. Every candidate is
+//! validated in code (checksums, ranges, boundaries and context). Overlapping matches are
+//! resolved by entity priority: credential, e-mail, IBAN, card, SSN, IP address, phone. The
+//! rules are documented in `docs/reference/classifiers.md`.
 
 use std::net::Ipv6Addr;
 use std::sync::Arc;
@@ -83,7 +84,6 @@ impl Kind {
     /// anchored pattern runs.
     fn gate(self, r: &[u8]) -> bool {
         let at = |i: usize| r.get(i).copied().unwrap_or(0);
-        let within = |n: usize, b: u8| r.iter().take(n).any(|x| *x == b);
         match self {
             Kind::Pem => r.starts_with(b"-----BEGIN "),
             Kind::Jwt => r.starts_with(b"eyJ"),
@@ -111,15 +111,41 @@ impl Kind {
                 .any(|b| *b == b'@'),
             Kind::Iban => at(2).is_ascii_digit() && at(3).is_ascii_digit(),
             Kind::Card => r.iter().take(24).filter(|b| b.is_ascii_digit()).count() >= 13,
-            Kind::Ssn => matches!(at(3), b'-' | b' '),
+            // The whole pattern: `[0-9]{3}[- ][0-9]{2}[- ][0-9]{4}`.
+            Kind::Ssn => {
+                r.len() >= 11
+                    && r.iter().enumerate().take(11).all(|(i, b)| match i {
+                        3 | 6 => matches!(b, b'-' | b' '),
+                        _ => b.is_ascii_digit(),
+                    })
+            }
             Kind::SsnContext => {
                 r.get(..3).is_some_and(|b| b.eq_ignore_ascii_case(b"ssn"))
                     || r.get(..6)
                         .is_some_and(|b| b.eq_ignore_ascii_case(b"social"))
             }
-            Kind::Ipv4 => within(4, b'.'),
-            Kind::Ipv6 => within(5, b':'),
-            Kind::Phone => true,
+            // `[0-9]{1,3}\.[0-9]`: a first group of 1 to 3 digits, a dot, a digit.
+            Kind::Ipv4 => {
+                let d = r.iter().take(4).take_while(|b| b.is_ascii_digit()).count();
+                (1..=3).contains(&d) && at(d) == b'.' && at(d + 1).is_ascii_digit()
+            }
+            // `[0-9A-Fa-f]{0,4}:` and two more of `[0-9A-Fa-f:.]`.
+            Kind::Ipv6 => {
+                let h = r
+                    .iter()
+                    .take(5)
+                    .take_while(|b| b.is_ascii_hexdigit())
+                    .count();
+                let v6 = |b: u8| b.is_ascii_hexdigit() || b == b':' || b == b'.';
+                h <= 4 && at(h) == b':' && v6(at(h + 1)) && v6(at(h + 2))
+            }
+            // `[+(]?[0-9]` and at least 7 more of `[0-9 ()./-]`.
+            Kind::Phone => {
+                let j = usize::from(matches!(at(0), b'+' | b'('));
+                at(j).is_ascii_digit()
+                    && r.len() >= j + 8
+                    && r.iter().skip(j + 1).take(7).all(|b| is_phone_byte(*b))
+            }
         }
     }
 
@@ -162,7 +188,10 @@ struct Pat {
 #[derive(Clone, Debug)]
 pub struct Pii {
     entities: Vec<PiiEntity>,
-    any: Option<Regex>,
+    /// For each ASCII byte, bit `i` set when `pats[i]` may start with it.
+    starts: [u16; 128],
+    /// Index of the e-mail pattern in `pats`, when e-mail is detected.
+    email: Option<usize>,
     pats: Vec<Pat>,
     tags: Vec<(PiiEntity, Arc<str>)>,
     pub(crate) detected_tag: Arc<str>,
@@ -186,22 +215,23 @@ impl Pii {
                     .map(|re| Pat { kind: *k, re })
             })
             .collect();
-        let any = if pats.is_empty() {
-            None
-        } else {
-            let alts: Vec<String> = pats
-                .iter()
-                .map(|p| format!("(?:{})", p.kind.pattern()))
-                .collect();
-            Regex::new(&alts.join("|")).ok()
-        };
+        let mut starts = [0u16; 128];
+        for (b, mask) in (0u8..).zip(starts.iter_mut()) {
+            for (i, p) in pats.iter().enumerate() {
+                if p.kind.may_start(b) {
+                    *mask |= 1 << i;
+                }
+            }
+        }
+        let email = pats.iter().position(|p| p.kind == Kind::Email);
         let tags = PiiEntity::ALL
             .iter()
             .map(|e| (*e, Arc::from(format!("pii-{}", e.as_str()))))
             .collect();
         Pii {
             entities: ents,
-            any,
+            starts,
+            email,
             pats,
             tags,
             detected_tag: Arc::from("pii-detected"),
@@ -236,40 +266,69 @@ impl Pii {
     }
 
     fn scan_text(&self, index: usize, text: &str, out: &mut Vec<Match>) {
-        if text.is_empty() {
-            return;
-        }
-        let Some(any) = &self.any else { return };
         let bytes = text.as_bytes();
         let mut cands: Vec<(usize, usize, Kind)> = Vec::new();
-        let mut cursor = 0;
-        while let Some(m) = any.find_at(text, cursor) {
-            let p = m.start();
-            let mut max_end = p;
-            if !prev_is(text, p, is_word) {
-                let first = bytes.get(p).copied().unwrap_or(0);
-                let rest = text.get(p..).unwrap_or("");
-                for pat in &self.pats {
-                    if !pat.kind.may_start(first) || !pat.kind.gate(rest.as_bytes()) {
-                        continue;
+        // Position of the next `@` at or after the scan position (`usize::MAX` when there is
+        // none): the e-mail pattern needs one within 80 bytes, before any whitespace.
+        let mut next_at: Option<usize> = None;
+        let mut i = 0;
+        // Whether the character before `i` is a word character: candidates glued to a word
+        // are never valid, and the scan resumes after the word.
+        let mut prev_word = false;
+        while let Some(&b) = bytes.get(i) {
+            let mask = match self.starts.get(usize::from(b)) {
+                Some(m) if !prev_word => *m,
+                Some(_) => 0,
+                None => {
+                    // A non-ASCII character: it starts no pattern.
+                    let c = text.get(i..).and_then(|t| t.chars().next());
+                    prev_word = c.is_some_and(is_word);
+                    i += c.map_or(1, char::len_utf8);
+                    continue;
+                }
+            };
+            if mask == 0 {
+                prev_word = is_word_byte(b);
+                i += 1;
+                continue;
+            }
+            let rest = bytes.get(i..).unwrap_or_default();
+            let mut max_end = i;
+            let mut m = mask;
+            while m != 0 {
+                let k = m.trailing_zeros() as usize;
+                m &= m - 1;
+                let Some(pat) = self.pats.get(k) else { break };
+                let pass = if Some(k) == self.email {
+                    if next_at.is_none_or(|a| a < i) {
+                        next_at = Some(memchr::memchr(b'@', rest).map_or(usize::MAX, |j| i + j));
                     }
-                    if let Some((s, e)) = pat
-                        .re
-                        .find(rest)
-                        .and_then(|mm| validate(pat.kind, text, p, p + mm.end()))
-                    {
-                        cands.push((s, e, pat.kind));
-                        max_end = max_end.max(e);
-                    }
+                    let a = next_at.unwrap_or(usize::MAX);
+                    a - i < 80
+                        && !bytes
+                            .get(i..a)
+                            .is_some_and(|w| w.iter().any(u8::is_ascii_whitespace))
+                } else {
+                    pat.kind.gate(rest)
+                };
+                if !pass {
+                    continue;
+                }
+                if let Some((s, e)) = text
+                    .get(i..)
+                    .and_then(|t| pat.re.find(t))
+                    .and_then(|mm| validate(pat.kind, text, i, i + mm.end()))
+                {
+                    cands.push((s, e, pat.kind));
+                    max_end = max_end.max(e);
                 }
             }
-            cursor = if max_end > p {
-                max_end
+            if max_end > i {
+                i = max_end;
+                prev_word = prev_is(text, i, is_word);
             } else {
-                skip_word(text, p)
-            };
-            if cursor >= text.len() {
-                break;
+                prev_word = is_word_byte(b);
+                i += 1;
             }
         }
         // Resolve overlaps: higher-priority kinds first, then leftmost.
@@ -296,18 +355,13 @@ impl Pii {
     }
 }
 
-/// The next position after `p` whose previous character is not a word character (candidates
-/// glued to a word are never valid).
-fn skip_word(text: &str, p: usize) -> usize {
-    let Some(rest) = text.get(p..) else {
-        return text.len();
-    };
-    for (i, c) in rest.char_indices() {
-        if !is_word(c) {
-            return p + i + c.len_utf8();
-        }
-    }
-    text.len()
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// A byte of the phone pattern's body: `[0-9 ()./-]`.
+fn is_phone_byte(b: u8) -> bool {
+    b.is_ascii_digit() || matches!(b, b' ' | b'(' | b')' | b'.' | b'/' | b'-')
 }
 
 fn prev_char(text: &str, at: usize) -> Option<char> {
@@ -929,4 +983,174 @@ fn phone_shape(cand: &str) -> bool {
             && (10..=12).contains(&d);
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The previous scan (a combined regex of every pattern finds candidate starts; the scan
+    /// resumes after the word of a rejected start): the byte scan must find the same matches.
+    fn reference(p: &Pii, text: &str) -> Vec<(usize, usize, Kind)> {
+        let any = &*ANY;
+        let skip_word = |p: usize| {
+            let rest = &text[p..];
+            for (i, c) in rest.char_indices() {
+                if !is_word(c) {
+                    return p + i + c.len_utf8();
+                }
+            }
+            text.len()
+        };
+        let bytes = text.as_bytes();
+        let mut cands = Vec::new();
+        let mut cursor = 0;
+        while let Some(m) = any.find_at(text, cursor) {
+            let s = m.start();
+            let mut max_end = s;
+            if !prev_is(text, s, is_word) {
+                let first = bytes[s];
+                let rest = &text[s..];
+                for pat in &p.pats {
+                    if !pat.kind.may_start(first) || !reference_gate(pat.kind, rest.as_bytes()) {
+                        continue;
+                    }
+                    if let Some((a, e)) = pat
+                        .re
+                        .find(rest)
+                        .and_then(|mm| validate(pat.kind, text, s, s + mm.end()))
+                    {
+                        cands.push((a, e, pat.kind));
+                        max_end = max_end.max(e);
+                    }
+                }
+            }
+            cursor = if max_end > s { max_end } else { skip_word(s) };
+            if cursor >= text.len() {
+                break;
+            }
+        }
+        cands
+    }
+
+    /// The previous gates (looser than the current ones, which are exact prefixes of the
+    /// patterns).
+    fn reference_gate(k: Kind, r: &[u8]) -> bool {
+        let at = |i: usize| r.get(i).copied().unwrap_or(0);
+        let within = |n: usize, b: u8| r.iter().take(n).any(|x| *x == b);
+        match k {
+            Kind::Ssn => matches!(at(3), b'-' | b' '),
+            Kind::Ipv4 => within(4, b'.'),
+            Kind::Ipv6 => within(5, b':'),
+            Kind::Phone => true,
+            other => other.gate(r),
+        }
+    }
+
+    fn resolved(mut cands: Vec<(usize, usize, Kind)>) -> Vec<(usize, usize, PiiEntity)> {
+        cands.sort_by_key(|&(s, e, k)| (k as u8, s, usize::MAX - e));
+        let mut kept: Vec<(usize, usize, Kind)> = Vec::new();
+        for c in cands {
+            if kept.iter().all(|&(s, e, _)| c.1 <= s || c.0 >= e) {
+                kept.push(c);
+            }
+        }
+        kept.sort_by_key(|&(s, _, _)| s);
+        kept.into_iter()
+            .map(|(s, e, k)| (s, e, k.entity()))
+            .collect()
+    }
+
+    fn current(p: &Pii, text: &str) -> Vec<(usize, usize, PiiEntity)> {
+        let mut out = Vec::new();
+        p.scan_text(0, text, &mut out);
+        out.iter().map(|m| (m.start, m.end, m.entity)).collect()
+    }
+
+    /// Every entity, built once (regex compilation dominates the test otherwise).
+    static PII: std::sync::LazyLock<Pii> = std::sync::LazyLock::new(|| Pii::new(&PiiEntity::ALL));
+    static ANY: std::sync::LazyLock<Regex> = std::sync::LazyLock::new(|| {
+        let alts: Vec<String> = PII
+            .pats
+            .iter()
+            .map(|x| format!("(?:{})", x.kind.pattern()))
+            .collect();
+        Regex::new(&alts.join("|")).unwrap()
+    });
+
+    const PIECES: &[&str] = &[
+        "jane.doe@example.com",
+        "a@b.co",
+        "@",
+        "x@y",
+        "icon@2x.png",
+        "+44 20 7946 0958",
+        "(555) 123-4567",
+        "555-123-4567",
+        "020 7946 0958",
+        "4111 1111 1111 1111",
+        "4111111111111111",
+        "078-05-1120",
+        "SSN: 078051120",
+        "DE89370400440532013000",
+        "GB82 WEST 1234 5698 7654 32",
+        "192.168.1.20",
+        "10.0.0.1",
+        "1.2.3.4.5",
+        "2001:db8::8a2e:370:7334",
+        "10:30:45",
+        "::1",
+        "AKIAIOSFODNN7ABCDEFG",
+        "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+        "Bearer abcdef0123456789xyz",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig",
+        "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\n-----END PRIVATE KEY-----",
+        "order #1029384756",
+        "v1.27.3",
+        "2024-01-15T10:30:00Z",
+        "1532 ms",
+        " ",
+        "\n",
+        ", ",
+        ".",
+        "-",
+        "_",
+        "x",
+        "é",
+        "ü@",
+        "12",
+        "(",
+        ")",
+        "+",
+        ":",
+        "/",
+        "Order no ",
+        "version ",
+        "id ",
+        "sk-proj-abcdefghij0123456789",
+        "tel ",
+        "#",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn byte_scan_finds_what_the_regex_scan_found(
+            parts in proptest::collection::vec(0..PIECES.len(), 0..24)
+        ) {
+            let text: String = parts.iter().map(|i| PIECES[*i]).collect();
+            let p = &*PII;
+            prop_assert_eq!(current(p, &text), resolved(reference(p, &text)), "{:?}", text);
+        }
+
+        #[test]
+        fn byte_scan_matches_the_reference_on_any_text(text in "[ -~\n é€@]{0,120}") {
+            let p = &*PII;
+            prop_assert_eq!(current(p, &text), resolved(reference(p, &text)), "{:?}", text);
+        }
+    }
 }
