@@ -4,9 +4,12 @@
 //! compiles, keeping the last good one in force otherwise.
 
 pub mod accounting;
+pub mod bundle;
 pub mod config_dir;
 pub mod gateway;
 pub mod grpc;
+pub mod kube;
+pub mod listen;
 pub mod live;
 pub mod metrics;
 pub mod policy_store;

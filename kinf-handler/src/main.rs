@@ -28,9 +28,25 @@ enum Command {
 #[derive(Args, Debug)]
 struct ServeArgs {
     /// Directory (or file) of InferencePolicy, InferenceWorkerSet, InferenceProvider,
-    /// InferencePool and GatewayBackend resources.
+    /// InferencePool and GatewayBackend resources. Not with `--kubernetes` (relative
+    /// tokenizer paths then resolve against the working directory).
+    #[arg(long, required_unless_present = "kubernetes")]
+    config: Option<PathBuf>,
+    /// Read the resources from the Kubernetes API (in-cluster service account, or
+    /// `KUBECONFIG`): watch the five CRDs, Pods and referenced Secrets; write status when
+    /// holding the Lease. See docs/reference/kubernetes.md.
+    #[arg(long, conflicts_with = "config")]
+    kubernetes: bool,
+    /// Namespace watched in Kubernetes mode. Absent: every namespace (needs a ClusterRole).
     #[arg(long)]
-    config: PathBuf,
+    namespace: Option<String>,
+    /// Lease for status-writer election: `NAMESPACE/NAME` or `NAME` (in `--namespace`, else
+    /// `default`).
+    #[arg(long, default_value = "kinference-leader")]
+    lease: String,
+    /// This replica's identity in the Lease. Default: `$POD_NAME`, else the host name.
+    #[arg(long)]
+    identity: Option<String>,
     /// Client-facing address (`/v1/*`, `/healthz`, `/readyz`, `/metrics`). Port 0 picks one.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -63,12 +79,32 @@ struct ServeArgs {
     /// Log format.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+    /// Largest request head on the HTTP listeners: header names and values, 4 bytes more per
+    /// header (`64Ki`). Past it: 431.
+    #[arg(long, default_value = "64Ki", value_parser = parse_bytes)]
+    max_header_bytes: usize,
+    /// Most request headers on the HTTP listeners. Past it: 431.
+    #[arg(long, default_value_t = kinf_handler::listen::DEFAULT_MAX_HEADERS)]
+    max_headers: usize,
+    /// Deadline for a client to send its whole request head; the connection is closed after it.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    header_read_timeout: Duration,
+    /// Deadline for a client to send its whole request body. Past it: 408.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    body_read_timeout: Duration,
+    /// PEM certificate chain: every listener (HTTP, admin, gRPC) serves TLS. Needs `--tls-key`.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 impl ServeArgs {
     fn options(&self) -> ServeOptions {
         ServeOptions {
-            config: self.config.clone(),
+            config: self.config.clone().unwrap_or_else(|| PathBuf::from(".")),
+            kubernetes: self.kubernetes.then(|| self.kube_options()),
             listen: self.listen,
             admin_listen: self.admin_listen,
             grpc_listen: self.grpc_listen,
@@ -82,12 +118,50 @@ impl ServeArgs {
             },
             limiter_key_prefix: self.limiter_key_prefix.clone(),
             slo_file: self.slo_file.clone(),
+            http_limits: kinf_handler::listen::HttpLimits {
+                max_header_bytes: self.max_header_bytes,
+                max_headers: self.max_headers,
+                header_read_timeout: self.header_read_timeout,
+            },
+            body_read_timeout: self.body_read_timeout,
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some(kinf_handler::listen::TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }),
+                _ => None,
+            },
         }
+    }
+}
+
+impl ServeArgs {
+    fn kube_options(&self) -> kinf_handler::kube::KubeOptions {
+        let identity = self
+            .identity
+            .clone()
+            .or_else(|| std::env::var("POD_NAME").ok())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| format!("kinference-{}", std::process::id()));
+        let mut k = kinf_handler::kube::KubeOptions::new(self.namespace.clone(), identity);
+        match self.lease.split_once('/') {
+            Some((ns, name)) => {
+                k.lease_namespace = ns.to_owned();
+                k.lease_name = name.to_owned();
+            }
+            None => k.lease_name = self.lease.clone(),
+        }
+        k
     }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     kinf_grammar::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let n = kinf_grammar::parse_quantity(s).map_err(|e| e.to_string())?;
+    usize::try_from(n).map_err(|_| format!("`{s}` is not a byte count"))
 }
 
 fn init_logs(format: &str) {
@@ -106,6 +180,10 @@ fn init_logs(format: &str) {
 
 fn main() -> ExitCode {
     let Command::Serve(args) = Cli::parse().command;
+    if !args.kubernetes && (args.namespace.is_some() || args.identity.is_some()) {
+        eprintln!("error: `--namespace` and `--identity` need `--kubernetes`");
+        return ExitCode::from(2);
+    }
     init_logs(&args.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

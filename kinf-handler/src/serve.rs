@@ -35,6 +35,15 @@ pub struct ServeOptions {
     pub limiter_key_prefix: Option<String>,
     /// Service objectives to export attainment for.
     pub slo_file: Option<PathBuf>,
+    /// Kubernetes mode: resources come from the API server instead of `config` (which then
+    /// only anchors relative paths).
+    pub kubernetes: Option<crate::kube::KubeOptions>,
+    /// Connection-level limits of the HTTP listeners (header count and size, head deadline).
+    pub http_limits: crate::listen::HttpLimits,
+    /// Longest wait for a client's whole request body (408 past it).
+    pub body_read_timeout: Duration,
+    /// Certificate and key for TLS on every listener (HTTP, admin, gRPC); `None`: plain TCP.
+    pub tls: Option<crate::listen::TlsFiles>,
 }
 
 /// Called with each newly applied policy (starts and stops live-state ingestion).
@@ -55,12 +64,7 @@ pub fn reload(
             return last;
         }
     };
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for (_, f) in sources.iter() {
-        for b in f.name.bytes().chain([0]).chain(f.text.bytes()).chain([0]) {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    let h = crate::bundle::sources_hash(&sources);
     if last == Some(h) {
         return last;
     }
@@ -91,16 +95,34 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
         base_dir,
         upstream_timeout: opts.upstream_timeout,
         limit_store,
+        body_read_timeout: opts.body_read_timeout,
     });
     if let Some(path) = &opts.slo_file {
         let slos = crate::accounting::SloSet::from_file(path)
             .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
         gw.metrics.set_slos(slos);
     }
-    let mut last = reload(&gw, &opts.config, None, &on_applied);
-    if !gw.store.is_ready() {
+    let last = match &opts.kubernetes {
+        Some(k) => {
+            let client = crate::kube::client()
+                .await
+                .map_err(|e| std::io::Error::other(format!("Kubernetes client: {e}")))?;
+            crate::kube::Controller::new(client, k.clone()).start(gw.clone(), on_applied.clone());
+            None
+        }
+        None => reload(&gw, &opts.config, None, &on_applied),
+    };
+    if opts.kubernetes.is_none() && !gw.store.is_ready() {
         tracing::error!("no policy in force: /readyz answers 503 until the configuration compiles");
     }
+    let (http_tls, grpc_tls) = match &opts.tls {
+        Some(files) => (
+            Some(crate::listen::http_tls_config(files).map_err(std::io::Error::other)?),
+            Some(crate::grpc::tls::grpc_tls_config(files).map_err(std::io::Error::other)?),
+        ),
+        None => (None, None),
+    };
+    let limits = opts.http_limits;
     let listener = tokio::net::TcpListener::bind(opts.listen).await?;
     let local = listener.local_addr()?;
     let app;
@@ -110,8 +132,11 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             let addr = l.local_addr()?;
             let admin = gw.admin_router();
             app = gw.router();
+            let tls = http_tls.clone();
             tokio::spawn(async move {
-                if let Err(e) = axum::serve(l, admin).await {
+                if let Err(e) =
+                    crate::listen::serve_http(l, admin, limits, tls, std::future::pending()).await
+                {
                     tracing::error!(error = %e, "admin listener failed");
                 }
             });
@@ -127,8 +152,15 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             let l = tokio::net::TcpListener::bind(a).await?;
             let addr = l.local_addr()?;
             let gw = gw.clone();
+            let tls = grpc_tls.clone();
             tokio::spawn(async move {
-                if let Err(e) = crate::grpc::serve_grpc(gw, l).await {
+                let served = match tls {
+                    Some(tls) => {
+                        crate::grpc::tls::serve_grpc_tls(gw, l, tls, std::future::pending()).await
+                    }
+                    None => crate::grpc::serve_grpc(gw, l).await,
+                };
+                if let Err(e) = served {
                     tracing::error!(error = %e, "gRPC listener failed");
                 }
             });
@@ -143,31 +175,34 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             "listen": local.to_string(),
             "admin": admin_addr.to_string(),
             "grpc": grpc_addr,
+            "tls": opts.tls.is_some(),
         })
     );
     tracing::info!(%local, admin = %admin_addr, "kinference listening");
     let watcher = {
+        // Directory mode: the directory is a `ConfigSource` polled every `reload_interval`,
+        // applied by the same loop as Kubernetes mode's bundles.
+        let directory = opts.kubernetes.is_none();
+        let source = crate::bundle::DirSource {
+            dir: opts.config.clone(),
+            every: opts.reload_interval,
+            last,
+        };
+        let (tx, rx) = tokio::sync::watch::channel(None);
         let gw = gw.clone();
-        let dir = opts.config.clone();
-        let every = opts.reload_interval;
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let gw2 = gw.clone();
-                let dir2 = dir.clone();
-                let cb = on_applied.clone();
-                let prev = last;
-                last = tokio::task::spawn_blocking(move || reload(&gw2, &dir2, prev, &cb))
-                    .await
-                    .unwrap_or(prev);
+            if !directory {
+                return;
             }
+            let source: Box<dyn crate::bundle::ConfigSource> = Box::new(source);
+            tokio::join!(
+                source.run(tx),
+                crate::bundle::apply_loop(gw, rx, on_applied, None)
+            );
         })
     };
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
+    let result =
+        crate::listen::serve_http(listener, app, limits, http_tls, shutdown_signal()).await;
     watcher.abort();
     result
 }

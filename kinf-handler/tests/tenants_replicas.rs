@@ -90,6 +90,7 @@ async fn replica(
         base_dir: dir.to_path_buf(),
         upstream_timeout: Duration::from_secs(60),
         limit_store: kinf_handler::tenants::store_from_flags(url, fail, Some(prefix)).unwrap(),
+        ..Default::default()
     });
     reload(&gw, dir, None, &kinf_handler::live_hook());
     assert!(gw.store.is_ready(), "{:?}", gw.store.last_rejected());

@@ -217,7 +217,7 @@ pub enum FailureMode {
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RequestLimits {
-    /// Largest request body (`16Mi`). Default `16Mi`.
+    /// Largest request body (`16Mi`). Default `32Mi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_body_bytes: Option<crate::common::Quantity>,
     /// Most messages in one chat request. Default 4096.
@@ -228,4 +228,13 @@ pub struct RequestLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_prompt_tokens: Option<u64>,
+    /// Deepest nesting of arrays and objects in the JSON body. Default 64; at most 128.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 128))]
+    pub max_json_depth: Option<u32>,
+    /// Most streamed responses one tenant may have in flight at once (429 past it). Default
+    /// 1024; requests without an identified tenant are not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_concurrent_streams_per_tenant: Option<u32>,
 }

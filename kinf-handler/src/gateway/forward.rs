@@ -19,7 +19,7 @@ use kinf_router::{Decider, Decision, Outcome};
 use smallvec::SmallVec;
 
 use super::errors::{Api, ApiError};
-use super::parse::{DEFAULT_MAX_TOKENS, Parsed, Prompt, parse};
+use super::parse::{DEFAULT_MAX_TOKENS, Parsed, Prompt};
 use super::sse_tap::{SseTap, body_usage};
 use super::tokens::prompt_tokens;
 use super::{Gateway, host, not_ready};
@@ -83,6 +83,60 @@ pub struct Chosen {
     uncached_tokens: f64,
     queued: f64,
     running: f64,
+    /// Counts the request in flight at its endpoint until the last clone is dropped.
+    inflight: Option<Arc<InFlightTicket>>,
+}
+
+/// A request counted in flight at a local endpoint ([`ClusterState::begin_request`]): its
+/// prefill is released at the first token ([`InFlightTicket::first_token`]) and the request
+/// when the ticket is dropped, however the request ended (completed, failed, retried
+/// elsewhere, or abandoned by the client).
+///
+/// [`ClusterState::begin_request`]: kinf_router::ClusterState::begin_request
+#[derive(Debug)]
+pub struct InFlightTicket {
+    state: Arc<crate::live::SharedState>,
+    namespace: Arc<str>,
+    worker_set: Arc<str>,
+    endpoint: Arc<str>,
+    uncached_tokens: u32,
+    first_token_seen: std::sync::atomic::AtomicBool,
+}
+
+impl InFlightTicket {
+    /// The first token arrived: the request's prefill is done.
+    pub fn first_token(&self) {
+        if !self
+            .first_token_seen
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            self.state.with(|st| {
+                st.first_token(
+                    &self.namespace,
+                    &self.worker_set,
+                    &self.endpoint,
+                    self.uncached_tokens,
+                )
+            });
+        }
+    }
+}
+
+impl Drop for InFlightTicket {
+    fn drop(&mut self) {
+        let pending = !self
+            .first_token_seen
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.state.with(|st| {
+            st.end_request(
+                &self.namespace,
+                &self.worker_set,
+                &self.endpoint,
+                self.uncached_tokens,
+                pending,
+            )
+        });
+    }
 }
 
 /// What was observed of one response, for learning and accounting.
@@ -379,17 +433,19 @@ pub fn intake(
             ));
         }
     };
-    let parsed = parse(api, bytes)?;
+    let parsed = super::parse::parse_limited(api, bytes, door.max_json_depth)?;
     if let Some(max) = door.max_messages
         && parsed.message_count() > max as usize
     {
-        return Err(ApiError::invalid(
+        let mut e = ApiError::invalid(
             "messages",
             format!(
-                "the request has {} messages; the limit is {max}",
+                "the request has {} messages; the limit is {max} (limits.maxMessages)",
                 parsed.message_count()
             ),
-        ));
+        );
+        e.code = "too_many_messages";
+        return Err(e);
     }
     Ok(Intake { parsed, tenant })
 }
@@ -507,6 +563,73 @@ fn too_large(limit: usize) -> ApiError {
     e
 }
 
+/// The 408 for a body not received within `limit`; the connection is closed (the rest of the
+/// body is not read).
+fn body_timeout(limit: std::time::Duration) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "request_timeout",
+        format!(
+            "the request body was not received within {} (--body-read-timeout)",
+            kinf_grammar::format_duration(limit)
+        ),
+    );
+    e.param = Some("body".into());
+    e.extra = Some(Box::new(super::errors::ErrorExtra {
+        headers: vec![("connection", "close".into())],
+        openai_type: None,
+    }));
+    e
+}
+
+/// The 429 for a tenant at its limit of concurrent streams.
+fn too_many_streams(tenant: &str, max: u32) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_streams",
+        format!(
+            "tenant `{tenant}` has {max} streamed responses in flight; the limit is {max} (limits.maxConcurrentStreamsPerTenant)"
+        ),
+    );
+    e.param = Some("stream".into());
+    e.retry_after_s = Some(1);
+    e
+}
+
+/// A response body that holds a stream slot until it is dropped.
+struct Held {
+    body: Body,
+    _slot: super::streams::StreamSlot,
+}
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// `resp` with its body holding `slot` (when there is one).
+fn hold(resp: Response, slot: Option<super::streams::StreamSlot>) -> Response {
+    match slot {
+        None => resp,
+        Some(slot) => resp.map(|body| Body::new(Held { body, _slot: slot })),
+    }
+}
+
 /// Decides an admitted request: the chosen local endpoint, or the error to send (policy
 /// rejections, unknown models, provider routes this build cannot serve).
 pub fn plan(gw: &Gateway, a: &Admitted) -> Result<Chosen, ApiError> {
@@ -584,14 +707,33 @@ async fn admit_and_forward(
     let Some(rt) = gw.runtime() else {
         return Ok(not_ready(api));
     };
-    let limit = rt.door(host(headers)).max_body_bytes;
-    let bytes = axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large(limit))?;
+    let door = rt.door(host(headers));
+    let limit = door.max_body_bytes;
+    let bytes = match tokio::time::timeout(
+        gw.options.body_read_timeout,
+        axum::body::to_bytes(body, limit),
+    )
+    .await
+    {
+        Ok(r) => r.map_err(|_| too_large(limit))?,
+        Err(_) => return Err(body_timeout(gw.options.body_read_timeout)),
+    };
     // Tokenizing a long prompt takes milliseconds: `admit_async` keeps it off the async
     // workers.
     let mut admitted = admit_async(gw, &rt, api, headers, bytes).await?;
     who.admitted(&admitted.request);
+    // Held by the response body: given back when the body is dropped (stream over, client
+    // gone, upstream failed) or when this function returns an error.
+    let stream_slot = match (&admitted.request.tenant, admitted.parsed.stream) {
+        (Some(t), true) => {
+            let max = rt.door(host(headers)).max_streams_per_tenant;
+            match gw.streams.try_acquire(t, max) {
+                Some(slot) => Some(slot),
+                None => return Err(too_many_streams(t, max)),
+            }
+        }
+        _ => None,
+    };
     let mut reservation = None;
     if let Some(l) = admitted.limiter.clone() {
         let mut skipped: SmallVec<[Arc<str>; 2]> = SmallVec::new();
@@ -649,13 +791,9 @@ async fn admit_and_forward(
                 .await
             {
                 Ok(resp) => {
-                    return Ok(respond_provider(
-                        gw,
-                        api,
-                        chosen,
-                        resp,
-                        started,
-                        reservation.take(),
+                    return Ok(hold(
+                        respond_provider(gw, api, chosen, resp, started, reservation.take()),
+                        stream_slot,
                     ));
                 }
                 Err(e) if e.fall_through && failed_providers.len() < 4 => {
@@ -670,14 +808,17 @@ async fn admit_and_forward(
         let body = upstream_body(&admitted, &chosen);
         match send(gw, api, headers, &chosen, body).await {
             Ok(upstream) => {
-                return Ok(respond(
-                    gw,
-                    api,
-                    chosen,
-                    upstream,
-                    admitted.inject_usage,
-                    started,
-                    reservation.take(),
+                return Ok(hold(
+                    respond(
+                        gw,
+                        api,
+                        chosen,
+                        upstream,
+                        admitted.inject_usage,
+                        started,
+                        reservation.take(),
+                    ),
+                    stream_slot,
                 ));
             }
             Err(SendError::Connect(e)) if !retried => {
@@ -790,14 +931,25 @@ fn decide(
         let d = Decider::decide(policy, req, st);
         let chosen = d.route().map(|r| {
             let local = r.backend_type == BackendType::Local;
-            let load = if local {
+            let prediction = r.prediction.unwrap_or_default();
+            let inflight = if local {
                 st.record_routed(&r.namespace, &r.destination, &r.endpoint, token_ids, now);
-                st.worker_set(&r.namespace, &r.destination)
-                    .and_then(|ws| ws.endpoints.iter().find(|e| e.address == r.endpoint))
-                    .map(|e| e.load.average(kinf_lang::check::DEFAULT_WINDOW, now))
-                    .unwrap_or_default()
+                st.begin_request(
+                    &r.namespace,
+                    &r.destination,
+                    &r.endpoint,
+                    prediction.uncached_tokens,
+                );
+                Some(Arc::new(InFlightTicket {
+                    state: gw.state.clone(),
+                    namespace: r.namespace.clone(),
+                    worker_set: r.destination.clone(),
+                    endpoint: r.endpoint.clone(),
+                    uncached_tokens: prediction.uncached_tokens,
+                    first_token_seen: std::sync::atomic::AtomicBool::new(false),
+                }))
             } else {
-                kinf_router::state::Load::default()
+                None
             };
             Chosen {
                 endpoint: r.endpoint.clone(),
@@ -820,9 +972,10 @@ fn decide(
                 provider: (!local).then(|| Arc::from(format!("{}/{}", r.namespace, r.destination))),
                 local,
                 prompt_tokens: req.prompt_tokens,
-                uncached_tokens: f64::from(req.prompt_tokens.saturating_sub(r.cached_tokens)),
-                queued: load.queued_prompts,
-                running: load.running_prompts,
+                uncached_tokens: prediction.prefill_tokens(),
+                queued: prediction.queued,
+                running: prediction.running,
+                inflight,
             }
         });
         (d, chosen)
@@ -967,6 +1120,19 @@ struct Finisher {
     tap: SseTap,
 }
 
+impl Finisher {
+    /// Tells the in-flight count that the first token arrived (once).
+    fn first_token(&self) {
+        if let Some(t) = self
+            .report
+            .as_ref()
+            .and_then(|r| r.chosen.inflight.as_ref())
+        {
+            t.first_token();
+        }
+    }
+}
+
 impl Drop for Finisher {
     fn drop(&mut self) {
         if let Some(r) = self.report.take() {
@@ -995,6 +1161,9 @@ fn tap_stream(
             match frames.next().await {
                 Some(Ok(chunk)) => {
                     let out = fin.tap.feed(&chunk, Instant::now());
+                    if fin.tap.observed.first_token_at.is_some() {
+                        fin.first_token();
+                    }
                     if !out.is_empty() {
                         return Some((Ok(out), Some((frames, fin))));
                     }

@@ -12,6 +12,7 @@ pub mod forward;
 pub mod parse;
 pub mod runtime;
 pub mod sse_tap;
+pub mod streams;
 pub mod tokens;
 
 use std::path::PathBuf;
@@ -51,6 +52,8 @@ pub struct GatewayOptions {
     pub upstream_timeout: Duration,
     /// Where token-rate-limit budgets live (in memory, or Redis shared by replicas).
     pub limit_store: Arc<dyn crate::tenants::LimitStore>,
+    /// Longest wait for a client's whole request body (408 past it).
+    pub body_read_timeout: Duration,
 }
 
 impl std::fmt::Debug for GatewayOptions {
@@ -68,12 +71,18 @@ impl Default for GatewayOptions {
             base_dir: PathBuf::from("."),
             upstream_timeout: Duration::from_secs(600),
             limit_store: Arc::new(crate::tenants::MemoryStore::new()),
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
         }
     }
 }
 
+/// Default longest wait for a client's whole request body.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Everything a request handler needs.
 pub struct Gateway {
+    /// Streamed responses in flight per tenant (`limits.maxConcurrentStreamsPerTenant`).
+    pub streams: Arc<streams::StreamCounter>,
     /// The policy store (the last good policy and the last refusal).
     pub store: PolicyStore,
     runtime: ArcSwapOption<Runtime>,
@@ -95,7 +104,7 @@ pub const PROVIDER_PROBE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Provider credentials in standalone mode: environment variables, and files with relative
 /// paths resolved against the configuration directory.
-struct DirCredentials(PathBuf);
+struct DirCredentials(PathBuf, Option<Arc<crate::bundle::SecretValues>>);
 
 impl crate::providers::credentials::CredentialSource for DirCredentials {
     fn resolve(
@@ -111,6 +120,17 @@ impl crate::providers::credentials::CredentialSource for DirCredentials {
                     kinf_lang::compiled::CredentialRef::File(full.to_string_lossy().into());
                 crate::providers::credentials::StandaloneCredentials.resolve(namespace, &resolved)
             }
+            kinf_lang::compiled::CredentialRef::Secret { name, key } if self.1.is_some() => self
+                .1
+                .as_ref()
+                .and_then(|s| s.get(&(namespace.to_owned(), name.to_string())))
+                .and_then(|d| d.get(&**key))
+                .cloned()
+                .ok_or_else(|| {
+                    crate::providers::credentials::CredentialError::SecretMissing(format!(
+                        "{namespace}/{name}/{key}"
+                    ))
+                }),
             other => crate::providers::credentials::StandaloneCredentials.resolve(namespace, other),
         }
     }
@@ -126,6 +146,7 @@ impl Gateway {
     /// A gateway with no policy yet.
     pub fn new(options: GatewayOptions) -> Arc<Self> {
         Arc::new(Gateway {
+            streams: streams::StreamCounter::new(),
             store: PolicyStore::new(),
             runtime: ArcSwapOption::empty(),
             tokenizers: parking_lot::Mutex::new(TokenizerCache::default()),
@@ -154,7 +175,25 @@ impl Gateway {
     /// for the new policy (keeping what was learned about unchanged endpoints); on failure the
     /// last good policy stays in force and the refusal is recorded.
     pub fn apply(&self, sources: &kinf_lang::Sources) -> ApplyOutcome {
-        let outcome = self.store.apply(sources);
+        self.apply_resolved(sources, &crate::bundle::Resolved::default())
+            .0
+    }
+
+    /// Applies a bundle from a [`crate::bundle::ConfigSource`] (see [`Gateway::apply`]); also
+    /// returns the compilation's diagnostics.
+    pub fn apply_bundle(
+        &self,
+        bundle: &crate::bundle::ConfigBundle,
+    ) -> (ApplyOutcome, Vec<kinf_lang::Diagnostic>) {
+        self.apply_resolved(&bundle.sources, &bundle.resolved)
+    }
+
+    fn apply_resolved(
+        &self,
+        sources: &kinf_lang::Sources,
+        resolved: &crate::bundle::Resolved,
+    ) -> (ApplyOutcome, Vec<kinf_lang::Diagnostic>) {
+        let (outcome, diagnostics) = self.store.apply_resolved(sources, resolved);
         let result = match &outcome {
             ApplyOutcome::Applied { .. } => "applied",
             ApplyOutcome::Unchanged => "unchanged",
@@ -164,11 +203,12 @@ impl Gateway {
         match &outcome {
             ApplyOutcome::Applied { generation } => {
                 if let Some(applied) = self.store.current() {
-                    let rt = Runtime::build(
+                    let rt = Runtime::build_with_secrets(
                         applied.clone(),
                         &self.options.base_dir,
                         &mut self.tokenizers.lock(),
                         &self.options.limit_store,
+                        &resolved.secrets,
                     );
                     for p in &rt.problems {
                         tracing::warn!(problem = %p, "policy runtime");
@@ -182,7 +222,10 @@ impl Gateway {
                     let previous = self.providers.load_full();
                     let pool = Arc::new(crate::providers::ProviderPool::from_policy(
                         &applied.policy,
-                        &DirCredentials(self.options.base_dir.clone()),
+                        &DirCredentials(
+                            self.options.base_dir.clone(),
+                            resolved.kubernetes.then(|| resolved.secrets.clone()),
+                        ),
                         &crate::providers::PoolOptions::default(),
                         Some(&previous),
                     ));
@@ -214,10 +257,10 @@ impl Gateway {
                 self.metrics.set_policy_refused(true);
             }
         }
-        outcome
+        (outcome, diagnostics)
     }
 
-    /// The client-facing routes (`/v1/*`, `/healthz`, `/readyz`, `/metrics`).
+    /// The client-facing routes (`/v1/*`, `/healthz`, `/readyz`).
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat))
@@ -226,15 +269,17 @@ impl Gateway {
             .route("/v1/models", get(models))
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
-            .route("/metrics", get(metrics))
             .with_state(self.clone())
     }
 
-    /// The client-facing routes plus `/admin/status` (when no separate admin listener is used).
+    /// The client-facing routes plus `/admin/status` and `/metrics` (when no separate admin
+    /// listener is used). With an admin listener, `/metrics` (which carries every tenant's
+    /// usage and cost) is served there only, so that clients cannot read other tenants' usage.
     pub fn router_with_admin(self: &Arc<Self>) -> Router {
         self.router().merge(
             Router::new()
                 .route("/admin/status", get(admin_status))
+                .route("/metrics", get(metrics))
                 .with_state(self.clone()),
         )
     }

@@ -114,6 +114,68 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<Parsed, ApiError> {
     })
 }
 
+/// Checks, without parsing, that `bytes` nests arrays and objects at most `max` levels deep
+/// (`limits.maxJsonDepth`): a 400 `json_too_deep` naming the top-level member where the limit
+/// was passed (`body` when there is none). Linear in the body size, no allocation; strings
+/// (escapes included) are skipped, so brackets inside them do not count.
+pub fn check_json_depth(bytes: &[u8], max: usize) -> Result<(), ApiError> {
+    let mut depth = 0usize;
+    let mut in_str = false;
+    let mut escaped = false;
+    let mut str_start = 0;
+    // The last string closed at depth 1, and the top-level member it named (a `:` followed).
+    let mut last_d1: Option<(usize, usize)> = None;
+    let mut member: Option<(usize, usize)> = None;
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_str {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_str = false;
+                if depth == 1 {
+                    last_d1 = Some((str_start, i));
+                }
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_str = true;
+                str_start = i + 1;
+            }
+            b':' if depth == 1 => member = last_d1,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    let field = member
+                        .and_then(|(a, z)| std::str::from_utf8(&bytes[a..z]).ok())
+                        .filter(|k| k.len() <= 64 && !k.contains('\\'))
+                        .unwrap_or("body");
+                    let mut e = ApiError::invalid(
+                        field,
+                        format!(
+                            "the body nests arrays and objects more than {max} levels deep (in `{field}`); the limit is {max} (limits.maxJsonDepth)"
+                        ),
+                    );
+                    e.code = "json_too_deep";
+                    return Err(e);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// [`parse`] after [`check_json_depth`] with `max_depth`.
+pub fn parse_limited(api: Api, bytes: &[u8], max_depth: usize) -> Result<Parsed, ApiError> {
+    check_json_depth(bytes, max_depth)?;
+    parse(api, bytes)
+}
+
 fn max_tokens(body: &Map<String, Value>, api: Api) -> Result<Option<u32>, ApiError> {
     for field in ["max_completion_tokens", "max_tokens"] {
         match body.get(field) {
@@ -332,6 +394,37 @@ mod tests {
                 .param
                 .as_deref(),
             Some("prompt")
+        );
+    }
+
+    #[test]
+    fn json_depth_is_limited_and_names_the_member() {
+        let deep = |n: usize| {
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"[[{{"}}],"x":{}1{}}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        // 1 (body) + n arrays: within 64 when n = 63, over it when n = 64.
+        assert!(check_json_depth(deep(63).as_bytes(), 64).is_ok());
+        let e = match check_json_depth(deep(64).as_bytes(), 64) {
+            Err(e) => e,
+            Ok(()) => panic!("65 levels passed a limit of 64"),
+        };
+        assert_eq!(e.code, "json_too_deep");
+        assert_eq!(e.param.as_deref(), Some("x"));
+        assert!(e.message.contains("64"), "{}", e.message);
+        // Brackets in strings (escaped quotes included) do not count.
+        let s = format!(r#"{{"model":"m\"{}","x":1}}"#, "[".repeat(500));
+        assert!(check_json_depth(s.as_bytes(), 2).is_ok());
+        // A top-level array names the body.
+        let e = check_json_depth(b"[[[[1]]]]", 3).err();
+        assert_eq!(e.and_then(|e| e.param).as_deref(), Some("body"));
+        // serde_json's own limit is never reached first with the default.
+        assert!(
+            parse_limited(Api::Chat, deep(200).as_bytes(), 64)
+                .is_err_and(|e| e.code == "json_too_deep")
         );
     }
 

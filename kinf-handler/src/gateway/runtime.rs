@@ -15,6 +15,14 @@ use crate::policy_store::Applied;
 
 /// Default request body limit when no `GatewayBackend` sets `limits.maxBodyBytes`.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+/// Default most messages per request when no `GatewayBackend` sets `limits.maxMessages`.
+pub const DEFAULT_MAX_MESSAGES: u32 = 4096;
+/// Default deepest JSON nesting when no `GatewayBackend` sets `limits.maxJsonDepth`.
+pub const DEFAULT_MAX_JSON_DEPTH: usize = 64;
+/// Deepest JSON nesting the parser accepts at all (serde_json's recursion limit).
+pub const MAX_JSON_DEPTH: usize = 128;
+/// Default most concurrent streams per tenant (`limits.maxConcurrentStreamsPerTenant`).
+pub const DEFAULT_MAX_STREAMS_PER_TENANT: u32 = 1024;
 
 /// One front door's settings, from a `GatewayBackend`.
 #[derive(Debug)]
@@ -33,6 +41,10 @@ pub struct FrontDoor {
     pub max_body_bytes: usize,
     /// Most messages per request.
     pub max_messages: Option<u32>,
+    /// Deepest nesting of arrays and objects in a request body.
+    pub max_json_depth: usize,
+    /// Most streamed responses in flight per identified tenant.
+    pub max_streams_per_tenant: u32,
     /// Most prompt tokens per request.
     pub max_prompt_tokens: Option<u64>,
     /// How tenants are identified; `Err`: the identity configuration could not be loaded
@@ -106,6 +118,24 @@ impl Runtime {
         cache: &mut TokenizerCache,
         limit_store: &Arc<dyn crate::tenants::LimitStore>,
     ) -> Self {
+        Self::build_with_secrets(
+            applied,
+            base_dir,
+            cache,
+            limit_store,
+            &crate::bundle::SecretValues::new(),
+        )
+    }
+
+    /// Like [`Runtime::build`]; `tenants.apiKeys.secretRef` is read from `secrets` (Kubernetes
+    /// mode: every key of the Secret is a tenant, its value the plain or hashed API key).
+    pub fn build_with_secrets(
+        applied: Arc<Applied>,
+        base_dir: &Path,
+        cache: &mut TokenizerCache,
+        limit_store: &Arc<dyn crate::tenants::LimitStore>,
+        secrets: &crate::bundle::SecretValues,
+    ) -> Self {
         let policy: &CompiledPolicy = &applied.policy;
         let mut problems = Vec::new();
         let mut tokenizers = AHashMap::new();
@@ -138,14 +168,26 @@ impl Runtime {
             .map(|g| {
                 let limits = g.spec.limits.as_ref();
                 let tenants = match &g.spec.tenants {
-                    Some(t) => {
-                        crate::tenants::TenantResolver::from_spec(t, base_dir).map_err(|e| {
-                            format!(
-                                "GatewayBackend {}/{}: tenant identity: {e}",
-                                g.namespace, g.name
-                            )
-                        })
-                    }
+                    Some(t) => (match t.api_keys.as_ref().and_then(|k| k.secret_ref.as_ref()) {
+                        Some(r) => secrets
+                            .get(&(g.namespace.to_string(), r.name.clone()))
+                            .ok_or_else(|| format!("Secret `{}/{}` not found", g.namespace, r.name))
+                            .and_then(|data| {
+                                crate::tenants::TenantResolver::from_spec_with_keys(
+                                    t,
+                                    data.iter()
+                                        .map(|(k, v)| (k.clone(), v.expose().to_owned()))
+                                        .collect(),
+                                )
+                            }),
+                        None => crate::tenants::TenantResolver::from_spec(t, base_dir),
+                    })
+                    .map_err(|e| {
+                        format!(
+                            "GatewayBackend {}/{}: tenant identity: {e}",
+                            g.namespace, g.name
+                        )
+                    }),
                     None => anonymous_tenants(),
                 };
                 if let Err(e) = &tenants {
@@ -181,7 +223,18 @@ impl Runtime {
                         .and_then(|l| l.max_body_bytes.as_ref())
                         .and_then(quantity_bytes)
                         .unwrap_or(DEFAULT_MAX_BODY_BYTES),
-                    max_messages: limits.and_then(|l| l.max_messages),
+                    max_messages: Some(
+                        limits
+                            .and_then(|l| l.max_messages)
+                            .unwrap_or(DEFAULT_MAX_MESSAGES),
+                    ),
+                    max_json_depth: limits
+                        .and_then(|l| l.max_json_depth)
+                        .map_or(DEFAULT_MAX_JSON_DEPTH, |d| d as usize)
+                        .clamp(1, MAX_JSON_DEPTH),
+                    max_streams_per_tenant: limits
+                        .and_then(|l| l.max_concurrent_streams_per_tenant)
+                        .unwrap_or(DEFAULT_MAX_STREAMS_PER_TENANT),
                     max_prompt_tokens: limits.and_then(|l| l.max_prompt_tokens),
                     gateway: Some(Arc::from(format!("{}/{}", g.namespace, g.name))),
                     hosts: g.spec.hosts.clone(),
@@ -203,7 +256,9 @@ impl Runtime {
                 classifiers: Classifiers::default(),
                 external: Vec::new(),
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-                max_messages: None,
+                max_messages: Some(DEFAULT_MAX_MESSAGES),
+                max_json_depth: DEFAULT_MAX_JSON_DEPTH,
+                max_streams_per_tenant: DEFAULT_MAX_STREAMS_PER_TENANT,
                 max_prompt_tokens: None,
             });
         }

@@ -12,6 +12,7 @@
 pub mod ext_proc;
 pub mod handler;
 pub mod pending;
+pub mod tls;
 
 use std::sync::Arc;
 

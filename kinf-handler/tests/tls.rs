@@ -1,0 +1,288 @@
+//! TLS on every listener: `kinference serve --tls-cert --tls-key` with a certificate made at
+//! test time; HTTPS (HTTP/1.1 and HTTP/2 by ALPN) on the client-facing and admin listeners,
+//! gRPC over TLS, and plaintext refused on each.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use kinf_handler::grpc::handler_v1::handler_client::HandlerClient;
+use kinf_handler::grpc::handler_v1::{DecideRequest, Header};
+use serde_json::{Value, json};
+use support::{free_port, temp_dir};
+
+/// Kills the server when the test ends, however it ends.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn write_config(dir: &Path) {
+    // The worker is a closed local port: decisions only, no traffic.
+    let worker = format!("127.0.0.1:{}", free_port());
+    std::fs::write(
+        dir.join("bundle.yaml"),
+        format!(
+            r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: tiny, namespace: t }}
+spec:
+  endpoints: ["{worker}"]
+  models: [ {{ name: tiny-llama }} ]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: t }}
+spec:
+  destinations: [ {{ kind: InferenceWorkerSet, name: tiny }} ]
+"#
+        ),
+    )
+    .unwrap();
+}
+
+/// A self-signed certificate for `localhost` and 127.0.0.1 (PEM files in `dir`) and a client
+/// configuration that trusts it, offering `alpn`.
+fn make_cert(dir: &Path) -> rustls::pki_types::CertificateDer<'static> {
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    std::fs::write(dir.join("cert.pem"), ck.cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), ck.signing_key.serialize_pem()).unwrap();
+    ck.cert.der().clone()
+}
+
+fn client_config(
+    cert: &rustls::pki_types::CertificateDer<'static>,
+    alpn: &[&[u8]],
+) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.clone()).unwrap();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    cfg
+}
+
+fn start(dir: &Path) -> (Server, Value) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kinference"))
+        .args(["serve", "--config"])
+        .arg(dir)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+        ])
+        .arg(dir.join("cert.pem"))
+        .arg("--tls-key")
+        .arg(dir.join("key.pem"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let ports: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    (Server(child), ports)
+}
+
+fn port(v: &Value) -> u16 {
+    v.as_str().unwrap().parse::<SocketAddr>().unwrap().port()
+}
+
+async fn https_get(
+    mut cfg: rustls::ClientConfig,
+    http2: bool,
+    url: &str,
+) -> Result<(u16, http::Version, Bytes), String> {
+    // The connector offers ALPN itself (`http/1.1` or `h2`).
+    cfg.alpn_protocols.clear();
+    let b = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(cfg)
+        .https_only();
+    let connector = if http2 {
+        b.enable_http2().build()
+    } else {
+        b.enable_http1().build()
+    };
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(http2)
+        .build(connector);
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.get(url.parse().unwrap()))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let (status, version) = (resp.status().as_u16(), resp.version());
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Ok((status, version, body))
+}
+
+async fn plain_get(url: &str) -> Result<u16, String> {
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    match tokio::time::timeout(Duration::from_secs(5), client.get(url.parse().unwrap())).await {
+        Ok(Ok(r)) => Ok(r.status().as_u16()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".into()),
+    }
+}
+
+fn decide_request() -> DecideRequest {
+    DecideRequest {
+        path: "/v1/chat/completions".into(),
+        headers: vec![Header {
+            name: "content-type".into(),
+            value: "application/json".into(),
+        }],
+        body: serde_json::to_vec(&json!({
+            "model": "tiny-llama",
+            "messages": [{"role": "user", "content": "hello"}],
+        }))
+        .unwrap(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_listener_serves_tls_and_refuses_plaintext() {
+    let dir = temp_dir("tls");
+    write_config(&dir);
+    let cert = make_cert(&dir);
+    let (_server, ports) = start(&dir);
+    assert_eq!(ports["tls"], true, "{ports}");
+    let (main, admin, grpc) = (
+        port(&ports["listen"]),
+        port(&ports["admin"]),
+        port(&ports["grpc"]),
+    );
+
+    // Client-facing listener: HTTPS over HTTP/1.1 and HTTP/2 (ALPN).
+    let h1 = client_config(&cert, &[b"http/1.1"]);
+    let (s, v, body) = https_get(
+        h1.clone(),
+        false,
+        &format!("https://localhost:{main}/healthz"),
+    )
+    .await
+    .unwrap();
+    assert_eq!((s, v, &body[..]), (200, http::Version::HTTP_11, &b"ok"[..]));
+    let h2 = client_config(&cert, &[b"h2"]);
+    let (s, v, body) = https_get(h2, true, &format!("https://localhost:{main}/v1/models"))
+        .await
+        .unwrap();
+    assert_eq!((s, v), (200, http::Version::HTTP_2));
+    let models: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny-llama");
+    // Admin listener.
+    let (s, _, body) = https_get(
+        h1.clone(),
+        false,
+        &format!("https://localhost:{admin}/admin/status"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 200);
+    assert!(serde_json::from_slice::<Value>(&body).unwrap()["policy"]["generation"].is_u64());
+    // A client that does not trust the certificate is refused.
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let untrusting = client_config(other.cert.der(), &[b"http/1.1"]);
+    assert!(
+        https_get(
+            untrusting,
+            false,
+            &format!("https://localhost:{main}/healthz")
+        )
+        .await
+        .is_err()
+    );
+    // Plaintext HTTP gets no answer on either listener.
+    for p in [main, admin] {
+        let r = plain_get(&format!("http://127.0.0.1:{p}/healthz")).await;
+        assert!(r.is_err(), "plaintext on a TLS listener: {r:?}");
+    }
+
+    // gRPC over TLS (ALPN h2).
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(client_config(&cert, &[b"h2"])));
+    let addr: SocketAddr = format!("127.0.0.1:{grpc}").parse().unwrap();
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_uri: http::Uri| {
+            let tls = tls.clone();
+            async move {
+                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                let s = tls.connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(s))
+            }
+        }))
+        .await
+        .unwrap();
+    let r = HandlerClient::new(channel)
+        .decide(decide_request())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.outcome.is_some(), "{r:?}");
+    // Plaintext gRPC on the TLS listener fails.
+    let plain = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut c = HandlerClient::connect(format!("http://127.0.0.1:{grpc}")).await?;
+        c.decide(decide_request())
+            .await
+            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+    })
+    .await;
+    assert!(
+        !matches!(plain, Ok(Ok(_))),
+        "plaintext gRPC on a TLS listener"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_certificate_file_stops_the_server_with_a_message() {
+    let dir = temp_dir("tls-bad");
+    write_config(&dir);
+    std::fs::write(dir.join("cert.pem"), "not a certificate").unwrap();
+    std::fs::write(dir.join("key.pem"), "not a key").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kinference"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&dir)
+        .arg("--tls-cert")
+        .arg(dir.join("cert.pem"))
+        .arg("--tls-key")
+        .arg(dir.join("key.pem"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TLS certificate"), "{err}");
+    // `--tls-cert` alone is a usage error.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kinference"))
+        .args(["serve", "--config"])
+        .arg(&dir)
+        .arg("--tls-cert")
+        .arg(dir.join("cert.pem"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-key"));
+}
