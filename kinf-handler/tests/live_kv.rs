@@ -62,10 +62,12 @@ fn state(address: &str) -> Arc<SharedState> {
                 ttft: TtftModel::from_prior(5000.0, 0.02),
                 index_id: EndpointId(0),
                 assumed_cached_tokens: None,
+                inflight: Default::default(),
             }],
             prefix: PrefixTracking::Exact(PrefixIndex::new(32)),
             block_size: 32,
             block_size_configured: true,
+            ttft: TtftModel::from_prior(5000.0, 0.02),
         },
     );
     SharedState::new(st)

@@ -67,11 +67,13 @@ fn state(addresses: &[&str]) -> Arc<SharedState> {
                     ttft: TtftModel::from_prior(5000.0, 0.02),
                     index_id: EndpointId(i as u32),
                     assumed_cached_tokens: None,
+                    inflight: Default::default(),
                 })
                 .collect(),
             prefix: PrefixTracking::Approximate(ApproxIndex::new(1024, 600_000)),
             block_size: 32,
             block_size_configured: true,
+            ttft: TtftModel::from_prior(5000.0, 0.02),
         },
     );
     SharedState::new(st)

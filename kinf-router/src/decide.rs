@@ -14,6 +14,7 @@ use kinf_lang::env;
 use kinf_policy::{BackendType, Measure, OnEmpty};
 use smallvec::SmallVec;
 
+use crate::decision::PredictionInputs;
 use crate::decision::*;
 use crate::predictor::TtftParts;
 use crate::prefix_index::{EndpointId, block_hashes};
@@ -23,6 +24,23 @@ use crate::state::{ClusterState, EndpointState, Load};
 /// The decision engine. Stateless: everything lives in the policy and the state.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Decider;
+
+/// The inputs of an endpoint's TTFT prediction for a request with `uncached` tokens to
+/// prefill: the newest scraped sample (not a window average: the queue changes faster than any
+/// window) combined with what this gateway knows is in flight there.
+fn prediction_inputs(ep: &EndpointState, uncached: u32) -> PredictionInputs {
+    let (queued, running) = ep
+        .load
+        .latest()
+        .map_or((0.0, 0.0), |s| (s.queued, s.running));
+    let mine = f64::from(ep.inflight.requests);
+    PredictionInputs {
+        uncached_tokens: uncached,
+        pending_prefill_tokens: ep.inflight.prefill_tokens,
+        queued: (queued - mine).max(0.0),
+        running: running.max(mine),
+    }
+}
 
 /// A candidate during evaluation.
 #[derive(Clone, Debug)]
@@ -39,6 +57,7 @@ struct Candidate<'s> {
     model: Arc<str>,
     cached_tokens: u32,
     load: Option<Load>,
+    prediction: Option<PredictionInputs>,
     ttft: TtftParts,
     cost: f64,
 }
@@ -267,6 +286,7 @@ fn routed(ctx: &Ctx<'_>, c: Candidate<'_>, rule: Option<&CompiledRule>, trace: T
             predicted_ttft_s: Some(c.ttft.total_s),
             cached_tokens: c.cached_tokens,
             headers,
+            prediction: c.prediction,
         }),
         policy: rule.map(|r| r.policy.clone()),
         rule: rule.map(|r| r.name.clone()),
@@ -448,10 +468,13 @@ impl<'a> Ctx<'a> {
                             })
                             .min(self.req.prompt_tokens);
                         let load = ep.load.average(DEFAULT_WINDOW, self.state.now_ms);
-                        let uncached = f64::from(self.req.prompt_tokens - cached);
-                        let ttft =
-                            ep.ttft
-                                .predict(uncached, load.queued_prompts, load.running_prompts);
+                        let prediction = prediction_inputs(ep, self.req.prompt_tokens - cached);
+                        let ttft = ws.ttft.predict_behind(
+                            f64::from(prediction.uncached_tokens),
+                            prediction.pending_prefill_tokens as f64,
+                            prediction.queued,
+                            prediction.running,
+                        );
                         out.push(Candidate {
                             dest,
                             dest_pos,
@@ -468,6 +491,7 @@ impl<'a> Ctx<'a> {
                             model: upstream.clone(),
                             cached_tokens: cached,
                             load: Some(load),
+                            prediction: Some(prediction),
                             ttft,
                             cost: cost(&d.cost, self.req, cached),
                         });
@@ -499,6 +523,7 @@ impl<'a> Ctx<'a> {
                         model: upstream.clone(),
                         cached_tokens: 0,
                         load: None,
+                        prediction: None,
                         ttft: TtftParts {
                             wait_s: 0.0,
                             prefill_s: 0.0,

@@ -39,6 +39,32 @@ pub struct Route {
     pub cached_tokens: u32,
     /// Headers to set on the upstream request and the response.
     pub headers: Vec<(String, String)>,
+    /// The inputs of the chosen local endpoint's TTFT prediction, to learn from the observed
+    /// TTFT with ([`crate::ClusterState::observe_ttft`]) and to count the request in flight
+    /// ([`crate::ClusterState::begin_request`]); `None` for providers.
+    #[serde(skip)]
+    pub prediction: Option<PredictionInputs>,
+}
+
+/// What a local endpoint's TTFT prediction was computed from.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PredictionInputs {
+    /// The request's prompt tokens the endpoint does not hold.
+    pub uncached_tokens: u32,
+    /// Prefill tokens queued ahead of it: the uncached tokens of requests routed there whose
+    /// first token has not arrived ([`crate::state::InFlight`]).
+    pub pending_prefill_tokens: u64,
+    /// Queued prompts the endpoint reported that are not this gateway's in-flight requests.
+    pub queued: f64,
+    /// Running prompts: the larger of the reported count and this gateway's in-flight requests.
+    pub running: f64,
+}
+
+impl PredictionInputs {
+    /// The prefill-token input of the model: the request's own plus those queued ahead.
+    pub fn prefill_tokens(&self) -> f64 {
+        f64::from(self.uncached_tokens) + self.pending_prefill_tokens as f64
+    }
 }
 
 /// A refusal, shaped for an OpenAI/Anthropic error response.

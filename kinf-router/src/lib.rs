@@ -21,6 +21,6 @@ pub mod tokenize;
 pub mod usage;
 
 pub use decide::Decider;
-pub use decision::{Decision, Outcome, Reject, Route};
+pub use decision::{Decision, Outcome, PredictionInputs, Reject, Route};
 pub use request::Request;
 pub use state::ClusterState;

@@ -4,12 +4,17 @@
 //!
 //! ```text
 //! ttft = wait + prefill + overhead
-//! wait     = queued_prompts × per_queued_s
+//! wait     = pending_tokens × s_per_token × (1 + interference × running_prompts)
+//!          + queued_prompts × per_queued_s
 //! prefill  = uncached_tokens × s_per_token × (1 + interference × running_prompts)
 //! overhead = overhead_s
 //! ```
 //!
-//! `uncached_tokens = prompt_tokens − cached_prefix_tokens` comes from the prefix index. The
+//! `uncached_tokens = prompt_tokens − cached_prefix_tokens` comes from the prefix index;
+//! `pending_tokens` are the uncached prompt tokens of the requests this gateway routed to the
+//! endpoint whose first token has not arrived (prefill queued ahead; vLLM schedules prefill
+//! first come, first served), and `queued_prompts` the queue the endpoint reports beyond those
+//! requests (other gateways' work; [`crate::decision::PredictionInputs`]). The
 //! three coefficients `[overhead_s, s_per_token, per_queued_s]` start from the worker set's
 //! performance prior and are refined by recursive least squares (forgetting factor 0.98) from
 //! observed TTFTs. A cold idle worker beats a warm worker once the warm one's queue wait exceeds
@@ -85,6 +90,35 @@ impl TtftModel {
             uncached_tokens * (1.0 + self.interference * running.max(0.0)),
             queued.max(0.0),
         ]
+    }
+
+    /// Predicts TTFT for a request with `uncached_tokens` behind `pending_tokens` of queued
+    /// prefill: the prefill of both is one term of the model, split into `wait_s` (the pending
+    /// share) and `prefill_s` (the request's own). [`observe`](Self::observe) takes
+    /// `uncached_tokens + pending_tokens` as its prefill input.
+    pub fn predict_behind(
+        &self,
+        uncached_tokens: f64,
+        pending_tokens: f64,
+        queued: f64,
+        running: f64,
+    ) -> TtftParts {
+        let own = uncached_tokens.max(0.0);
+        let pending = pending_tokens.max(0.0);
+        let p = self.predict(own + pending, queued, running);
+        let total_prefill = p.prefill_s;
+        let own_share = if own + pending > 0.0 {
+            own / (own + pending)
+        } else {
+            1.0
+        };
+        let prefill_s = total_prefill * own_share;
+        TtftParts {
+            wait_s: p.wait_s + (total_prefill - prefill_s),
+            prefill_s,
+            overhead_s: p.overhead_s,
+            total_s: p.total_s,
+        }
     }
 
     /// Predicts TTFT for a request with `uncached_tokens` on an endpoint with the given load.

@@ -282,6 +282,18 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
     }
 }
 
+/// Requests this gateway routed to an endpoint that have not finished: known at once, unlike
+/// the scraped queue, which lags by a scrape interval (and, with chunked prefill, hardly ever
+/// shows a queue at all). See [`ClusterState::begin_request`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InFlight {
+    /// Requests routed and not yet finished.
+    pub requests: u32,
+    /// Uncached prompt tokens of the routed requests whose first token has not been seen: the
+    /// prefill work queued ahead of a new request.
+    pub prefill_tokens: u64,
+}
+
 /// One vLLM endpoint.
 #[derive(Clone, Debug)]
 pub struct EndpointState {
@@ -300,6 +312,8 @@ pub struct EndpointState {
     /// Cached prompt tokens to assume for every request (offline explain/test states); `None`
     /// means: ask the prefix index.
     pub assumed_cached_tokens: Option<u32>,
+    /// What this gateway has routed there and not seen finish.
+    pub inflight: InFlight,
 }
 
 /// Capacity per endpoint of approximate prefix tracking, in blocks.
@@ -347,6 +361,12 @@ pub struct WorkerSetState {
     /// Whether the worker set declares `blockSize`; if not, the size the workers report
     /// (`vllm:cache_config_info`) is adopted with [`WorkerSetState::adopt_block_size`].
     pub block_size_configured: bool,
+    /// The TTFT model decisions use for every endpoint of the set, learned from all of their
+    /// observations: the endpoints are the same hardware and model, and one model per
+    /// endpoint drifts apart (an endpoint that gets no traffic never corrects a bad estimate,
+    /// so it is avoided for good). Each endpoint's own model ([`EndpointState::ttft`]) still
+    /// learns from its observations, for per-endpoint error reporting.
+    pub ttft: TtftModel,
 }
 
 impl WorkerSetState {
@@ -468,6 +488,7 @@ impl ClusterState {
                         ),
                         index_id: EndpointId(i as u32),
                         assumed_cached_tokens: None,
+                        inflight: InFlight::default(),
                     })
                     .collect();
                 let prefix = if w.kv_events.is_some() {
@@ -485,6 +506,10 @@ impl ClusterState {
                         prefix,
                         block_size: bs,
                         block_size_configured: w.block_size.is_some(),
+                        ttft: TtftModel::from_prior(
+                            w.prior.prefill_tokens_per_second,
+                            w.prior.overhead.as_secs_f64(),
+                        ),
                     },
                 );
             } else if d.provider.is_some() {
@@ -538,6 +563,74 @@ impl ClusterState {
         }
     }
 
+    fn endpoint_mut(
+        &mut self,
+        namespace: &str,
+        worker_set: &str,
+        address: &str,
+    ) -> Option<&mut EndpointState> {
+        self.worker_sets
+            .get_mut(format!("{namespace}/{worker_set}").as_str())?
+            .endpoint_mut(address)
+    }
+
+    /// Counts a request routed to an endpoint with `uncached_tokens` to prefill
+    /// ([`Route::uncached_tokens`](crate::Route::uncached_tokens)) as in flight, so that the
+    /// next decisions see the work at once. Pair with [`first_token`](Self::first_token) and
+    /// [`end_request`](Self::end_request).
+    pub fn begin_request(
+        &mut self,
+        namespace: &str,
+        worker_set: &str,
+        address: &str,
+        uncached_tokens: u32,
+    ) {
+        if let Some(ep) = self.endpoint_mut(namespace, worker_set, address) {
+            ep.inflight.requests = ep.inflight.requests.saturating_add(1);
+            ep.inflight.prefill_tokens = ep
+                .inflight
+                .prefill_tokens
+                .saturating_add(u64::from(uncached_tokens));
+        }
+    }
+
+    /// The request's first token arrived: its prefill is no longer queued work.
+    pub fn first_token(
+        &mut self,
+        namespace: &str,
+        worker_set: &str,
+        address: &str,
+        uncached_tokens: u32,
+    ) {
+        if let Some(ep) = self.endpoint_mut(namespace, worker_set, address) {
+            ep.inflight.prefill_tokens = ep
+                .inflight
+                .prefill_tokens
+                .saturating_sub(u64::from(uncached_tokens));
+        }
+    }
+
+    /// The request finished (completed, failed or abandoned). `prefill_pending` is true when
+    /// its first token was never seen, so its prefill tokens are released too.
+    pub fn end_request(
+        &mut self,
+        namespace: &str,
+        worker_set: &str,
+        address: &str,
+        uncached_tokens: u32,
+        prefill_pending: bool,
+    ) {
+        if let Some(ep) = self.endpoint_mut(namespace, worker_set, address) {
+            ep.inflight.requests = ep.inflight.requests.saturating_sub(1);
+            if prefill_pending {
+                ep.inflight.prefill_tokens = ep
+                    .inflight
+                    .prefill_tokens
+                    .saturating_sub(u64::from(uncached_tokens));
+            }
+        }
+    }
+
     /// Learns from an observed TTFT of a request routed to an endpoint, given the inputs its
     /// prediction used. Returns the prediction error (observed − predicted, seconds).
     #[allow(clippy::too_many_arguments)]
@@ -554,9 +647,11 @@ impl ClusterState {
         let ws = self
             .worker_sets
             .get_mut(format!("{namespace}/{worker_set}").as_str())?;
+        let predicted = ws.ttft.predict(uncached_tokens, queued, running).total_s;
         let ep = ws.endpoint_mut(address)?;
-        let predicted = ep.ttft.predict(uncached_tokens, queued, running).total_s;
         ep.ttft
+            .observe(uncached_tokens, queued, running, observed_s);
+        ws.ttft
             .observe(uncached_tokens, queued, running, observed_s);
         Some(observed_s - predicted)
     }
@@ -585,7 +680,8 @@ impl ClusterState {
     /// Carries what was learned in `old` over to a state freshly built for a new policy
     /// ([`ClusterState::from_policy`]): a worker set whose endpoints, block size and prefix
     /// tracking mode are unchanged keeps its whole state (prefix index included); otherwise each
-    /// endpoint at an unchanged address keeps its readiness, staleness, load and TTFT model,
+    /// endpoint at an unchanged address keeps its readiness, staleness, load, TTFT model and
+    /// in-flight counts,
     /// and its cache contents are learned again. Providers keep their state.
     pub fn carry_over_from(&mut self, mut old: ClusterState) {
         for (key, ws) in &mut self.worker_sets {
@@ -605,12 +701,14 @@ impl ClusterState {
                 *ws = prev;
                 continue;
             }
+            ws.ttft = prev.ttft.clone();
             for ep in &mut ws.endpoints {
                 if let Some(p) = prev.endpoints.iter().find(|p| p.address == ep.address) {
                     ep.ready = p.ready;
                     ep.stale = p.stale;
                     ep.load = p.load.clone();
                     ep.ttft = p.ttft.clone();
+                    ep.inflight = p.inflight;
                 }
             }
         }

@@ -387,3 +387,119 @@ fn stale_endpoints_are_used_only_when_no_fresh_one_is_ready() {
     let d = Decider::decide(&policy, &req, &state);
     assert_eq!(d.route().unwrap().backend_type, BackendType::Local);
 }
+
+#[test]
+fn in_flight_prefill_steers_the_next_request_before_any_scrape() {
+    // Three idle endpoints, nothing cached, no scrape yet: the first pick is endpoint order.
+    let policy = compile(CLUSTER);
+    let mut state = ClusterState::from_policy(&policy, 16);
+    let req = Request::new("m", 8_000);
+    let first = Decider::decide(&policy, &req, &state);
+    let r = first.route().unwrap().clone();
+    let p = r
+        .prediction
+        .expect("local routes carry their prediction inputs");
+    assert_eq!((p.uncached_tokens, p.pending_prefill_tokens), (8_000, 0));
+    // The gateway counts it in flight: the next identical request goes elsewhere, because its
+    // prefill would queue behind 8,000 tokens there.
+    state.begin_request(&r.namespace, &r.destination, &r.endpoint, p.uncached_tokens);
+    let second = Decider::decide(&policy, &req, &state);
+    let r2 = second.route().unwrap();
+    assert_ne!(r2.endpoint, r.endpoint, "{second:#?}");
+    let first_pred = r.predicted_ttft_s.unwrap();
+    // Queued behind it, the first endpoint would now predict about twice the TTFT.
+    let ws = state.worker_set(&r.namespace, &r.destination).unwrap();
+    let ep = ws
+        .endpoints
+        .iter()
+        .find(|e| e.address == r.endpoint)
+        .unwrap();
+    assert_eq!(ep.inflight.requests, 1);
+    assert_eq!(ep.inflight.prefill_tokens, 8_000);
+    let behind = ws.ttft.predict_behind(8_000.0, 8_000.0, 0.0, 1.0);
+    assert!(
+        behind.total_s > 1.8 * first_pred,
+        "{behind:?} vs {first_pred}"
+    );
+    assert!(behind.wait_s > 0.0 && behind.prefill_s > 0.0);
+    // First token: prefill released, the request still counts as running; done: nothing left.
+    state.first_token(&r.namespace, &r.destination, &r.endpoint, p.uncached_tokens);
+    state.end_request(
+        &r.namespace,
+        &r.destination,
+        &r.endpoint,
+        p.uncached_tokens,
+        false,
+    );
+    let ws = state.worker_set(&r.namespace, &r.destination).unwrap();
+    let ep = ws
+        .endpoints
+        .iter()
+        .find(|e| e.address == r.endpoint)
+        .unwrap();
+    assert_eq!(ep.inflight, kinf_router::state::InFlight::default());
+    // An abandoned request (no first token) releases its prefill at the end; counts never
+    // underflow.
+    state.begin_request(&r.namespace, &r.destination, &r.endpoint, 500);
+    state.end_request(&r.namespace, &r.destination, &r.endpoint, 500, true);
+    state.end_request(&r.namespace, &r.destination, &r.endpoint, 500, true);
+    let ws = state.worker_set(&r.namespace, &r.destination).unwrap();
+    let ep = ws
+        .endpoints
+        .iter()
+        .find(|e| e.address == r.endpoint)
+        .unwrap();
+    assert_eq!(ep.inflight, kinf_router::state::InFlight::default());
+}
+
+#[test]
+fn one_ttft_model_per_worker_set_learns_from_every_endpoint() {
+    let policy = compile(CLUSTER);
+    let mut state = ClusterState::from_policy(&policy, 16);
+    let req = Request::new("m", 4_000);
+    let before: Vec<f64> = (0..3)
+        .map(|i| {
+            let mut st = state.clone();
+            for (j, ep) in st
+                .worker_sets
+                .get_mut("default/local")
+                .unwrap()
+                .endpoints
+                .iter_mut()
+                .enumerate()
+            {
+                ep.ready = i == j;
+            }
+            Decider::decide(&policy, &req, &st)
+                .route()
+                .unwrap()
+                .predicted_ttft_s
+                .unwrap()
+        })
+        .collect();
+    // Endpoint 0 observes much slower prefills than the prior says.
+    for _ in 0..50 {
+        state.observe_ttft("default", "local", "10.0.0.1:8000", 4_000.0, 0.0, 0.0, 9.0);
+    }
+    // Every endpoint's prediction moved the same way: the set shares one model, so an idle
+    // endpoint that got no traffic is not left with a stale, better-looking estimate.
+    for (i, before) in before.iter().enumerate() {
+        let mut st = state.clone();
+        for (j, ep) in st
+            .worker_sets
+            .get_mut("default/local")
+            .unwrap()
+            .endpoints
+            .iter_mut()
+            .enumerate()
+        {
+            ep.ready = i == j;
+        }
+        let p = Decider::decide(&policy, &req, &st)
+            .route()
+            .unwrap()
+            .predicted_ttft_s
+            .unwrap();
+        assert!(p > 4.0 * before, "endpoint {i}: {p} vs {before}");
+    }
+}
