@@ -6,13 +6,21 @@
 //!   process start included.
 //! - `kinf-bench proxy`: latency the gateway adds over a zero-delay worker, and throughput,
 //!   next to vllm-router (see `proxy`).
+//! - `kinf-bench sim`: routers compared on a simulated vLLM fleet (`kinf_bench::sim`).
+//! - `kinf-bench report`: runs the benchmark matrix and regenerates `bench/RESULTS.md` and the
+//!   plots in `docs/benchmarks/` (`kinf_bench::report`).
+//! - `kinf-bench live --workload W --router R`: the simulation's workloads, scaled down, on real
+//!   `kinf-sim serve` workers behind the gateway or a peer router (see `live`).
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod live;
+mod procs;
 mod proxy;
+mod soak;
 
 #[derive(Parser)]
 #[command(name = "kinf-bench", about = "Kinference benchmarks")]
@@ -68,6 +76,16 @@ enum Cmd {
     /// Latency the gateway adds over a zero-delay kinf-sim worker, and throughput, next to
     /// vllm-router (scripts/peers/setup.sh installs it).
     Proxy(proxy::ProxyArgs),
+    /// The gateway under steady load for a long time (default 30 min at 80% of the simulated
+    /// fleet's capacity): memory, file descriptors, accounting drift and added latency.
+    Soak(soak::SoakArgs),
+    /// Scaled-down workloads on real processes: `kinf-sim serve` workers behind `kinference`
+    /// or a peer router, load from the built-in client or GuideLLM.
+    Live(live::LiveArgs),
+    /// Routers compared on a simulated vLLM fleet (deterministic for a seed).
+    Sim(kinf_bench::sim::cli::SimArgs),
+    /// Runs the benchmark matrix (--run) and regenerates bench/RESULTS.md and the plots.
+    Report(kinf_bench::report::ReportArgs),
 }
 
 fn percentiles(mut ns: Vec<u128>) -> (u128, u128, u128) {
@@ -100,8 +118,32 @@ fn report(name: &str, params: serde_json::Value, ns: Vec<u128>, format: Format) 
 fn main() {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Sim(args) => {
+            if let Err(e) = kinf_bench::sim::cli::main(&args) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::Report(args) => {
+            if let Err(e) = kinf_bench::report::main(&args) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::Soak(args) => {
+            if let Err(e) = soak::main(args) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
         Cmd::Proxy(args) => {
             if let Err(e) = proxy::main(args) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cmd::Live(args) => {
+            if let Err(e) = live::main(args) {
                 eprintln!("error: {e}");
                 std::process::exit(1);
             }

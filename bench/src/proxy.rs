@@ -7,19 +7,18 @@
 //! concurrency 1 and a throughput run at a fixed concurrency, for a small chat request and for
 //! a ≈16k-token one (`max_tokens: 1`, not streamed).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
+
+use crate::procs::{
+    Http, Proc, free_port, get, http_client, peers_venv, post, sibling, spawn_with_line, wait_until,
+};
 
 /// How `kinf-bench proxy` prints its result.
 #[derive(Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -95,131 +94,8 @@ pub struct ProxyArgs {
     pub format: ProxyFormat,
 }
 
-type Http = Client<HttpConnector, Full<Bytes>>;
-
 /// The body of request `i` of a run.
 type BodyFn = Arc<dyn Fn(usize) -> Bytes + Send + Sync>;
-
-/// A child process killed when dropped.
-struct Proc {
-    name: String,
-    child: Child,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn sibling(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join(name)))
-        .unwrap_or_else(|| PathBuf::from(name))
-}
-
-fn peers_venv() -> PathBuf {
-    if let Some(v) = std::env::var_os("KINF_PEERS_VENV") {
-        return PathBuf::from(v);
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    home.join(".cache/kinference/peers-venv")
-}
-
-/// Spawns `cmd` with stderr to `log`, and returns it with the first stdout line (JSON).
-fn spawn_with_line(
-    name: &str,
-    mut cmd: Command,
-    log: &Path,
-    timeout: Duration,
-) -> Result<(Proc, Value), String> {
-    let err = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(err));
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start {name}: {e}"))?;
-    let Some(out) = child.stdout.take() else {
-        return Err(format!("{name}: no stdout"));
-    };
-    let proc = Proc {
-        name: name.to_owned(),
-        child,
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(out).lines();
-        let first = lines.next();
-        let _ = tx.send(first);
-        // Keep draining so that the child never blocks on a full pipe.
-        for _ in lines {}
-    });
-    match rx.recv_timeout(timeout) {
-        Ok(Some(Ok(line))) => {
-            let v: Value = serde_json::from_str(&line)
-                .map_err(|e| format!("{name}: bad startup line {line:?}: {e}"))?;
-            Ok((proc, v))
-        }
-        _ => Err(format!(
-            "{} printed no startup line (log: {})",
-            proc.name,
-            log.display()
-        )),
-    }
-}
-
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
-}
-
-async fn get(client: &Http, url: &str) -> Option<(u16, Bytes)> {
-    let req = http::Request::get(url).body(Full::new(Bytes::new())).ok()?;
-    let resp = tokio::time::timeout(Duration::from_secs(5), client.request(req))
-        .await
-        .ok()?
-        .ok()?;
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.ok()?.to_bytes();
-    Some((status, body))
-}
-
-async fn post(client: &Http, url: &str, body: Bytes) -> Result<(u16, Bytes), String> {
-    let req = http::Request::post(url)
-        .header("content-type", "application/json")
-        .body(Full::new(body))
-        .map_err(|e| e.to_string())?;
-    let resp = client.request(req).await.map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, body))
-}
-
-/// Polls `check` every 100 ms until it is true or `timeout` passes.
-async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
 
 /// The chat request body of a case; `salt` makes each long prompt different (so that no cache
 /// anywhere, tokenization included, can serve it).
@@ -533,12 +409,7 @@ spec:
     let gw_pid = p.child.id();
     procs.push(p);
 
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client: Http = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(1024)
-        .pool_idle_timeout(Duration::from_secs(600))
-        .build(connector);
+    let client: Http = http_client();
 
     for w in &workers {
         let ok = wait_until(Duration::from_secs(20), || async {
