@@ -371,6 +371,8 @@ async fn a_broken_bundle_is_refused_and_the_last_good_policy_stays() {
     assert_eq!(gw.store.current().unwrap().generation, first);
     let ready = call(addr, "/readyz", "", &[]).await;
     assert_eq!(ready.status, StatusCode::OK);
+    // vLLM's liveness path answers too (load generators probe it).
+    assert_eq!(call(addr, "/health", "", &[]).await.status, StatusCode::OK);
     let detail = ready.json();
     let errors = detail["lastRefused"]["errors"].as_array().unwrap();
     assert!(

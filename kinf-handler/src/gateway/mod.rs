@@ -260,7 +260,7 @@ impl Gateway {
         (outcome, diagnostics)
     }
 
-    /// The client-facing routes (`/v1/*`, `/healthz`, `/readyz`).
+    /// The client-facing routes (`/v1/*`, `/healthz` (also as vLLM's `/health`), `/readyz`).
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat))
@@ -268,6 +268,8 @@ impl Gateway {
             .route("/v1/messages", post(messages))
             .route("/v1/models", get(models))
             .route("/healthz", get(healthz))
+            // vLLM's liveness path, which clients such as GuideLLM probe before a run.
+            .route("/health", get(healthz))
             .route("/readyz", get(readyz))
             .with_state(self.clone())
     }
