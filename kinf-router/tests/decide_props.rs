@@ -457,33 +457,8 @@ fn one_ttft_model_per_worker_set_learns_from_every_endpoint() {
     let policy = compile(CLUSTER);
     let mut state = ClusterState::from_policy(&policy, 16);
     let req = Request::new("m", 4_000);
-    let before: Vec<f64> = (0..3)
-        .map(|i| {
-            let mut st = state.clone();
-            for (j, ep) in st
-                .worker_sets
-                .get_mut("default/local")
-                .unwrap()
-                .endpoints
-                .iter_mut()
-                .enumerate()
-            {
-                ep.ready = i == j;
-            }
-            Decider::decide(&policy, &req, &st)
-                .route()
-                .unwrap()
-                .predicted_ttft_s
-                .unwrap()
-        })
-        .collect();
-    // Endpoint 0 observes much slower prefills than the prior says.
-    for _ in 0..50 {
-        state.observe_ttft("default", "local", "10.0.0.1:8000", 4_000.0, 0.0, 0.0, 9.0);
-    }
-    // Every endpoint's prediction moved the same way: the set shares one model, so an idle
-    // endpoint that got no traffic is not left with a stale, better-looking estimate.
-    for (i, before) in before.iter().enumerate() {
+    // The prediction for endpoint `i`, with only that endpoint ready.
+    let predicted_on = |state: &ClusterState, i: usize| {
         let mut st = state.clone();
         for (j, ep) in st
             .worker_sets
@@ -495,11 +470,21 @@ fn one_ttft_model_per_worker_set_learns_from_every_endpoint() {
         {
             ep.ready = i == j;
         }
-        let p = Decider::decide(&policy, &req, &st)
+        Decider::decide(&policy, &req, &st)
             .route()
             .unwrap()
             .predicted_ttft_s
-            .unwrap();
+            .unwrap()
+    };
+    let before: Vec<f64> = (0..3).map(|i| predicted_on(&state, i)).collect();
+    // Endpoint 0 observes much slower prefills than the prior says.
+    for _ in 0..50 {
+        state.observe_ttft("default", "local", "10.0.0.1:8000", 4_000.0, 0.0, 0.0, 9.0);
+    }
+    // Every endpoint's prediction moved the same way: the set shares one model, so an idle
+    // endpoint that got no traffic is not left with a stale, better-looking estimate.
+    for (i, before) in before.iter().enumerate() {
+        let p = predicted_on(&state, i);
         assert!(p > 4.0 * before, "endpoint {i}: {p} vs {before}");
     }
 }
