@@ -311,3 +311,49 @@ async fn an_external_classifier_timing_out_fails_closed_under_load() {
         "the provider received a request"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_stream_cut_short_is_accounted_with_its_whole_prompt_uncached() {
+    let worker = sim(&[
+        "--port",
+        "0",
+        "--model",
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "--profile",
+        "tiny",
+    ])
+    .await;
+    let databricks = Fake::start().await;
+    *databricks.mode.lock() = Mode::DieMidStream;
+    let dir = pii_bundle("provider-cut", worker.http, &databricks, None);
+    let (gw, addr) = gateway(&dir).await;
+    let mut body = chat("What is a KV cache?", 5);
+    body["stream"] = json!(true);
+    let (s, h, raw) = post_raw(addr, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        h["x-kinference-endpoint"],
+        format!("{}/v1", databricks.url).as_str()
+    );
+    assert!(String::from_utf8_lossy(&raw).contains("\"error\""));
+    let value = |kind: &'static str| {
+        gw.metrics.value(
+            "kinference_tenant_tokens_total",
+            &[
+                ("tenant", "anonymous"),
+                ("model", "llama-70b"),
+                ("destination", "databricks"),
+                ("kind", kind),
+            ],
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || value("uncached_prompt")
+            .is_some())
+        .await,
+        "the cut stream is accounted"
+    );
+    // A provider holds nothing of the prompt for us: the estimate charges it all as uncached.
+    assert!(value("uncached_prompt").unwrap() > 0.0);
+    assert_eq!(value("cached_prompt").unwrap_or(0.0), 0.0);
+}

@@ -78,11 +78,11 @@ pub struct Chosen {
     pub cost: kinf_lang::compiled::CostInfo,
     /// `namespace/name` of the provider, for provider routes (`endpoint` is then its URL).
     pub provider: Option<Arc<str>>,
-    local: bool,
     prompt_tokens: u32,
-    uncached_tokens: f64,
-    queued: f64,
-    running: f64,
+    /// The request's own prompt tokens the destination does not hold (for estimating usage).
+    uncached_tokens: u32,
+    /// What the local endpoint's TTFT prediction was computed from (to learn from the outcome).
+    prediction: Option<kinf_router::PredictionInputs>,
     /// Counts the request in flight at its endpoint until the last clone is dropped.
     inflight: Option<Arc<InFlightTicket>>,
 }
@@ -192,15 +192,15 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
     };
     if let Some(ttft) = o.ttft_s {
         m.upstream_ttft.get_or_create(&ep).observe(ttft);
-        if c.local {
+        if let Some(p) = c.prediction {
             let err = gw.state.with(|st| {
                 st.observe_ttft(
                     &c.namespace,
                     &c.destination,
                     &c.endpoint,
-                    c.uncached_tokens,
-                    c.queued,
-                    c.running,
+                    p.prefill_tokens(),
+                    p.queued,
+                    p.running,
                     ttft,
                 )
             });
@@ -240,7 +240,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
             crate::accounting::estimate_usage(
                 o.status,
                 u64::from(c.prompt_tokens),
-                c.uncached_tokens.max(0.0) as u64,
+                u64::from(c.uncached_tokens),
                 o.token_events,
             ),
             true,
@@ -931,21 +931,17 @@ fn decide(
         let d = Decider::decide(policy, req, st);
         let chosen = d.route().map(|r| {
             let local = r.backend_type == BackendType::Local;
-            let prediction = r.prediction.unwrap_or_default();
+            let uncached_tokens = req.prompt_tokens.saturating_sub(r.cached_tokens);
+            let prediction = r.prediction.filter(|_| local);
             let inflight = if local {
                 st.record_routed(&r.namespace, &r.destination, &r.endpoint, token_ids, now);
-                st.begin_request(
-                    &r.namespace,
-                    &r.destination,
-                    &r.endpoint,
-                    prediction.uncached_tokens,
-                );
+                st.begin_request(&r.namespace, &r.destination, &r.endpoint, uncached_tokens);
                 Some(Arc::new(InFlightTicket {
                     state: gw.state.clone(),
                     namespace: r.namespace.clone(),
                     worker_set: r.destination.clone(),
                     endpoint: r.endpoint.clone(),
-                    uncached_tokens: prediction.uncached_tokens,
+                    uncached_tokens,
                     first_token_seen: std::sync::atomic::AtomicBool::new(false),
                 }))
             } else {
@@ -970,11 +966,9 @@ fn decide(
                     .map(|d| d.cost)
                     .unwrap_or_default(),
                 provider: (!local).then(|| Arc::from(format!("{}/{}", r.namespace, r.destination))),
-                local,
                 prompt_tokens: req.prompt_tokens,
-                uncached_tokens: prediction.prefill_tokens(),
-                queued: prediction.queued,
-                running: prediction.running,
+                uncached_tokens,
+                prediction,
                 inflight,
             }
         });
