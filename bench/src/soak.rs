@@ -92,20 +92,9 @@ pub enum SoakFormat {
     Md,
 }
 
+/// Durations as everywhere in Kinference (`90s`, `30m`, `250ms`, `1m30s`).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((s, "s"), |i| s.split_at(i));
-    let n: f64 = num.parse().map_err(|_| format!("bad duration `{s}`"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("bad duration unit in `{s}` (ms, s, m, h)")),
-    };
-    Ok(Duration::from_secs_f64(secs))
+    kinf_grammar::parse_duration(s).map_err(|e| e.to_string())
 }
 
 const TENANTS: [(&str, &str); 3] = [
@@ -290,23 +279,6 @@ async fn start(args: &SoakArgs, work: &Path) -> Result<Fleet, String> {
     })
 }
 
-/// A deterministic generator (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// The `i`-th request: tenant index, whether streamed, body.
 fn request(i: u64, max_tokens: u32) -> (usize, bool, Bytes) {
     let tenant = (i % TENANTS.len() as u64) as usize;
@@ -435,7 +407,7 @@ async fn run(args: &SoakArgs, work: &Path) -> Result<Value, String> {
     let errors_total = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let end = started + args.duration;
-    let mut rng = Rng(args.seed);
+    let mut rng = kinf_sim::hash::Rng::new(args.seed);
     let mut windows: Vec<Value> = Vec::new();
     let mut next_sample = started + args.window;
     let mut prev_worker = workers_metrics(&client, &fleet.worker_urls).await;
@@ -503,7 +475,7 @@ async fn run(args: &SoakArgs, work: &Path) -> Result<Value, String> {
         });
         while in_flight.try_join_next().is_some() {}
         // Exponential inter-arrival times.
-        let gap = -(1.0 - rng.unit()).ln() / rate;
+        let gap = -(1.0 - rng.next_f64()).ln() / rate;
         next_arrival += Duration::from_secs_f64(gap);
     }
     while in_flight.join_next().await.is_some() {}
