@@ -98,6 +98,11 @@ struct ServeArgs {
     /// PEM private key of `--tls-cert`.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Threads that serve requests (the async runtime's workers). Default: the CPUs this
+    /// process may use (its cgroup's CPU limit included). Long prompts are tokenized on a
+    /// separate blocking pool.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    worker_threads: Option<u16>,
 }
 
 impl ServeArgs {
@@ -185,10 +190,11 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     init_logs(&args.log_format);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.worker_threads {
+        builder.worker_threads(usize::from(n));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

@@ -688,12 +688,46 @@ pub fn plan_with(
 
 /// The body to send upstream: the client's, with `model` set to the decided upstream model.
 pub fn upstream_body(a: &Admitted, c: &Chosen) -> Bytes {
-    let mut body = a.parsed.body.clone();
-    body.insert(
-        "model".into(),
-        serde_json::Value::String(c.model.to_string()),
+    /// The body's entries in their order, `model` replaced, serialised without copying the
+    /// tree (a long prompt is tens of kilobytes of strings).
+    struct WithModel<'a> {
+        body: &'a serde_json::Map<String, serde_json::Value>,
+        model: &'a str,
+    }
+    impl serde::Serialize for WithModel<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap as _;
+            let mut m = s.serialize_map(Some(self.body.len()))?;
+            for (k, v) in self.body {
+                if k == "model" {
+                    m.serialize_entry(k, self.model)?;
+                } else {
+                    m.serialize_entry(k, v)?;
+                }
+            }
+            m.end()
+        }
+    }
+    let body = &a.parsed.body;
+    if !body.contains_key("model") {
+        // Parsing requires `model`; kept for bodies built by other callers.
+        let mut body = body.clone();
+        body.insert(
+            "model".into(),
+            serde_json::Value::String(c.model.to_string()),
+        );
+        return Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+    }
+    let mut out = Vec::with_capacity(a.parsed.prompt_bytes() + 512);
+    // Serialising a `Value` tree into a `Vec` cannot fail.
+    let _ = serde_json::to_writer(
+        &mut out,
+        &WithModel {
+            body,
+            model: &c.model,
+        },
     );
-    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+    Bytes::from(out)
 }
 
 async fn admit_and_forward(

@@ -179,19 +179,51 @@ pub fn anthropic_usage(input: u64, cache_read: u64, output: u64) -> TokenUsage {
     }
 }
 
-/// Usage of a complete (non-streaming) response body.
+/// Usage of a complete (non-streaming) response body. Only `usage` is materialised; the rest
+/// (choices, content) is skipped without building a tree.
 pub fn body_usage(api: Api, body: &[u8]) -> Option<TokenUsage> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    let u = v.get("usage")?;
+    /// The top level of a response, `usage` only.
+    #[derive(serde::Deserialize)]
+    struct Top {
+        usage: Option<Usage>,
+    }
+    /// Both protocols' counts (missing ones are 0).
+    #[derive(serde::Deserialize)]
+    struct Usage {
+        #[serde(default, deserialize_with = "count")]
+        prompt_tokens: u64,
+        #[serde(default)]
+        prompt_tokens_details: Option<Details>,
+        #[serde(default, deserialize_with = "count")]
+        completion_tokens: u64,
+        #[serde(default, deserialize_with = "count")]
+        input_tokens: u64,
+        #[serde(default, deserialize_with = "count")]
+        cache_read_input_tokens: u64,
+        #[serde(default, deserialize_with = "count")]
+        output_tokens: u64,
+    }
+    #[derive(serde::Deserialize)]
+    struct Details {
+        #[serde(default, deserialize_with = "count")]
+        cached_tokens: u64,
+    }
+    /// A count as `Value::as_u64` reads it: anything but a non-negative integer is 0.
+    fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        Ok(<Value as serde::Deserialize>::deserialize(d)?
+            .as_u64()
+            .unwrap_or(0))
+    }
+    let u = serde_json::from_slice::<Top>(body).ok()?.usage?;
     Some(match api {
-        Api::Chat | Api::Completions => openai_usage(u),
-        Api::Messages => anthropic_usage(
-            u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0),
-            u.get("cache_read_input_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0),
-            u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
+        Api::Chat | Api::Completions => TokenUsage::from_openai(
+            u.prompt_tokens,
+            u.prompt_tokens_details.map_or(0, |d| d.cached_tokens),
+            u.completion_tokens,
         ),
+        Api::Messages => {
+            anthropic_usage(u.input_tokens, u.cache_read_input_tokens, u.output_tokens)
+        }
     })
 }
 

@@ -62,6 +62,7 @@
 //!
 //! `ChatTokenizer` is `Send + Sync`; share it behind an `Arc`. All methods take `&self`.
 
+mod ascii_split;
 mod cache;
 mod fast;
 mod pyfmt;
@@ -644,7 +645,7 @@ impl ChatTokenizer {
         };
         if let Some(fast) = &self.fast
             && fast
-                .encode(tok.get_model(), text, out)
+                .encode(tok.get_model(), variant, text, out)
                 .map_err(TokenizeError::Encode)?
         {
             return Ok(());
