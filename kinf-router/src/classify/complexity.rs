@@ -258,23 +258,20 @@ const SYMBOL_TAILS: &[[u8; 2]] = &[
 /// symbol counts wherever it starts, and what it covers is not read again.
 fn scan(text: &str, f: &mut Features) {
     let bytes = text.as_bytes();
-    let n = bytes.len();
     let mut in_fence = false;
     let mut line_start = 0;
     let mut i = 0;
-    while i < n {
-        let Some(&b) = bytes.get(i) else { break };
+    while let Some(&b) = bytes.get(i) {
         match CLASS[usize::from(b)] {
             ALNUM => {
                 let start = i;
-                while bytes.get(i).is_some_and(u8::is_ascii_alphanumeric) {
-                    i += 1;
-                }
-                let prev_alnum = start
+                i = alnum_run_end(bytes, i);
+                // A run right after a LaTeX command (`\fracx`) is no word.
+                let glued = start
                     .checked_sub(1)
                     .and_then(|p| bytes.get(p))
                     .is_some_and(u8::is_ascii_alphanumeric);
-                if !prev_alnum && let Some(word) = bytes.get(start..i) {
+                if !glued && let Some(word) = bytes.get(start..i) {
                     match word_kind(word) {
                         Some(true) => f.steps += 1,
                         Some(false) => f.math += 1,
@@ -320,9 +317,59 @@ fn scan(text: &str, f: &mut Features) {
     line(text.get(line_start..).unwrap_or(""), &mut in_fence, f);
 }
 
+/// The first position at or after `from` that does not hold an ASCII letter or digit.
+fn alnum_run_end(bytes: &[u8], from: usize) -> usize {
+    bytes
+        .get(from..)
+        .and_then(|r| r.iter().position(|b| CLASS[usize::from(*b)] != ALNUM))
+        .map_or(bytes.len(), |p| from + p)
+}
+
+/// For each word length up to 10, bit `c - b'a'` is set when a listed word (`STEP_WORDS`,
+/// `MATH_WORDS`) of 4 to 10 ASCII letters has that length and starts with letter `c`: most
+/// words are ruled out by one lookup, before any comparison.
+static LISTED_WORDS: [u32; 11] = {
+    let mut t = [0u32; 11];
+    let lists = [STEP_WORDS, MATH_WORDS];
+    let mut l = 0;
+    while l < lists.len() {
+        let mut w = 0;
+        while w < lists[l].len() {
+            let b = lists[l][w].as_bytes();
+            if b.len() >= 4 && b.len() < t.len() && is_ascii_letters(b) {
+                t[b.len()] |= 1 << (b[0].to_ascii_lowercase() - b'a');
+            }
+            w += 1;
+        }
+        l += 1;
+    }
+    t
+};
+
+const fn is_ascii_letters(b: &[u8]) -> bool {
+    let mut i = 0;
+    while i < b.len() {
+        if !b[i].is_ascii_alphabetic() {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Whether `word` (a run of ASCII letters and digits) may be a listed word: its length and
+/// first letter are those of one.
+fn may_be_listed(word: &[u8]) -> bool {
+    let (Some(first), Some(mask)) = (word.first(), LISTED_WORDS.get(word.len())) else {
+        return false;
+    };
+    let letter = first.to_ascii_lowercase().wrapping_sub(b'a');
+    letter < 26 && mask & (1 << letter) != 0
+}
+
 /// `Some(true)` for a step word, `Some(false)` for a math word (ASCII case-insensitive).
 fn word_kind(word: &[u8]) -> Option<bool> {
-    if !(4..=10).contains(&word.len()) {
+    if !may_be_listed(word) {
         return None;
     }
     let eq = |w: &&str| word.eq_ignore_ascii_case(w.as_bytes());
@@ -523,6 +570,37 @@ mod tests {
         "lastly",
     ];
 
+    /// The word test without the length and first-letter filter (for runs of ASCII letters
+    /// and digits).
+    fn reference_word_kind(word: &[u8]) -> Option<bool> {
+        let eq = |w: &&str| word.eq_ignore_ascii_case(w.as_bytes());
+        if STEP_WORDS.iter().any(eq) {
+            Some(true)
+        } else if MATH_WORDS.iter().any(eq) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    #[test]
+    fn every_listed_word_passes_the_filter_in_any_case() {
+        for w in STEP_WORDS.iter().chain(MATH_WORDS) {
+            if !w.bytes().all(|b| b.is_ascii_alphabetic()) {
+                continue;
+            }
+            let upper = w.to_ascii_uppercase();
+            for v in [w.to_string(), upper] {
+                assert!(may_be_listed(v.as_bytes()), "{v}");
+                assert_eq!(word_kind(v.as_bytes()), reference_word_kind(v.as_bytes()));
+                assert!(word_kind(v.as_bytes()).is_some(), "{v}");
+            }
+        }
+        assert!(!may_be_listed(b"the"));
+        assert!(!may_be_listed(b"quarterly"));
+        assert!(!may_be_listed(b"2then"));
+    }
+
     proptest! {
         #[test]
         fn one_pass_counts_as_the_three_pass_reference(
@@ -535,6 +613,25 @@ mod tests {
         #[test]
         fn one_pass_counts_as_the_reference_on_any_text(text in "\\PC{0,200}") {
             prop_assert_eq!(one_pass(&text), reference(&text));
+        }
+
+        #[test]
+        fn filtered_word_test_agrees_with_the_plain_one(word in "[a-zA-Z0-9]{0,12}") {
+            prop_assert_eq!(word_kind(word.as_bytes()), reference_word_kind(word.as_bytes()));
+        }
+
+        #[test]
+        fn filtered_word_test_agrees_on_listed_prefixes(
+            w in 0..STEP_WORDS.len() + MATH_WORDS.len(),
+            cut in 0usize..12,
+            upper in any::<bool>(),
+        ) {
+            let listed = STEP_WORDS.iter().chain(MATH_WORDS).nth(w).unwrap();
+            let word: String = listed.chars().take(cut).collect();
+            let word = if upper { word.to_ascii_uppercase() } else { word };
+            // The scan only asks about runs of ASCII letters and digits.
+            prop_assume!(word.bytes().all(|b| b.is_ascii_alphanumeric()));
+            prop_assert_eq!(word_kind(word.as_bytes()), reference_word_kind(word.as_bytes()));
         }
     }
 }
