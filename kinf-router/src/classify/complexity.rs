@@ -260,69 +260,79 @@ fn scan(text: &str, f: &mut Features) {
     let bytes = text.as_bytes();
     let mut in_fence = false;
     let mut line_start = 0;
+    // Start of the run of ASCII letters and digits being read, when it is a word: not glued
+    // to a LaTeX command before it (`\fracx`).
+    let mut word: Option<usize> = None;
+    // Whether the byte before `i` is an ASCII letter or digit.
+    let mut after_alnum = false;
     let mut i = 0;
     while let Some(&b) = bytes.get(i) {
-        match CLASS[usize::from(b)] {
-            ALNUM => {
-                let start = i;
-                i = alnum_run_end(bytes, i);
-                // A run right after a LaTeX command (`\fracx`) is no word.
-                let glued = start
-                    .checked_sub(1)
-                    .and_then(|p| bytes.get(p))
-                    .is_some_and(u8::is_ascii_alphanumeric);
-                if !glued && let Some(word) = bytes.get(start..i) {
-                    match word_kind(word) {
-                        Some(true) => f.steps += 1,
-                        Some(false) => f.math += 1,
-                        None => {}
-                    }
-                }
-                continue;
+        let class = CLASS[usize::from(b)];
+        if class == ALNUM {
+            if !after_alnum {
+                word = Some(i);
+                after_alnum = true;
             }
-            QUESTION => f.questions += 1,
+            i += 1;
+            continue;
+        }
+        if let Some(start) = word.take() {
+            count_word(bytes.get(start..i).unwrap_or_default(), f);
+        }
+        after_alnum = false;
+        i += match class {
+            QUESTION => {
+                f.questions += 1;
+                1
+            }
             NEWLINE => {
                 line(text.get(line_start..i).unwrap_or(""), &mut in_fence, f);
                 line_start = i + 1;
+                1
             }
-            BACKSLASH => {
-                let rest = bytes.get(i..).unwrap_or_default();
-                if let Some(cmd) = LATEX.iter().find(|c| {
-                    rest.get(..c.len())
-                        .is_some_and(|r| r.eq_ignore_ascii_case(c.as_bytes()))
-                }) {
+            BACKSLASH => match latex_at(bytes.get(i..).unwrap_or_default()) {
+                Some(cmd) => {
                     f.math += 1;
-                    i += cmd.len();
-                    continue;
+                    after_alnum = cmd.last().is_some_and(u8::is_ascii_alphanumeric);
+                    cmd.len()
                 }
-            }
+                None => 1,
+            },
             DOLLAR if bytes.get(i + 1) == Some(&b'$') => {
                 f.math += 1;
-                i += 2;
-                continue;
+                2
             }
-            E2 => {
-                if let Some(tail) = bytes.get(i + 1..i + 3)
-                    && SYMBOL_TAILS.iter().any(|t| t == tail)
-                {
-                    f.math += 1;
-                    i += 3;
-                    continue;
-                }
+            E2 if bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|tail| SYMBOL_TAILS.iter().any(|t| t == tail)) =>
+            {
+                f.math += 1;
+                3
             }
-            _ => {}
-        }
-        i += 1;
+            _ => 1,
+        };
+    }
+    if let Some(start) = word {
+        count_word(bytes.get(start..).unwrap_or_default(), f);
     }
     line(text.get(line_start..).unwrap_or(""), &mut in_fence, f);
 }
 
-/// The first position at or after `from` that does not hold an ASCII letter or digit.
-fn alnum_run_end(bytes: &[u8], from: usize) -> usize {
-    bytes
-        .get(from..)
-        .and_then(|r| r.iter().position(|b| CLASS[usize::from(*b)] != ALNUM))
-        .map_or(bytes.len(), |p| from + p)
+/// The LaTeX command that `rest` starts with, if any.
+fn latex_at(rest: &[u8]) -> Option<&'static [u8]> {
+    LATEX.iter().map(|c| c.as_bytes()).find(|c| {
+        rest.get(..c.len())
+            .is_some_and(|r| r.eq_ignore_ascii_case(c))
+    })
+}
+
+/// Counts `word` (a whole run of ASCII letters and digits) if it is a step or a math word.
+fn count_word(word: &[u8], f: &mut Features) {
+    match word_kind(word) {
+        Some(true) => f.steps += 1,
+        Some(false) => f.math += 1,
+        None => {}
+    }
 }
 
 /// For each word length up to 10, bit `c - b'a'` is set when a listed word (`STEP_WORDS`,
