@@ -194,6 +194,10 @@ pub struct Pii {
     seconds: [u16; 256],
     /// The bit of the e-mail pattern in `starts` (0 when e-mail is not detected).
     email_bit: u16,
+    /// The bits of card, SSN, IPv4, IPv6 and phone (`digit_start_mask` may clear them).
+    digit_bits: u16,
+    /// The bit of each kind (by `Kind as usize`) in the masks, 0 when it is not detected.
+    kind_bits: [u16; 13],
     pats: Vec<Pat>,
     tags: Vec<(PiiEntity, Arc<str>)>,
     pub(crate) detected_tag: Arc<str>,
@@ -233,10 +237,16 @@ impl Pii {
                 }
             }
         }
-        let email_bit = pats
-            .iter()
-            .position(|p| p.kind == Kind::Email)
-            .map_or(0, |i| 1 << i);
+        let mut kind_bits = [0u16; 13];
+        for (i, p) in pats.iter().enumerate() {
+            if let Some(bit) = kind_bits.get_mut(p.kind as usize) {
+                *bit = 1 << i;
+            }
+        }
+        let bit = |k: Kind| kind_bits.get(k as usize).copied().unwrap_or(0);
+        let email_bit = bit(Kind::Email);
+        let digit_bits =
+            bit(Kind::Card) | bit(Kind::Ssn) | bit(Kind::Ipv4) | bit(Kind::Ipv6) | bit(Kind::Phone);
         let tags = PiiEntity::ALL
             .iter()
             .map(|e| (*e, Arc::from(format!("pii-{}", e.as_str()))))
@@ -246,6 +256,8 @@ impl Pii {
             starts,
             seconds,
             email_bit,
+            digit_bits,
+            kind_bits,
             pats,
             tags,
             detected_tag: Arc::from("pii-detected"),
@@ -284,7 +296,7 @@ impl Pii {
         let mut cands: Vec<(usize, usize, Kind)> = Vec::new();
         // Position of the next `@` at or after the scan position (`usize::MAX` when there is
         // none): the e-mail pattern needs one within 80 bytes, before any whitespace.
-        let mut next_at: Option<usize> = None;
+        let mut next_at = next_at_sign(bytes, 0);
         let mut i = 0;
         // Whether the character before `i` is a word character: candidates glued to a word
         // are never valid, and the scan resumes after the word.
@@ -312,6 +324,9 @@ impl Pii {
                 & self.seconds.get(usize::from(next)).copied().unwrap_or(0);
             if mask & self.email_bit != 0 && !email_gate(bytes, i, &mut next_at) {
                 mask &= !self.email_bit;
+            }
+            if b.is_ascii_digit() && mask & self.digit_bits != 0 {
+                mask &= self.digit_start_mask(bytes.get(i..).unwrap_or_default());
             }
             if mask == 0 {
                 // Most word starts: skip the word.
@@ -373,6 +388,35 @@ impl Pii {
         max_end
     }
 
+    /// All bits but those of the kinds matched in code that cannot match at the start of `r`
+    /// (a digit), as decided by the length of the digit run there and the byte after it:
+    /// necessary conditions of `card_len`, `ssn_len`, `ipv4_len`, `ipv6_len` and `phone_len`.
+    fn digit_start_mask(&self, r: &[u8]) -> u16 {
+        let d = digit_run(r, 0, 13);
+        let x = r.get(d).copied().unwrap_or(0);
+        let bit = |k: Kind| self.kind_bits.get(k as usize).copied().unwrap_or(0);
+        let mut keep = !self.digit_bits;
+        // 13 digits, or a separator the walk may take.
+        if d >= 13 || matches!(x, b' ' | b'-') {
+            keep |= bit(Kind::Card);
+        }
+        if d == 3 && matches!(x, b' ' | b'-') {
+            keep |= bit(Kind::Ssn);
+        }
+        if d <= 3 && x == b'.' {
+            keep |= bit(Kind::Ipv4);
+        }
+        // A hex run of at most 4 then `:`.
+        if d <= 4 && (x.is_ascii_hexdigit() || x == b':') {
+            keep |= bit(Kind::Ipv6);
+        }
+        // At least 7 phone bytes after the first digit.
+        if d >= 8 || is_phone_byte(x) {
+            keep |= bit(Kind::Phone);
+        }
+        keep
+    }
+
     /// Resolves overlaps (higher-priority kinds first, then leftmost) and pushes the kept
     /// candidates to `out` in order of position.
     fn push_resolved(
@@ -411,18 +455,26 @@ fn anchored_len(re: &Regex, text: &str, i: usize) -> Option<usize> {
 }
 
 /// The e-mail pattern's necessary condition at `i`: an `@` within 80 bytes, with no
-/// whitespace before it. `next_at` caches the position of the next `@` (`usize::MAX` when
-/// there is none) across calls of one scan.
-fn email_gate(bytes: &[u8], i: usize, next_at: &mut Option<usize>) -> bool {
-    if next_at.is_none_or(|a| a < i) {
-        let rest = bytes.get(i..).unwrap_or_default();
-        *next_at = Some(memchr::memchr(b'@', rest).map_or(usize::MAX, |j| i + j));
+/// whitespace before it. `next_at` is the position of the next `@` at or after the previous
+/// call's `i` (`usize::MAX` when there is none); it moves on when `i` has passed it.
+#[inline]
+fn email_gate(bytes: &[u8], i: usize, next_at: &mut usize) -> bool {
+    if *next_at < i {
+        *next_at = next_at_sign(bytes, i);
     }
-    let a = next_at.unwrap_or(usize::MAX);
+    let a = *next_at;
     a - i < 80
         && !bytes
             .get(i..a)
             .is_some_and(|w| w.iter().any(u8::is_ascii_whitespace))
+}
+
+/// The position of the first `@` at or after `from` (`usize::MAX` when there is none).
+fn next_at_sign(bytes: &[u8], from: usize) -> usize {
+    bytes
+        .get(from..)
+        .and_then(|r| memchr::memchr(b'@', r))
+        .map_or(usize::MAX, |j| from + j)
 }
 
 /// ASCII letters, digits and `_`.
@@ -1141,8 +1193,14 @@ fn phone_shape(cand: &str) -> bool {
     let Some(first) = groups.first() else {
         return false;
     };
-    let parens = cand.matches('(').count();
-    if parens != cand.matches(')').count() || parens > 1 {
+    // One group without `+` fails below whatever the parentheses; decided first, it is the
+    // common case (an unseparated number).
+    if groups.len() < 2 && !cand.starts_with('+') {
+        return false;
+    }
+    let count = |p: u8| cand.bytes().filter(|b| *b == p).count();
+    let parens = count(b'(');
+    if parens != count(b')') || parens > 1 {
         return false;
     }
     if cand.starts_with('+') {
@@ -1348,6 +1406,17 @@ mod tests {
             let pat = PII.pats.iter().find(|p| p.kind == *kind).unwrap();
             for i in (0..=text.len()).filter(|i| text.is_char_boundary(*i)) {
                 let expected = pat.re.find(&text[i..]).map(|m| m.end());
+                let r = &text.as_bytes()[i..];
+                if expected.is_some() && r.first().is_some_and(u8::is_ascii_digit) {
+                    let bit = PII.kind_bits[*kind as usize];
+                    prop_assert!(
+                        PII.digit_start_mask(r) & bit != 0,
+                        "{:?} at {} of {:?}",
+                        kind,
+                        i,
+                        text
+                    );
+                }
                 prop_assert_eq!(
                     matcher(&text.as_bytes()[i..]),
                     expected,
