@@ -1390,8 +1390,11 @@ mod tests {
         "#",
     ];
 
+    /// A matcher in code: the length of its kind's match at the start of the bytes.
+    type Matcher = fn(&[u8]) -> Option<usize>;
+
     /// The kinds matched in code, with their matchers.
-    const CODE_MATCHERS: &[(Kind, fn(&[u8]) -> Option<usize>)] = &[
+    const CODE_MATCHERS: &[(Kind, Matcher)] = &[
         (Kind::Card, card_len),
         (Kind::Ssn, ssn_len),
         (Kind::Ipv4, ipv4_len),
