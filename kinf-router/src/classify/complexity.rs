@@ -258,71 +258,128 @@ const SYMBOL_TAILS: &[[u8; 2]] = &[
 /// symbol counts wherever it starts, and what it covers is not read again.
 fn scan(text: &str, f: &mut Features) {
     let bytes = text.as_bytes();
-    let n = bytes.len();
     let mut in_fence = false;
     let mut line_start = 0;
+    // Start of the run of ASCII letters and digits being read, when it is a word: not glued
+    // to a LaTeX command before it (`\fracx`).
+    let mut word: Option<usize> = None;
+    // Whether the byte before `i` is an ASCII letter or digit.
+    let mut after_alnum = false;
     let mut i = 0;
-    while i < n {
-        let Some(&b) = bytes.get(i) else { break };
-        match CLASS[usize::from(b)] {
-            ALNUM => {
-                let start = i;
-                while bytes.get(i).is_some_and(u8::is_ascii_alphanumeric) {
-                    i += 1;
-                }
-                let prev_alnum = start
-                    .checked_sub(1)
-                    .and_then(|p| bytes.get(p))
-                    .is_some_and(u8::is_ascii_alphanumeric);
-                if !prev_alnum && let Some(word) = bytes.get(start..i) {
-                    match word_kind(word) {
-                        Some(true) => f.steps += 1,
-                        Some(false) => f.math += 1,
-                        None => {}
-                    }
-                }
-                continue;
+    while let Some(&b) = bytes.get(i) {
+        let class = CLASS[usize::from(b)];
+        if class == ALNUM {
+            if !after_alnum {
+                word = Some(i);
+                after_alnum = true;
             }
-            QUESTION => f.questions += 1,
+            i += 1;
+            continue;
+        }
+        if let Some(start) = word.take() {
+            count_word(bytes.get(start..i).unwrap_or_default(), f);
+        }
+        after_alnum = false;
+        i += match class {
+            QUESTION => {
+                f.questions += 1;
+                1
+            }
             NEWLINE => {
                 line(text.get(line_start..i).unwrap_or(""), &mut in_fence, f);
                 line_start = i + 1;
+                1
             }
-            BACKSLASH => {
-                let rest = bytes.get(i..).unwrap_or_default();
-                if let Some(cmd) = LATEX.iter().find(|c| {
-                    rest.get(..c.len())
-                        .is_some_and(|r| r.eq_ignore_ascii_case(c.as_bytes()))
-                }) {
+            BACKSLASH => match latex_at(bytes.get(i..).unwrap_or_default()) {
+                Some(cmd) => {
                     f.math += 1;
-                    i += cmd.len();
-                    continue;
+                    after_alnum = cmd.last().is_some_and(u8::is_ascii_alphanumeric);
+                    cmd.len()
                 }
-            }
+                None => 1,
+            },
             DOLLAR if bytes.get(i + 1) == Some(&b'$') => {
                 f.math += 1;
-                i += 2;
-                continue;
+                2
             }
-            E2 => {
-                if let Some(tail) = bytes.get(i + 1..i + 3)
-                    && SYMBOL_TAILS.iter().any(|t| t == tail)
-                {
-                    f.math += 1;
-                    i += 3;
-                    continue;
-                }
+            E2 if bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|tail| SYMBOL_TAILS.iter().any(|t| t == tail)) =>
+            {
+                f.math += 1;
+                3
             }
-            _ => {}
-        }
-        i += 1;
+            _ => 1,
+        };
+    }
+    if let Some(start) = word {
+        count_word(bytes.get(start..).unwrap_or_default(), f);
     }
     line(text.get(line_start..).unwrap_or(""), &mut in_fence, f);
 }
 
+/// The LaTeX command that `rest` starts with, if any.
+fn latex_at(rest: &[u8]) -> Option<&'static [u8]> {
+    LATEX.iter().map(|c| c.as_bytes()).find(|c| {
+        rest.get(..c.len())
+            .is_some_and(|r| r.eq_ignore_ascii_case(c))
+    })
+}
+
+/// Counts `word` (a whole run of ASCII letters and digits) if it is a step or a math word.
+fn count_word(word: &[u8], f: &mut Features) {
+    match word_kind(word) {
+        Some(true) => f.steps += 1,
+        Some(false) => f.math += 1,
+        None => {}
+    }
+}
+
+/// For each word length up to 10, bit `c - b'a'` is set when a listed word (`STEP_WORDS`,
+/// `MATH_WORDS`) of 4 to 10 ASCII letters has that length and starts with letter `c`: most
+/// words are ruled out by one lookup, before any comparison.
+static LISTED_WORDS: [u32; 11] = {
+    let mut t = [0u32; 11];
+    let lists = [STEP_WORDS, MATH_WORDS];
+    let mut l = 0;
+    while l < lists.len() {
+        let mut w = 0;
+        while w < lists[l].len() {
+            let b = lists[l][w].as_bytes();
+            if b.len() >= 4 && b.len() < t.len() && is_ascii_letters(b) {
+                t[b.len()] |= 1 << (b[0].to_ascii_lowercase() - b'a');
+            }
+            w += 1;
+        }
+        l += 1;
+    }
+    t
+};
+
+const fn is_ascii_letters(b: &[u8]) -> bool {
+    let mut i = 0;
+    while i < b.len() {
+        if !b[i].is_ascii_alphabetic() {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Whether `word` (a run of ASCII letters and digits) may be a listed word: its length and
+/// first letter are those of one.
+fn may_be_listed(word: &[u8]) -> bool {
+    let (Some(first), Some(mask)) = (word.first(), LISTED_WORDS.get(word.len())) else {
+        return false;
+    };
+    let letter = first.to_ascii_lowercase().wrapping_sub(b'a');
+    letter < 26 && mask & (1 << letter) != 0
+}
+
 /// `Some(true)` for a step word, `Some(false)` for a math word (ASCII case-insensitive).
 fn word_kind(word: &[u8]) -> Option<bool> {
-    if !(4..=10).contains(&word.len()) {
+    if !may_be_listed(word) {
         return None;
     }
     let eq = |w: &&str| word.eq_ignore_ascii_case(w.as_bytes());
@@ -523,6 +580,47 @@ mod tests {
         "lastly",
     ];
 
+    /// The word test without the length and first-letter filter (for runs of ASCII letters
+    /// and digits).
+    fn reference_word_kind(word: &[u8]) -> Option<bool> {
+        let eq = |w: &&str| word.eq_ignore_ascii_case(w.as_bytes());
+        if STEP_WORDS.iter().any(eq) {
+            Some(true)
+        } else if MATH_WORDS.iter().any(eq) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// The listed words made of ASCII letters (the others are LaTeX commands and symbols).
+    fn listed_letter_words() -> Vec<&'static str> {
+        STEP_WORDS
+            .iter()
+            .chain(MATH_WORDS)
+            .copied()
+            .filter(|w| w.bytes().all(|b| b.is_ascii_alphabetic()))
+            .collect()
+    }
+
+    #[test]
+    fn every_listed_word_passes_the_filter_in_any_case() {
+        for w in STEP_WORDS.iter().chain(MATH_WORDS) {
+            if !w.bytes().all(|b| b.is_ascii_alphabetic()) {
+                continue;
+            }
+            let upper = w.to_ascii_uppercase();
+            for v in [w.to_string(), upper] {
+                assert!(may_be_listed(v.as_bytes()), "{v}");
+                assert_eq!(word_kind(v.as_bytes()), reference_word_kind(v.as_bytes()));
+                assert!(word_kind(v.as_bytes()).is_some(), "{v}");
+            }
+        }
+        assert!(!may_be_listed(b"the"));
+        assert!(!may_be_listed(b"quarterly"));
+        assert!(!may_be_listed(b"2then"));
+    }
+
     proptest! {
         #[test]
         fn one_pass_counts_as_the_three_pass_reference(
@@ -535,6 +633,22 @@ mod tests {
         #[test]
         fn one_pass_counts_as_the_reference_on_any_text(text in "\\PC{0,200}") {
             prop_assert_eq!(one_pass(&text), reference(&text));
+        }
+
+        #[test]
+        fn filtered_word_test_agrees_with_the_plain_one(word in "[a-zA-Z0-9]{0,12}") {
+            prop_assert_eq!(word_kind(word.as_bytes()), reference_word_kind(word.as_bytes()));
+        }
+
+        #[test]
+        fn filtered_word_test_agrees_on_listed_prefixes(
+            listed in proptest::sample::select(listed_letter_words()),
+            cut in 0usize..12,
+            upper in any::<bool>(),
+        ) {
+            let word: String = listed.chars().take(cut).collect();
+            let word = if upper { word.to_ascii_uppercase() } else { word };
+            prop_assert_eq!(word_kind(word.as_bytes()), reference_word_kind(word.as_bytes()));
         }
     }
 }

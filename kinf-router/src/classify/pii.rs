@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use kinf_policy::PiiEntity;
 use regex::Regex;
+use smallvec::SmallVec;
 
 use super::{Match, Message, redact};
 
@@ -80,8 +81,36 @@ impl Kind {
         }
     }
 
+    /// Whether byte `b` can follow the first byte of a match of this kind (of one that also
+    /// passes the gate, for the kinds with one). Every match has at least two bytes.
+    fn may_follow(self, b: u8) -> bool {
+        match self {
+            Kind::Pem => b == b'-',
+            Kind::Jwt => b == b'y',
+            // `gh`, `github_pat_`, `xox`, `sk`, `rk`, `AIza`, `glpat-`.
+            Kind::Token => matches!(b, b'h' | b'i' | b'o' | b'k' | b'I' | b'l'),
+            Kind::Aws => matches!(
+                b,
+                b'K' | b'S' | b'B' | b'C' | b'G' | b'I' | b'N' | b'R' | b'P'
+            ),
+            Kind::Bearer => matches!(b, b'e' | b'E'),
+            Kind::Email => {
+                b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'%' | b'+' | b'-' | b'@')
+            }
+            Kind::Iban => b.is_ascii_uppercase(),
+            Kind::Card => b.is_ascii_digit() || matches!(b, b' ' | b'-'),
+            Kind::Ssn => b.is_ascii_digit(),
+            // The gate's `ssn` or `social`.
+            Kind::SsnContext => matches!(b, b's' | b'S' | b'o' | b'O'),
+            Kind::Ipv4 => b.is_ascii_digit() || b == b'.',
+            Kind::Ipv6 => b.is_ascii_hexdigit() || matches!(b, b':' | b'.'),
+            Kind::Phone => is_phone_byte(b),
+        }
+    }
+
     /// A cheap necessary condition on the bytes from the candidate start, checked before the
-    /// anchored pattern runs.
+    /// anchored regex runs. The scan uses `email_gate` for e-mail; the kinds matched in code
+    /// need none.
     fn gate(self, r: &[u8]) -> bool {
         let at = |i: usize| r.get(i).copied().unwrap_or(0);
         match self {
@@ -110,42 +139,13 @@ impl Kind {
                 .take_while(|b| !b.is_ascii_whitespace())
                 .any(|b| *b == b'@'),
             Kind::Iban => at(2).is_ascii_digit() && at(3).is_ascii_digit(),
-            Kind::Card => r.iter().take(24).filter(|b| b.is_ascii_digit()).count() >= 13,
-            // The whole pattern: `[0-9]{3}[- ][0-9]{2}[- ][0-9]{4}`.
-            Kind::Ssn => {
-                r.len() >= 11
-                    && r.iter().enumerate().take(11).all(|(i, b)| match i {
-                        3 | 6 => matches!(b, b'-' | b' '),
-                        _ => b.is_ascii_digit(),
-                    })
-            }
             Kind::SsnContext => {
                 r.get(..3).is_some_and(|b| b.eq_ignore_ascii_case(b"ssn"))
                     || r.get(..6)
                         .is_some_and(|b| b.eq_ignore_ascii_case(b"social"))
             }
-            // `[0-9]{1,3}\.[0-9]`: a first group of 1 to 3 digits, a dot, a digit.
-            Kind::Ipv4 => {
-                let d = r.iter().take(4).take_while(|b| b.is_ascii_digit()).count();
-                (1..=3).contains(&d) && at(d) == b'.' && at(d + 1).is_ascii_digit()
-            }
-            // `[0-9A-Fa-f]{0,4}:` and two more of `[0-9A-Fa-f:.]`.
-            Kind::Ipv6 => {
-                let h = r
-                    .iter()
-                    .take(5)
-                    .take_while(|b| b.is_ascii_hexdigit())
-                    .count();
-                let v6 = |b: u8| b.is_ascii_hexdigit() || b == b':' || b == b'.';
-                h <= 4 && at(h) == b':' && v6(at(h + 1)) && v6(at(h + 2))
-            }
-            // `[+(]?[0-9]` and at least 7 more of `[0-9 ()./-]`.
-            Kind::Phone => {
-                let j = usize::from(matches!(at(0), b'+' | b'('));
-                at(j).is_ascii_digit()
-                    && r.len() >= j + 8
-                    && r.iter().skip(j + 1).take(7).all(|b| is_phone_byte(*b))
-            }
+            // Matched in code (`card_len`, `ssn_len`, `ipv4_len`, `ipv6_len`, `phone_len`).
+            Kind::Card | Kind::Ssn | Kind::Ipv4 | Kind::Ipv6 | Kind::Phone => true,
         }
     }
 
@@ -190,8 +190,14 @@ pub struct Pii {
     entities: Vec<PiiEntity>,
     /// For each ASCII byte, bit `i` set when `pats[i]` may start with it.
     starts: [u16; 128],
-    /// Index of the e-mail pattern in `pats`, when e-mail is detected.
-    email: Option<usize>,
+    /// For each byte, bit `i` set when it may follow the first byte of a match of `pats[i]`.
+    seconds: [u16; 256],
+    /// The bit of the e-mail pattern in `starts` (0 when e-mail is not detected).
+    email_bit: u16,
+    /// The bits of card, SSN, IPv4, IPv6 and phone (`digit_start_mask` may clear them).
+    digit_bits: u16,
+    /// The bit of each kind (by `Kind as usize`) in the masks, 0 when it is not detected.
+    kind_bits: [u16; 13],
     pats: Vec<Pat>,
     tags: Vec<(PiiEntity, Arc<str>)>,
     pub(crate) detected_tag: Arc<str>,
@@ -223,7 +229,24 @@ impl Pii {
                 }
             }
         }
-        let email = pats.iter().position(|p| p.kind == Kind::Email);
+        let mut seconds = [0u16; 256];
+        for (b, mask) in (0u8..=255).zip(seconds.iter_mut()) {
+            for (i, p) in pats.iter().enumerate() {
+                if p.kind.may_follow(b) {
+                    *mask |= 1 << i;
+                }
+            }
+        }
+        let mut kind_bits = [0u16; 13];
+        for (i, p) in pats.iter().enumerate() {
+            if let Some(bit) = kind_bits.get_mut(p.kind as usize) {
+                *bit = 1 << i;
+            }
+        }
+        let bit = |k: Kind| kind_bits.get(k as usize).copied().unwrap_or(0);
+        let email_bit = bit(Kind::Email);
+        let digit_bits =
+            bit(Kind::Card) | bit(Kind::Ssn) | bit(Kind::Ipv4) | bit(Kind::Ipv6) | bit(Kind::Phone);
         let tags = PiiEntity::ALL
             .iter()
             .map(|e| (*e, Arc::from(format!("pii-{}", e.as_str()))))
@@ -231,7 +254,10 @@ impl Pii {
         Pii {
             entities: ents,
             starts,
-            email,
+            seconds,
+            email_bit,
+            digit_bits,
+            kind_bits,
             pats,
             tags,
             detected_tag: Arc::from("pii-detected"),
@@ -270,59 +296,49 @@ impl Pii {
         let mut cands: Vec<(usize, usize, Kind)> = Vec::new();
         // Position of the next `@` at or after the scan position (`usize::MAX` when there is
         // none): the e-mail pattern needs one within 80 bytes, before any whitespace.
-        let mut next_at: Option<usize> = None;
+        let mut next_at = next_at_sign(bytes, 0);
         let mut i = 0;
         // Whether the character before `i` is a word character: candidates glued to a word
         // are never valid, and the scan resumes after the word.
         let mut prev_word = false;
         while let Some(&b) = bytes.get(i) {
-            let mask = match self.starts.get(usize::from(b)) {
-                Some(m) if !prev_word => *m,
-                Some(_) => 0,
-                None => {
-                    // A non-ASCII character: it starts no pattern.
-                    let c = text.get(i..).and_then(|t| t.chars().next());
-                    prev_word = c.is_some_and(is_word);
-                    i += c.map_or(1, char::len_utf8);
-                    continue;
-                }
-            };
-            if mask == 0 {
-                prev_word = is_word_byte(b);
-                i += 1;
+            if !b.is_ascii() {
+                // A non-ASCII character: it starts no pattern.
+                let c = text.get(i..).and_then(|t| t.chars().next());
+                prev_word = c.is_some_and(is_word);
+                i += c.map_or(1, char::len_utf8);
                 continue;
             }
-            let rest = bytes.get(i..).unwrap_or_default();
-            let mut max_end = i;
-            let mut m = mask;
-            while m != 0 {
-                let k = m.trailing_zeros() as usize;
-                m &= m - 1;
-                let Some(pat) = self.pats.get(k) else { break };
-                let pass = if Some(k) == self.email {
-                    if next_at.is_none_or(|a| a < i) {
-                        next_at = Some(memchr::memchr(b'@', rest).map_or(usize::MAX, |j| i + j));
-                    }
-                    let a = next_at.unwrap_or(usize::MAX);
-                    a - i < 80
-                        && !bytes
-                            .get(i..a)
-                            .is_some_and(|w| w.iter().any(u8::is_ascii_whitespace))
+            if prev_word {
+                // Glued to the word before: nothing starts here or in the rest of the word.
+                if is_word_byte(b) {
+                    i = ascii_word_end(bytes, i);
                 } else {
-                    pat.kind.gate(rest)
-                };
-                if !pass {
-                    continue;
+                    prev_word = false;
+                    i += 1;
                 }
-                if let Some((s, e)) = text
-                    .get(i..)
-                    .and_then(|t| pat.re.find(t))
-                    .and_then(|mm| validate(pat.kind, text, i, i + mm.end()))
-                {
-                    cands.push((s, e, pat.kind));
-                    max_end = max_end.max(e);
-                }
+                continue;
             }
+            let next = bytes.get(i + 1).copied().unwrap_or(0);
+            let mut mask = self.starts.get(usize::from(b)).copied().unwrap_or(0)
+                & self.seconds.get(usize::from(next)).copied().unwrap_or(0);
+            if mask & self.email_bit != 0 && !email_gate(bytes, i, &mut next_at) {
+                mask &= !self.email_bit;
+            }
+            if b.is_ascii_digit() && mask & self.digit_bits != 0 {
+                mask &= self.digit_start_mask(bytes.get(i..).unwrap_or_default());
+            }
+            if mask == 0 {
+                // Most word starts: skip the word.
+                if is_word_byte(b) {
+                    prev_word = true;
+                    i = ascii_word_end(bytes, i + 1);
+                } else {
+                    i += 1;
+                }
+                continue;
+            }
+            let max_end = self.candidates_at(text, i, mask, &mut cands);
             if max_end > i {
                 i = max_end;
                 prev_word = prev_is(text, i, is_word);
@@ -331,7 +347,85 @@ impl Pii {
                 i += 1;
             }
         }
-        // Resolve overlaps: higher-priority kinds first, then leftmost.
+        self.push_resolved(index, text, cands, out);
+    }
+
+    /// Runs the patterns of `mask` anchored at `i` (an ASCII byte not glued to a word), pushes
+    /// the validated matches to `cands` and returns the furthest end (`i` when none). The
+    /// e-mail bit is only set when `email_gate` passed.
+    fn candidates_at(
+        &self,
+        text: &str,
+        i: usize,
+        mask: u16,
+        cands: &mut Vec<(usize, usize, Kind)>,
+    ) -> usize {
+        let bytes = text.as_bytes();
+        let rest = bytes.get(i..).unwrap_or_default();
+        let mut max_end = i;
+        let mut m = mask;
+        while m != 0 {
+            let k = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let Some(pat) = self.pats.get(k) else { break };
+            let len = match pat.kind {
+                Kind::Card => card_len(rest),
+                Kind::Ssn => ssn_len(rest),
+                Kind::Ipv4 => ipv4_len(rest),
+                Kind::Ipv6 => ipv6_len(rest),
+                Kind::Phone => phone_len(rest),
+                Kind::Email => anchored_len(&pat.re, text, i),
+                other => other
+                    .gate(rest)
+                    .then(|| anchored_len(&pat.re, text, i))
+                    .flatten(),
+            };
+            if let Some((s, e)) = len.and_then(|n| validate(pat.kind, text, i, i + n)) {
+                cands.push((s, e, pat.kind));
+                max_end = max_end.max(e);
+            }
+        }
+        max_end
+    }
+
+    /// All bits but those of the kinds matched in code that cannot match at the start of `r`
+    /// (a digit), as decided by the length of the digit run there and the byte after it:
+    /// necessary conditions of `card_len`, `ssn_len`, `ipv4_len`, `ipv6_len` and `phone_len`.
+    fn digit_start_mask(&self, r: &[u8]) -> u16 {
+        let d = digit_run(r, 0, 13);
+        let x = r.get(d).copied().unwrap_or(0);
+        let bit = |k: Kind| self.kind_bits.get(k as usize).copied().unwrap_or(0);
+        let mut keep = !self.digit_bits;
+        // 13 digits, or a separator the walk may take.
+        if d >= 13 || matches!(x, b' ' | b'-') {
+            keep |= bit(Kind::Card);
+        }
+        if d == 3 && matches!(x, b' ' | b'-') {
+            keep |= bit(Kind::Ssn);
+        }
+        if d <= 3 && x == b'.' {
+            keep |= bit(Kind::Ipv4);
+        }
+        // A hex run of at most 4 then `:`.
+        if d <= 4 && (x.is_ascii_hexdigit() || x == b':') {
+            keep |= bit(Kind::Ipv6);
+        }
+        // At least 7 phone bytes after the first digit.
+        if d >= 8 || is_phone_byte(x) {
+            keep |= bit(Kind::Phone);
+        }
+        keep
+    }
+
+    /// Resolves overlaps (higher-priority kinds first, then leftmost) and pushes the kept
+    /// candidates to `out` in order of position.
+    fn push_resolved(
+        &self,
+        index: usize,
+        text: &str,
+        mut cands: Vec<(usize, usize, Kind)>,
+        out: &mut Vec<Match>,
+    ) {
         cands.sort_by_key(|&(s, e, k)| (k as u8, s, usize::MAX - e));
         let mut kept: Vec<(usize, usize, Kind)> = Vec::new();
         for c in cands {
@@ -355,8 +449,158 @@ impl Pii {
     }
 }
 
+/// Length of the match of an anchored (`^`) pattern at `i`.
+fn anchored_len(re: &Regex, text: &str, i: usize) -> Option<usize> {
+    text.get(i..).and_then(|t| re.find(t)).map(|m| m.end())
+}
+
+/// The e-mail pattern's necessary condition at `i`: an `@` within 80 bytes, with no
+/// whitespace before it. `next_at` is the position of the next `@` at or after the previous
+/// call's `i` (`usize::MAX` when there is none); it moves on when `i` has passed it.
+#[inline]
+fn email_gate(bytes: &[u8], i: usize, next_at: &mut usize) -> bool {
+    if *next_at < i {
+        *next_at = next_at_sign(bytes, i);
+    }
+    let a = *next_at;
+    a - i < 80
+        && !bytes
+            .get(i..a)
+            .is_some_and(|w| w.iter().any(u8::is_ascii_whitespace))
+}
+
+/// The position of the first `@` at or after `from` (`usize::MAX` when there is none).
+fn next_at_sign(bytes: &[u8], from: usize) -> usize {
+    bytes
+        .get(from..)
+        .and_then(|r| memchr::memchr(b'@', r))
+        .map_or(usize::MAX, |j| from + j)
+}
+
+/// ASCII letters, digits and `_`.
+static WORD_BYTE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric() || c == b'_';
+        b += 1;
+    }
+    t
+};
+
 fn is_word_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
+    WORD_BYTE[usize::from(b)]
+}
+
+/// The first position at or after `from` that does not hold an ASCII word byte.
+fn ascii_word_end(bytes: &[u8], from: usize) -> usize {
+    bytes
+        .get(from..)
+        .and_then(|r| r.iter().position(|b| !is_word_byte(*b)))
+        .map_or(bytes.len(), |p| from + p)
+}
+
+fn digit_at(r: &[u8], i: usize) -> bool {
+    r.get(i).is_some_and(u8::is_ascii_digit)
+}
+
+/// The number of ASCII digits from `from`, counting at most `max`.
+fn digit_run(r: &[u8], from: usize, max: usize) -> usize {
+    r.get(from..).map_or(0, |t| {
+        t.iter()
+            .take(max)
+            .take_while(|b| b.is_ascii_digit())
+            .count()
+    })
+}
+
+// The matchers below compute, in code, the length of the match that the anchored regex of
+// their kind (see `Kind::pattern`) finds at the start of `r`; a test checks them against the
+// regexes on random inputs.
+
+/// `[0-9](?:[ -]?[0-9]){12,18}`: a greedy walk; a separator counts only before a digit.
+fn card_len(r: &[u8]) -> Option<usize> {
+    if !digit_at(r, 0) {
+        return None;
+    }
+    let mut end = 1;
+    let mut reps = 0;
+    while reps < 18 {
+        if digit_at(r, end) {
+            end += 1;
+        } else if matches!(r.get(end), Some(b' ' | b'-')) && digit_at(r, end + 1) {
+            end += 2;
+        } else {
+            break;
+        }
+        reps += 1;
+    }
+    (reps >= 12).then_some(end)
+}
+
+/// `[0-9]{3}[- ][0-9]{2}[- ][0-9]{4}`.
+fn ssn_len(r: &[u8]) -> Option<usize> {
+    let &[a, b, c, s1, d, e, s2, f, g, h, k] = r.get(..11)? else {
+        return None;
+    };
+    let sep = |x: u8| x == b'-' || x == b' ';
+    let ok = sep(s1) && sep(s2) && [a, b, c, d, e, f, g, h, k].iter().all(u8::is_ascii_digit);
+    ok.then_some(11)
+}
+
+/// `[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}`: each of the first three groups is a
+/// whole digit run of 1 to 3 digits followed by a dot; the last takes up to 3 digits.
+fn ipv4_len(r: &[u8]) -> Option<usize> {
+    let mut end = 0;
+    for _ in 0..3 {
+        let d = digit_run(r, end, 4);
+        if !(1..=3).contains(&d) || r.get(end + d) != Some(&b'.') {
+            return None;
+        }
+        end += d + 1;
+    }
+    let d = digit_run(r, end, 3);
+    (d >= 1).then_some(end + d)
+}
+
+/// `[0-9A-Fa-f]{0,4}:[0-9A-Fa-f:.]{2,}`: a whole hex run of at most 4 digits, a colon, and
+/// the whole run of hex digits, colons and dots after it (at least 2).
+fn ipv6_len(r: &[u8]) -> Option<usize> {
+    let h = r
+        .iter()
+        .take(5)
+        .take_while(|b| b.is_ascii_hexdigit())
+        .count();
+    if h > 4 || r.get(h) != Some(&b':') {
+        return None;
+    }
+    let body = r
+        .get(h + 1..)?
+        .iter()
+        .take_while(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'))
+        .count();
+    (body >= 2).then_some(h + 1 + body)
+}
+
+/// `[+(]?[0-9][0-9 ()./-]{6,24}[0-9]`: after the optional sign and the first digit, the
+/// longest 6 to 24 phone bytes that a digit follows (the regex backtracks to it).
+fn phone_len(r: &[u8]) -> Option<usize> {
+    let j = usize::from(matches!(r.first(), Some(b'+' | b'(')));
+    if !digit_at(r, j) {
+        return None;
+    }
+    let body = j + 1;
+    let run = r
+        .get(body..)?
+        .iter()
+        .take(25)
+        .take_while(|b| is_phone_byte(**b))
+        .count();
+    (6..run)
+        .rev()
+        .find(|&k| digit_at(r, body + k))
+        .map(|k| body + k + 1)
 }
 
 /// A byte of the phone pattern's body: `[0-9 ()./-]`.
@@ -876,6 +1120,13 @@ fn ipv6(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
     if next_is(text, end, is_word) {
         return None;
     }
+    // Required of the address below; the same with or without a final `:`, and checked
+    // first because it is cheaper than the parse (clock times such as `10:30:45` fail it).
+    let has_digit = cand.bytes().any(|b| b.is_ascii_digit());
+    let long_group = cand.split(':').any(|g| g.len() >= 3);
+    if !(has_digit && long_group) {
+        return None;
+    }
     let addr: Ipv6Addr = match cand.parse() {
         Ok(a) => a,
         Err(_) => {
@@ -889,9 +1140,7 @@ fn ipv6(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
         return None;
     }
     let colons = cand.bytes().filter(|b| *b == b':').count();
-    let has_digit = cand.bytes().any(|b| b.is_ascii_digit());
-    let long_group = cand.split(':').any(|g| g.len() >= 3);
-    (colons >= 2 && has_digit && long_group).then_some((s, end))
+    (colons >= 2).then_some((s, end))
 }
 
 fn phone(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
@@ -936,7 +1185,7 @@ fn phone(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
 
 /// The accepted phone shapes (see the reference).
 fn phone_shape(cand: &str) -> bool {
-    let groups: Vec<&str> = cand
+    let groups: SmallVec<[&str; 16]> = cand
         .split(|c: char| !c.is_ascii_digit())
         .filter(|g| !g.is_empty())
         .collect();
@@ -944,8 +1193,14 @@ fn phone_shape(cand: &str) -> bool {
     let Some(first) = groups.first() else {
         return false;
     };
-    let parens = cand.matches('(').count();
-    if parens != cand.matches(')').count() || parens > 1 {
+    // One group without `+` fails below whatever the parentheses; decided first, it is the
+    // common case (an unseparated number).
+    if groups.len() < 2 && !cand.starts_with('+') {
+        return false;
+    }
+    let count = |p: u8| cand.bytes().filter(|b| *b == p).count();
+    let parens = count(b'(');
+    if parens != count(b')') || parens > 1 {
         return false;
     }
     if cand.starts_with('+') {
@@ -957,21 +1212,20 @@ fn phone_shape(cand: &str) -> bool {
     if groups.len() < 2 {
         return false;
     }
-    let lens: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+    let lens: SmallVec<[usize; 16]> = groups.iter().map(|g| g.len()).collect();
     // North American: (NXX) NXX-XXXX, NXX-NXX-XXXX, NXX.NXX.XXXX, 1-NXX-NXX-XXXX.
     let nanp = |area: &str| {
         area.as_bytes()
             .first()
             .is_some_and(|b| (b'2'..=b'9').contains(b))
     };
-    if lens == [3, 3, 4] && nanp(first) {
-        let seps: Vec<char> = cand
+    if lens[..] == [3, 3, 4] && nanp(first) {
+        let separated = cand
             .chars()
-            .filter(|c| !c.is_ascii_digit() && *c != '(' && *c != ')')
-            .collect();
-        return !seps.is_empty() || cand.starts_with('(');
+            .any(|c| !c.is_ascii_digit() && c != '(' && c != ')');
+        return separated || cand.starts_with('(');
     }
-    if lens == [1, 3, 3, 4] && *first == "1" {
+    if lens[..] == [1, 3, 3, 4] && *first == "1" {
         return groups.get(1).is_some_and(|a| nanp(a));
     }
     // European national formats with a trunk `0`: UK, DE, FR and similar.
@@ -1038,7 +1292,7 @@ mod tests {
     }
 
     /// The previous gates (looser than the current ones, which are exact prefixes of the
-    /// patterns).
+    /// patterns; the kinds matched in code have none).
     fn reference_gate(k: Kind, r: &[u8]) -> bool {
         let at = |i: usize| r.get(i).copied().unwrap_or(0);
         let within = |n: usize, b: u8| r.iter().take(n).any(|x| *x == b);
@@ -1136,6 +1390,96 @@ mod tests {
         "#",
     ];
 
+    /// A matcher in code: the length of its kind's match at the start of the bytes.
+    type Matcher = fn(&[u8]) -> Option<usize>;
+
+    /// The kinds matched in code, with their matchers.
+    const CODE_MATCHERS: &[(Kind, Matcher)] = &[
+        (Kind::Card, card_len),
+        (Kind::Ssn, ssn_len),
+        (Kind::Ipv4, ipv4_len),
+        (Kind::Ipv6, ipv6_len),
+        (Kind::Phone, phone_len),
+    ];
+
+    /// Each matcher gives the length of the match its kind's anchored regex finds, at every
+    /// character boundary of `text`.
+    fn assert_matchers_agree_with_regexes(text: &str) -> Result<(), TestCaseError> {
+        for (kind, matcher) in CODE_MATCHERS {
+            let pat = PII.pats.iter().find(|p| p.kind == *kind).unwrap();
+            for i in (0..=text.len()).filter(|i| text.is_char_boundary(*i)) {
+                let expected = pat.re.find(&text[i..]).map(|m| m.end());
+                let r = &text.as_bytes()[i..];
+                if expected.is_some() && r.first().is_some_and(u8::is_ascii_digit) {
+                    let bit = PII.kind_bits[*kind as usize];
+                    prop_assert!(
+                        PII.digit_start_mask(r) & bit != 0,
+                        "{:?} at {} of {:?}",
+                        kind,
+                        i,
+                        text
+                    );
+                }
+                prop_assert_eq!(
+                    matcher(&text.as_bytes()[i..]),
+                    expected,
+                    "{:?} at {} of {:?}",
+                    kind,
+                    i,
+                    text
+                );
+            }
+        }
+        Ok(())
+    }
+
+    const NUMBER_PIECES: &[&str] = &[
+        "1", "23", "456", "7890", "4111", "0", " ", "  ", "-", ".", ":", "::", "(", ")", "+", "/",
+        "a", "F", "x", "\n", "é",
+    ];
+
+    /// Wherever a kind matches (its gate passes and its regex matches), the second byte passes
+    /// `may_follow`.
+    fn assert_second_bytes_may_follow(text: &str) -> Result<(), TestCaseError> {
+        for pat in &PII.pats {
+            for i in (0..text.len()).filter(|i| text.is_char_boundary(*i)) {
+                let rest = &text[i..];
+                if pat.kind.gate(rest.as_bytes()) && pat.re.is_match(rest) {
+                    let second = rest.as_bytes().get(1).copied().unwrap_or(0);
+                    prop_assert!(
+                        pat.kind.may_follow(second),
+                        "{:?} at {} of {:?}",
+                        pat.kind,
+                        i,
+                        text
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn code_matchers_on_examples() {
+        assert_eq!(card_len(b"4111 1111 1111 1111 x"), Some(19));
+        assert_eq!(card_len(b"4111-1111-1111-111"), Some(18));
+        assert_eq!(card_len(b"4111 1111 111"), None);
+        assert_eq!(card_len(b"12345678901234567890123"), Some(19));
+        assert_eq!(ssn_len(b"078-05-1120"), Some(11));
+        assert_eq!(ssn_len(b"078-05-112"), None);
+        assert_eq!(ipv4_len(b"192.168.1.2000"), Some(13));
+        assert_eq!(ipv4_len(b"1234.1.1.1"), None);
+        assert_eq!(ipv4_len(b"1.2.3"), None);
+        assert_eq!(ipv6_len(b"10:30:45."), Some(9));
+        assert_eq!(ipv6_len(b"::1"), Some(3));
+        assert_eq!(ipv6_len(b"abcde:1:2"), None);
+        assert_eq!(phone_len(b"+44 20 7946 0958. "), Some(16));
+        assert_eq!(phone_len(b"(555) 123-4567"), Some(14));
+        assert_eq!(phone_len(b"+ 555 123 4567"), None);
+        assert_eq!(phone_len(b"2024-01-15T10"), Some(10));
+        assert_eq!(phone_len(b"1234567"), None);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
         #[test]
@@ -1151,6 +1495,29 @@ mod tests {
         fn byte_scan_matches_the_reference_on_any_text(text in "[ -~\n é€@]{0,120}") {
             let p = &*PII;
             prop_assert_eq!(current(p, &text), resolved(reference(p, &text)), "{:?}", text);
+        }
+
+        #[test]
+        fn second_bytes_of_matches_may_follow(
+            parts in proptest::collection::vec(0..PIECES.len(), 0..12)
+        ) {
+            let text: String = parts.iter().map(|i| PIECES[*i]).collect();
+            assert_second_bytes_may_follow(&text)?;
+        }
+
+        #[test]
+        fn code_matchers_agree_with_their_regexes(
+            parts in proptest::collection::vec(0..NUMBER_PIECES.len(), 0..32)
+        ) {
+            let text: String = parts.iter().map(|i| NUMBER_PIECES[*i]).collect();
+            assert_matchers_agree_with_regexes(&text)?;
+        }
+
+        #[test]
+        fn code_matchers_agree_with_their_regexes_on_any_text(
+            text in "[0-9a-fA-Z .:()+/\n-]{0,48}"
+        ) {
+            assert_matchers_agree_with_regexes(&text)?;
         }
     }
 }
