@@ -37,6 +37,18 @@ const SUFFIX_HELP: &str = "valid suffixes are `k`, `M`, `G`, `T`, `P`, `E` (powe
 /// is left to the caller. The result is the `f64` nearest to the exact
 /// decimal value, so `70%` and `0.7` give the same number.
 pub fn parse_ratio(input: &str) -> Result<f64, SyntaxError> {
+    // The common, well-formed case without the grammar: digits, a fraction, a `%`.
+    if let Some((number, rest)) = split_decimal(input)
+        && (rest.is_empty() || rest == "%")
+        && let Some(r) = decimal::to_f64(number, if rest.is_empty() { 0 } else { -2 })
+        && r.is_finite()
+    {
+        return Ok(r);
+    }
+    ratio_with_grammar(input)
+}
+
+fn ratio_with_grammar(input: &str) -> Result<f64, SyntaxError> {
     let pairs = parse(Rule::ratio, input, "ratio", "`70%` or `0.7`")?;
     let mut number = None;
     let mut percent = false;
@@ -67,6 +79,21 @@ pub fn parse_ratio(input: &str) -> Result<f64, SyntaxError> {
 /// A fraction is allowed when the result is whole (`1.5Ki` is 1536). Negative
 /// numbers, unknown suffixes and values above `u64::MAX` are errors.
 pub fn parse_quantity(input: &str) -> Result<u64, SyntaxError> {
+    // The common, well-formed case without the grammar: a whole result with a known suffix.
+    if let Some((number, suffix)) = split_decimal(input)
+        && let Some(multiplier) = match suffix {
+            "" => Some(1),
+            _ => SUFFIXES.iter().find(|(n, _)| *n == suffix).map(|(_, m)| *m),
+        }
+        && let Exact::Whole(value) = decimal::scaled_exact(number, multiplier)
+        && let Ok(v) = u64::try_from(value)
+    {
+        return Ok(v);
+    }
+    quantity_with_grammar(input)
+}
+
+fn quantity_with_grammar(input: &str) -> Result<u64, SyntaxError> {
     let pairs = parse(Rule::quantity, input, "quantity", "`16Ki`, `2M` or `1024`")?;
     let mut number: Option<Pair<'_, Rule>> = None;
     let mut multiplier = 1;
@@ -98,6 +125,24 @@ pub fn parse_quantity(input: &str) -> Result<u64, SyntaxError> {
         )
         .with_help("quantities count whole units; use a larger suffix or fewer decimals")),
     }
+}
+
+/// `input` split after its leading `digits(.digits)?` (the grammar's `decimal`), when it has one.
+fn split_decimal(input: &str) -> Option<(&str, &str)> {
+    let b = input.as_bytes();
+    let digits = |from: usize| from + b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let int_end = digits(0);
+    if int_end == 0 {
+        return None;
+    }
+    let mut end = int_end;
+    if b.get(end) == Some(&b'.') {
+        let frac_end = digits(end + 1);
+        if frac_end > end + 1 {
+            end = frac_end;
+        }
+    }
+    Some(input.split_at(end))
 }
 
 fn parse<'i>(
@@ -175,6 +220,21 @@ fn describe(rule: Rule) -> &'static str {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    proptest::proptest! {
+        /// The fast paths agree with the grammar, errors included.
+        #[test]
+        fn fast_paths_match_the_grammar(s in "[0-9.%kKMGTPEim+ -]{0,8}") {
+            proptest::prop_assert_eq!(
+                format!("{:?}", parse_ratio(&s)),
+                format!("{:?}", ratio_with_grammar(&s))
+            );
+            proptest::prop_assert_eq!(
+                format!("{:?}", parse_quantity(&s)),
+                format!("{:?}", quantity_with_grammar(&s))
+            );
+        }
+    }
 
     #[test]
     fn ratios() {

@@ -33,6 +33,7 @@ pub mod source;
 pub mod suggest;
 pub mod synthetic;
 pub mod yaml;
+pub mod yaml_fast;
 pub mod yaml_view;
 
 use std::hash::{Hash, Hasher};

@@ -194,21 +194,35 @@ pub struct Lookup<'a> {
 
 /// Parses every document of a file. Syntax errors are pushed to `diags`; documents that ended
 /// before the error are still returned.
+///
+/// Files in the subset of [`crate::yaml_fast`] are read by it; the others (and all invalid
+/// ones) by `saphyr-parser`. Both feed the same tree builder the same events.
 pub fn parse_documents(
     id: FileId,
     file: &SourceFile,
     diags: &mut Vec<Diagnostic>,
 ) -> Vec<Document> {
-    let mut builder = Builder {
-        id,
-        file,
-        stack: Vec::new(),
-        items: Vec::new(),
-        entries: Vec::new(),
-        anchors: HashMap::new(),
-        docs: Vec::new(),
-        diags,
-    };
+    let mut local = Vec::new();
+    let mut builder = Builder::new(id, file, &mut local);
+    let fast = crate::yaml_fast::parse(&file.text, &mut |event, start, end| {
+        builder.event(event, start, end);
+    });
+    if fast.is_ok() {
+        let docs = builder.docs;
+        diags.append(&mut local);
+        return docs;
+    }
+    parse_documents_full(id, file, diags)
+}
+
+/// [`parse_documents`] with `saphyr-parser` only (the reference the fast path is tested
+/// against).
+pub fn parse_documents_full(
+    id: FileId,
+    file: &SourceFile,
+    diags: &mut Vec<Diagnostic>,
+) -> Vec<Document> {
+    let mut builder = Builder::new(id, file, diags);
     let mut parser = Parser::new_from_str(&file.text);
     loop {
         match parser.next_event() {
@@ -280,7 +294,20 @@ struct Builder<'a> {
     diags: &'a mut Vec<Diagnostic>,
 }
 
-impl Builder<'_> {
+impl<'a> Builder<'a> {
+    fn new(id: FileId, file: &'a SourceFile, diags: &'a mut Vec<Diagnostic>) -> Self {
+        Builder {
+            id,
+            file,
+            stack: Vec::new(),
+            items: Vec::new(),
+            entries: Vec::new(),
+            anchors: HashMap::new(),
+            docs: Vec::new(),
+            diags,
+        }
+    }
+
     fn byte(&self, m: Marker) -> usize {
         self.file.byte_at(m.line(), m.col())
     }

@@ -42,13 +42,14 @@ mod ast;
 mod display;
 mod eval;
 mod parse;
+mod parse_fast;
 mod typecheck;
 mod typed;
 mod types;
 
 pub use ast::{CompareOp, Expr, ExprKind, Ident, Literal, LogicalOp};
 pub use eval::{EvalContext, Value, ValueList};
-pub use parse::{MAX_DEPTH, MAX_NESTING, parse_expr};
+pub use parse::{MAX_DEPTH, MAX_NESTING, parse_expr, parse_expr_reference};
 pub use typecheck::{TypeError, TypeErrorKind, typecheck};
 pub use typed::TypedExpr;
 pub use types::{Env, FnSig, Type};

@@ -29,6 +29,15 @@ pub const MAX_DEPTH: usize = 128;
 /// Errors say what was expected in words ("expected an operand after `&&`")
 /// and point at the byte span where parsing stopped.
 pub fn parse_expr(input: &str) -> Result<Expr, SyntaxError> {
+    match super::parse_fast::parse(input) {
+        Some(e) => Ok(e),
+        None => parse_expr_reference(input),
+    }
+}
+
+/// [`parse_expr`] with the pest grammar only: the reference the hand-written fast path (taken
+/// for well-formed input) is tested against. Same trees, same errors.
+pub fn parse_expr_reference(input: &str) -> Result<Expr, SyntaxError> {
     if input.trim().is_empty() {
         return Err(
             SyntaxError::new(Span::new(0, input.len()), "empty condition")
@@ -190,7 +199,7 @@ fn unary(pair: Pair<'_, Rule>, depth: usize) -> Result<Expr, SyntaxError> {
 }
 
 /// Classifies a number-like token: integer, float, percentage or duration.
-fn number(text: &str, span: Span) -> Result<Literal, SyntaxError> {
+pub(super) fn number(text: &str, span: Span) -> Result<Literal, SyntaxError> {
     let (negative, body) = match text.strip_prefix('-') {
         Some(body) => (true, body),
         None => (false, text),
@@ -254,7 +263,7 @@ const ESCAPES_HELP: &str =
     r#"valid escapes are `\"`, `\\`, `\n`, `\r`, `\t` and `\u{…}` (1 to 6 hex digits)"#;
 
 /// Resolves the escapes of a string body that starts at byte `offset`.
-fn unescape(body: &str, offset: usize) -> Result<String, SyntaxError> {
+pub(super) fn unescape(body: &str, offset: usize) -> Result<String, SyntaxError> {
     let mut out = String::with_capacity(body.len());
     let mut chars = body.char_indices();
     while let Some((i, c)) = chars.next() {
