@@ -74,6 +74,7 @@ fn state(addresses: &[&str]) -> Arc<SharedState> {
             block_size: 32,
             block_size_configured: true,
             ttft: TtftModel::from_prior(5000.0, 0.02),
+            routed: kinf_router::state::speculative_index(),
         },
     );
     SharedState::new(st)

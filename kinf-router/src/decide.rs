@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 
 use crate::decision::PredictionInputs;
 use crate::decision::*;
-use crate::predictor::TtftParts;
+use crate::predictor::{TtftModel, TtftParts};
 use crate::prefix_index::{EndpointId, block_hashes};
 use crate::request::Request;
 use crate::state::{ClusterState, EndpointState, Load};
@@ -58,6 +58,8 @@ struct Candidate<'s> {
     cached_tokens: u32,
     load: Option<Load>,
     prediction: Option<PredictionInputs>,
+    /// The worker set's TTFT model (Local only), for the recompute cost.
+    model_ttft: Option<&'s TtftModel>,
     ttft: TtftParts,
     cost: f64,
 }
@@ -87,7 +89,7 @@ impl Candidate<'_> {
 
     fn measure(&self, m: Measure) -> f64 {
         match m {
-            Measure::PredictedTtft => self.ttft.total_s,
+            Measure::PredictedTtft => self.ttft.rank_s(),
             Measure::QueuedPrompts => self.load.map_or(0.0, |l| l.queued_prompts),
             Measure::RunningPrompts => self.load.map_or(0.0, |l| l.running_prompts),
             Measure::KvCacheUsage => self.load.map_or(0.0, |l| l.kv_cache_usage),
@@ -303,7 +305,7 @@ impl<'a> Ctx<'a> {
         tiers: &[SelectTier],
     ) -> (Option<Candidate<'a>>, StagesTrace) {
         let mut st = StagesTrace::default();
-        let cands = self.candidates(consider, &mut st);
+        let mut cands = self.candidates(consider, &mut st);
         // Dropped candidates are marked, not removed: no shifting of the candidate list.
         let mut alive = vec![true; cands.len()];
         if let Some(rule) = rule {
@@ -330,6 +332,7 @@ impl<'a> Ctx<'a> {
                 }
             }
         }
+        charge_recompute(&mut cands, &alive);
         let survivors: Vec<&Candidate<'a>> = cands
             .iter()
             .zip(&alive)
@@ -492,6 +495,7 @@ impl<'a> Ctx<'a> {
                             cached_tokens: cached,
                             load: Some(load),
                             prediction: Some(prediction),
+                            model_ttft: Some(&ws.ttft),
                             ttft,
                             cost: cost(&d.cost, self.req, cached),
                         });
@@ -524,11 +528,13 @@ impl<'a> Ctx<'a> {
                         cached_tokens: 0,
                         load: None,
                         prediction: None,
+                        model_ttft: None,
                         ttft: TtftParts {
                             wait_s: 0.0,
                             prefill_s: 0.0,
                             overhead_s: ttft_s,
                             total_s: ttft_s,
+                            recompute_s: 0.0,
                         },
                         cost: cost(&d.cost, self.req, 0),
                     });
@@ -555,17 +561,49 @@ impl<'a> Ctx<'a> {
             let mut found: Vec<(EndpointId, u32)> = Vec::with_capacity(ws.endpoints.len());
             ws.prefix
                 .match_prefix(hashes, self.state.now_ms, &mut found);
-            for (id, blocks) in found {
-                let i = id.0 as usize;
-                if dense.len() <= i {
-                    dense.resize(i + 1, 0);
+            let mut put = |found: &[(EndpointId, u32)]| {
+                for &(id, blocks) in found {
+                    let i = id.0 as usize;
+                    if dense.len() <= i {
+                        dense.resize(i + 1, 0);
+                    }
+                    if let Some(slot) = dense.get_mut(i) {
+                        *slot = (*slot).max(blocks);
+                    }
                 }
-                if let Some(slot) = dense.get_mut(i) {
-                    *slot = blocks;
-                }
+            };
+            put(&found);
+            // Exact tracking: prompts routed lately whose blocks no KV event has reported yet.
+            if matches!(ws.prefix, crate::state::PrefixTracking::Exact(_)) {
+                ws.routed
+                    .match_prefix(hashes, self.state.now_ms, &mut found);
+                put(&found);
             }
         }
         dense
+    }
+}
+
+/// Sets each local candidate's recompute cost ([`TtftParts::recompute_s`]): the prompt tokens
+/// it would prefill beyond the fewest any surviving local candidate would (tokens that another
+/// candidate caches), at their cost to the requests in flight on it
+/// ([`TtftModel::recompute_cost`]). Dropped candidates are charged against the survivors too,
+/// for the trace.
+fn charge_recompute(cands: &mut [Candidate<'_>], alive: &[bool]) {
+    let fewest = cands
+        .iter()
+        .zip(alive)
+        .filter(|(c, keep)| **keep && c.backend == BackendType::Local)
+        .filter_map(|(c, _)| c.prediction.map(|p| p.uncached_tokens))
+        .min();
+    let Some(fewest) = fewest else {
+        return;
+    };
+    for c in cands.iter_mut() {
+        if let (Some(p), Some(m)) = (c.prediction, c.model_ttft) {
+            let extra = p.uncached_tokens.saturating_sub(fewest);
+            c.ttft.recompute_s = m.recompute_cost(f64::from(extra), p.queued, p.running);
+        }
     }
 }
 

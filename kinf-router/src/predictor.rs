@@ -17,8 +17,13 @@
 //! requests (other gateways' work; [`crate::decision::PredictionInputs`]). The
 //! three coefficients `[overhead_s, s_per_token, per_queued_s]` start from the worker set's
 //! performance prior and are refined by recursive least squares (forgetting factor 0.98) from
-//! observed TTFTs. A cold idle worker beats a warm worker once the warm one's queue wait exceeds
-//! the prefill it saves — the point of predicting TTFT instead of maximizing cache hits.
+//! observed TTFTs (with the covariance bounded by the prior's, against wind-up). A cold idle
+//! worker beats a warm worker once the warm one's queue wait exceeds the prefill it saves — the
+//! point of predicting TTFT instead of maximizing cache hits.
+//!
+//! Selection ranks by the prediction plus [`TtftModel::recompute_cost`]: prefilling tokens that
+//! another candidate already caches delays every request in flight on the chosen worker, which
+//! is free on an idle worker and dominant on a saturated one.
 
 use serde::Serialize;
 
@@ -32,8 +37,27 @@ pub struct TtftParts {
     pub prefill_s: f64,
     /// Fixed overhead.
     pub overhead_s: f64,
-    /// The sum.
+    /// The sum: the predicted TTFT of this request.
     pub total_s: f64,
+    /// Capacity cost of a recompute, not part of `total_s`: the delay that prefilling prompt
+    /// tokens another candidate already caches adds to the other requests in flight on this
+    /// endpoint ([`TtftModel::recompute_cost`]). `minimize: PredictedTTFT` ranks candidates by
+    /// `total_s + recompute_s`; filters and the route's predicted TTFT use `total_s`. Zero
+    /// (and left out of traces) when nothing is recomputed or nothing else is in flight.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub recompute_s: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+impl TtftParts {
+    /// What `minimize: PredictedTTFT` ranks by: the predicted TTFT plus the recompute's
+    /// capacity cost.
+    pub fn rank_s(&self) -> f64 {
+        self.total_s + self.recompute_s
+    }
 }
 
 /// Default slowdown of prefill per running sequence (decode steps share the batch).
@@ -46,6 +70,8 @@ pub const DEFAULT_QUEUED_PROMPT_TOKENS: f64 = 2048.0;
 pub struct TtftModel {
     theta: [f64; 3],
     p: [[f64; 3]; 3],
+    /// The prior's variances: the bound on `p`'s diagonal (see [`TtftModel::observe`]).
+    p_max: [f64; 3],
     interference: f64,
     observations: u64,
     abs_error_ewma_s: f64,
@@ -61,6 +87,11 @@ impl TtftModel {
             5000.0
         };
         let s_per_token = 1.0 / tps;
+        let p_max = [
+            0.05f64.powi(2),
+            (0.5 * s_per_token).powi(2),
+            (0.5 * DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token).powi(2),
+        ];
         TtftModel {
             theta: [
                 overhead_s.max(0.0),
@@ -69,14 +100,11 @@ impl TtftModel {
             ],
             // Prior confidence: overhead ±50 ms, per-token ±50 %, per-queued ±50 %.
             p: [
-                [0.05f64.powi(2), 0.0, 0.0],
-                [0.0, (0.5 * s_per_token).powi(2), 0.0],
-                [
-                    0.0,
-                    0.0,
-                    (0.5 * DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token).powi(2),
-                ],
+                [p_max[0], 0.0, 0.0],
+                [0.0, p_max[1], 0.0],
+                [0.0, 0.0, p_max[2]],
             ],
+            p_max,
             interference: DEFAULT_INTERFERENCE,
             observations: 0,
             abs_error_ewma_s: 0.0,
@@ -118,7 +146,31 @@ impl TtftModel {
             prefill_s,
             overhead_s: p.overhead_s,
             total_s: p.total_s,
+            recompute_s: 0.0,
         }
+    }
+
+    /// The capacity cost of prefilling `recompute_tokens` prompt tokens that another candidate
+    /// already caches, on an endpoint with `queued` and `running` requests: the prefill time of
+    /// those tokens times the requests it delays there.
+    ///
+    /// An engine computes one batch per step: prefill chunks share their steps with the decode
+    /// of every running request (and come before the prefill of queued ones), so each second of
+    /// prefill on an endpoint is a second added to the latency of each request in flight there.
+    /// Prefill of tokens that no candidate holds is spent wherever the request goes; tokens that
+    /// another candidate holds are spent only because of this choice. Charging them at their
+    /// cost to others makes the choice the one with the least total delay instead of the least
+    /// delay for this request alone: free on an idle endpoint (nobody waits; a cold idle worker
+    /// still beats a warm busy one), expensive on a busy one, where recomputing a long cached
+    /// prefix would take capacity from everything already running there.
+    pub fn recompute_cost(&self, recompute_tokens: f64, queued: f64, running: f64) -> f64 {
+        if recompute_tokens <= 0.0 {
+            return 0.0;
+        }
+        // The compute time of the tokens alone: the decode work sharing the steps is what is
+        // delayed, so the interference factor of this request's own prefill does not apply.
+        let prefill_s = self.predict(recompute_tokens, 0.0, 0.0).prefill_s;
+        prefill_s * (queued.max(0.0) + running.max(0.0))
     }
 
     /// Predicts TTFT for a request with `uncached_tokens` on an endpoint with the given load.
@@ -132,6 +184,7 @@ impl TtftModel {
             prefill_s,
             overhead_s,
             total_s: wait_s + prefill_s + overhead_s,
+            recompute_s: 0.0,
         }
     }
 
@@ -166,6 +219,24 @@ impl TtftModel {
         for (i, row) in p.iter_mut().enumerate() {
             for (j, cell) in row.iter_mut().enumerate() {
                 *cell = (self.p[i][j] - k[i] * px[j]) / lambda;
+            }
+        }
+        // Bounded covariance: with forgetting, the variance of a coefficient that the recent
+        // observations do not inform (a feature that stays constant, such as `queued` at 0)
+        // grows by 1/0.98 per observation without bound, and the next observation that moves
+        // that feature then swings the coefficient wildly (RLS "wind-up": overheads and
+        // per-queued costs of minutes under sustained load). No coefficient is allowed to be
+        // less certain than the prior made it: `p ← D p D` with `D` scaling each variance back
+        // to its bound (keeps `p` positive semi-definite).
+        let mut d = [1.0; 3];
+        for (i, di) in d.iter_mut().enumerate() {
+            if p[i][i] > self.p_max[i] && p[i][i].is_finite() {
+                *di = (self.p_max[i] / p[i][i]).sqrt();
+            }
+        }
+        for (i, row) in p.iter_mut().enumerate() {
+            for (j, cell) in row.iter_mut().enumerate() {
+                *cell *= d[i] * d[j];
             }
         }
         self.p = p;

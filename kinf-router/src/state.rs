@@ -321,6 +321,11 @@ pub const APPROX_CAPACITY_BLOCKS: usize = 16_384;
 /// Age after which approximate tracking forgets a routed prefix.
 pub const APPROX_MAX_AGE: Duration = Duration::from_secs(600);
 
+/// Age after which a routed prefix that exact tracking has not confirmed is forgotten
+/// ([`WorkerSetState::routed`]): longer than a prefill usually waits and runs, after which the
+/// engine's KV events have reported the blocks (or the request never reached it).
+pub const SPECULATIVE_MAX_AGE: Duration = Duration::from_secs(10);
+
 /// How a worker set's KV-cache contents are known.
 #[derive(Clone, Debug)]
 pub enum PrefixTracking {
@@ -367,6 +372,25 @@ pub struct WorkerSetState {
     /// so it is avoided for good). Each endpoint's own model ([`EndpointState::ttft`]) still
     /// learns from its observations, for per-endpoint error reporting.
     pub ttft: TtftModel,
+    /// With exact tracking: the prompts routed to each endpoint in the last
+    /// [`SPECULATIVE_MAX_AGE`], recorded at routing time ([`ClusterState::record_routed`]);
+    /// routing the prompt there again does not renew a claim (so that a prefix the engine
+    /// evicted is not kept alive by the traffic it attracts).
+    /// KV events report a prompt's blocks only once its prefill has computed them; until then,
+    /// a request with the same prefix routed to the same endpoint will find them cached (its
+    /// prefill is queued behind), so a match counts the longer of the two indexes. Without it,
+    /// the requests of a new prefix that arrive during its first prefill all look cold and are
+    /// spread over the fleet, each recomputing the prefix. Unused with approximate tracking,
+    /// which records routed prompts anyway.
+    pub routed: ApproxIndex,
+}
+
+/// An empty index of routed prompts for [`WorkerSetState::routed`].
+pub fn speculative_index() -> ApproxIndex {
+    ApproxIndex::new(
+        APPROX_CAPACITY_BLOCKS,
+        SPECULATIVE_MAX_AGE.as_millis() as u64,
+    )
 }
 
 impl WorkerSetState {
@@ -393,6 +417,7 @@ impl WorkerSetState {
             PrefixTracking::Exact(index) => index.clear_endpoint(id),
             PrefixTracking::Approximate(index) => index.clear_endpoint(id),
         }
+        self.routed.clear_endpoint(id);
         true
     }
 
@@ -510,6 +535,7 @@ impl ClusterState {
                             w.prior.prefill_tokens_per_second,
                             w.prior.overhead.as_secs_f64(),
                         ),
+                        routed: speculative_index(),
                     },
                 );
             } else if d.provider.is_some() {
@@ -539,8 +565,10 @@ impl ClusterState {
         }
     }
 
-    /// Records that a request was routed to an endpoint: approximate prefix tracking learns
-    /// that the endpoint will hold the prompt's blocks. No effect with exact tracking.
+    /// Records that a request was routed to an endpoint: the endpoint will hold the prompt's
+    /// blocks. Approximate tracking learns it for good (until capacity or age evicts it); exact
+    /// tracking keeps it for [`SPECULATIVE_MAX_AGE`] ([`WorkerSetState::routed`]), until KV
+    /// events have reported the blocks.
     pub fn record_routed(
         &mut self,
         namespace: &str,
@@ -558,8 +586,10 @@ impl ClusterState {
         let Some(id) = ws.index_id(address) else {
             return;
         };
-        if let PrefixTracking::Approximate(index) = &mut ws.prefix {
-            index.record(id, &block_hashes(token_ids, ws.block_size), now_ms);
+        let hashes = block_hashes(token_ids, ws.block_size);
+        match &mut ws.prefix {
+            PrefixTracking::Approximate(index) => index.record(id, &hashes, now_ms),
+            PrefixTracking::Exact(_) => ws.routed.claim(id, &hashes, now_ms),
         }
     }
 

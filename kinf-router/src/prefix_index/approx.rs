@@ -82,6 +82,18 @@ impl ApproxIndex {
     /// Records that a request with blocks `request_hashes` was routed to `ep` at `now_ms`;
     /// then evicts beyond capacity and expires what is too old on that endpoint.
     pub fn record(&mut self, ep: EndpointId, request_hashes: &[u64], now_ms: u64) {
+        self.touch(ep, request_hashes, now_ms, true);
+    }
+
+    /// Like [`record`](Self::record), but blocks `ep` already holds (not expired) keep their
+    /// age: a claim expires the maximum age after the routing that made it, however often the
+    /// prompt is routed there again. For claims that something else must confirm in time.
+    pub fn claim(&mut self, ep: EndpointId, request_hashes: &[u64], now_ms: u64) {
+        self.touch(ep, request_hashes, now_ms, false);
+    }
+
+    fn touch(&mut self, ep: EndpointId, request_hashes: &[u64], now_ms: u64, refresh: bool) {
+        let max_age_ms = self.max_age_ms;
         let Some(slot) = self.endpoints.slot_or_insert(ep, ApproxEndpoint::default) else {
             return;
         };
@@ -98,9 +110,17 @@ impl ApproxIndex {
         // Touch the tail first so that the head is the most recently used: eviction then
         // shortens a cached prompt from its end, which keeps its prefix matchable.
         for &h in request_hashes.iter().rev() {
-            *tick += 1;
             let touches = blocks.entry(h).or_default();
-            match touches.iter_mut().find(|t| t.slot == slot) {
+            let held = touches.iter_mut().find(|t| t.slot == slot);
+            if !refresh
+                && held
+                    .as_ref()
+                    .is_some_and(|t| now_ms.saturating_sub(t.at_ms) <= max_age_ms)
+            {
+                continue;
+            }
+            *tick += 1;
+            match held {
                 Some(t) => {
                     t.tick = *tick;
                     t.at_ms = now_ms;

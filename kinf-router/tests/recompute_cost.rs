@@ -1,0 +1,217 @@
+//! PredictedTTFT selection charges a recompute at its capacity cost, and exact prefix tracking
+//! counts prompts routed moments ago whose KV events have not arrived yet.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::sync::Arc;
+
+use kinf_lang::CompiledPolicy;
+use kinf_router::kv_events::{BlockStored, KvEvent};
+use kinf_router::state::SPECULATIVE_MAX_AGE;
+use kinf_router::{ClusterState, Decider, Decision, Request};
+
+const NS: &str = "default";
+const WS: &str = "w";
+const A: &str = "10.0.0.1:8000";
+const B: &str = "10.0.0.2:8000";
+const C: &str = "10.0.0.3:8000";
+
+const POLICY: &str = r#"
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: { name: w }
+spec:
+  endpoints: ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+  models: [{ name: m }]
+  kvEvents: {}
+  blockSize: 16
+  performance: { prefillTokensPerSecond: 3000, overhead: 200ms }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: { name: p }
+spec: { destinations: [{ kind: InferenceWorkerSet, name: w }] }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: { name: ttft }
+spec:
+  rules:
+  - name: fastest
+    route:
+      select: [ { type: Local, minimize: PredictedTTFT } ]
+"#;
+
+fn policy() -> Arc<CompiledPolicy> {
+    let (_, c) = kinf_lang::compile_str("p.yaml", POLICY);
+    c.policy
+        .unwrap_or_else(|| panic!("does not compile: {:?}", c.diagnostics))
+}
+
+/// A 16,000-token shared prefix followed by 256 tokens of the request's own.
+fn prompt(own: u32) -> Vec<u32> {
+    (0..16_000u32)
+        .chain((0..256).map(|i| 1_000_000 + own * 1_000 + i))
+        .collect()
+}
+
+/// `address` reports (by KV event) that it caches the 16,000-token prefix.
+fn cache_prefix(st: &mut ClusterState, address: &str) {
+    let tokens: Vec<u32> = (0..16_000u32).collect();
+    let ev = KvEvent::BlockStored(BlockStored {
+        block_hashes: (1..=1_000u64).collect(),
+        parent: None,
+        token_ids: tokens,
+        block_size: 16,
+        ..Default::default()
+    });
+    let ws = st.worker_sets.get_mut("default/w").unwrap();
+    assert!(ws.apply_kv_events(address, &[ev]));
+}
+
+/// `address` has `n` requests of this gateway in flight, `pending` tokens of them not yet
+/// prefilled.
+fn in_flight(st: &mut ClusterState, address: &str, n: u32, pending: u32) {
+    for i in 0..n {
+        st.begin_request(NS, WS, address, if i == 0 { pending } else { 0 });
+    }
+}
+
+/// `(endpoint, cached tokens, predicted TTFT, recompute cost)` per candidate.
+fn candidates(d: &Decision) -> Vec<(String, u32, f64, f64)> {
+    let stages = d
+        .trace
+        .rules
+        .iter()
+        .find_map(|r| r.stages.as_ref())
+        .expect("a rule decided");
+    stages
+        .considered
+        .iter()
+        .map(|c| {
+            (
+                c.id.endpoint.to_string(),
+                c.cached_prompt_tokens,
+                c.predicted_ttft.total_s,
+                c.predicted_ttft.recompute_s,
+            )
+        })
+        .collect()
+}
+
+fn routed_to(d: &Decision) -> &str {
+    &d.route().expect("routed").endpoint
+}
+
+#[test]
+fn under_saturation_a_hot_prefix_stays_where_ttft_plus_recompute_cost_is_lowest() {
+    let policy = policy();
+    let mut st = ClusterState::from_policy(&policy, 16);
+    st.set_now(1_000);
+    cache_prefix(&mut st, A);
+    // A holds the hot prefix and is the busiest: 12 requests in flight, 24,000 tokens of
+    // prefill queued ahead (≈ 8 s). B and C are cold and busy too (8 requests each, decoding).
+    in_flight(&mut st, A, 12, 24_000);
+    in_flight(&mut st, B, 8, 0);
+    in_flight(&mut st, C, 8, 0);
+    let mut req = Request::new("m", 16_256);
+    req.token_ids = Some(prompt(1).into());
+    let d = Decider::decide(&policy, &req, &st);
+    let c = candidates(&d);
+    let (a, b) = (&c[0], &c[1]);
+    assert_eq!((a.1, b.1), (16_000, 0), "{c:?}");
+    // For this request alone, recomputing the prefix on B is faster...
+    assert!(b.2 < a.2, "greedy would pick B: {c:?}");
+    // ...but the recompute would delay the 8 requests decoding on B by its prefill time each,
+    // and A, which holds the prefix, recomputes nothing.
+    assert_eq!(a.3, 0.0, "{c:?}");
+    assert!(b.3 > 7.0 * (b.2 - 0.5), "{c:?}");
+    assert_eq!(routed_to(&d), A, "{c:?}");
+    // The route's predicted TTFT is the request's own, without the capacity cost.
+    assert_eq!(d.route().unwrap().predicted_ttft_s, Some(a.2));
+    // The pick is the candidate with the lowest predicted TTFT plus recompute cost.
+    let best = c
+        .iter()
+        .min_by(|x, y| (x.2 + x.3).total_cmp(&(y.2 + y.3)))
+        .unwrap();
+    assert_eq!(best.0, A);
+}
+
+#[test]
+fn an_idle_cold_worker_still_beats_a_warm_busy_one() {
+    // Nothing in flight on B: the recompute delays nobody, so it costs nothing and the faster
+    // cold prefill wins (the point of predicting TTFT rather than maximizing cache hits).
+    let policy = policy();
+    let mut st = ClusterState::from_policy(&policy, 16);
+    st.set_now(1_000);
+    cache_prefix(&mut st, A);
+    in_flight(&mut st, A, 12, 24_000);
+    in_flight(&mut st, C, 8, 0);
+    let mut req = Request::new("m", 16_256);
+    req.token_ids = Some(prompt(1).into());
+    let d = Decider::decide(&policy, &req, &st);
+    let c = candidates(&d);
+    assert_eq!(c[1].3, 0.0, "{c:?}");
+    assert!(c[2].3 > 0.0, "{c:?}");
+    assert_eq!(routed_to(&d), B, "{c:?}");
+}
+
+#[test]
+fn a_prefix_nobody_caches_costs_no_recompute() {
+    // Cold everywhere: every candidate prefills the same tokens, none is charged, and the
+    // choice is by predicted TTFT alone.
+    let policy = policy();
+    let mut st = ClusterState::from_policy(&policy, 16);
+    st.set_now(1_000);
+    in_flight(&mut st, A, 12, 0);
+    in_flight(&mut st, B, 8, 0);
+    in_flight(&mut st, C, 8, 4_000);
+    let mut req = Request::new("m", 16_256);
+    req.token_ids = Some(prompt(1).into());
+    let d = Decider::decide(&policy, &req, &st);
+    let c = candidates(&d);
+    assert!(c.iter().all(|x| x.3 == 0.0), "{c:?}");
+    assert_eq!(routed_to(&d), B, "{c:?}");
+}
+
+#[test]
+fn exact_tracking_counts_a_prompt_routed_before_its_kv_events_arrive() {
+    let policy = policy();
+    let mut st = ClusterState::from_policy(&policy, 16);
+    st.set_now(1_000);
+    // Every worker is busy decoding, so recomputing a prefix held elsewhere has a cost.
+    for ep in [A, B, C] {
+        in_flight(&mut st, ep, 4, 0);
+    }
+    let mut first = Request::new("m", 16_256);
+    first.token_ids = Some(prompt(1).into());
+    let d1 = Decider::decide(&policy, &first, &st);
+    let r1 = d1.route().unwrap().clone();
+    let p1 = r1.prediction.unwrap();
+    st.record_routed(
+        &r1.namespace,
+        &r1.destination,
+        &r1.endpoint,
+        &prompt(1),
+        1_000,
+    );
+    st.begin_request(
+        &r1.namespace,
+        &r1.destination,
+        &r1.endpoint,
+        p1.uncached_tokens,
+    );
+    // A second request with the same prefix, before any KV event: the first one's endpoint
+    // will hold the prefix by the time the second one's prefill runs there.
+    st.set_now(1_500);
+    let mut second = Request::new("m", 16_256);
+    second.token_ids = Some(prompt(2).into());
+    let d2 = Decider::decide(&policy, &second, &st);
+    let c = candidates(&d2);
+    let on_first = c.iter().find(|x| *x.0 == *r1.endpoint).unwrap();
+    assert_eq!(on_first.1, 16_000, "{c:?}");
+    assert_eq!(routed_to(&d2), &*r1.endpoint, "{c:?}");
+    // Unconfirmed by KV events, the claim expires.
+    st.set_now(1_000 + SPECULATIVE_MAX_AGE.as_millis() as u64 + 1);
+    let d3 = Decider::decide(&policy, &second, &st);
+    assert!(candidates(&d3).iter().all(|x| x.1 == 0), "{d3:#?}");
+}
