@@ -12,6 +12,11 @@
 //! - `kinf-bench live --workload W --router R`: the simulation's workloads, scaled down, on real
 //!   `kinf-sim serve` workers behind the gateway or a peer router (see `live`).
 
+/// mimalloc, as in `kinference` and `kinfctl`: `kinf-bench compile` measures policy compilation
+/// with the allocator the gateway compiles with.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 use std::time::Instant;
 

@@ -52,13 +52,16 @@
 //! [`ChatTokenizer::encode_text_uncached`] is the reference path; tests prove both agree.
 //!
 //! Segments that miss the cache go through a byte-level BPE fast path when the pipeline allows
-//! it (`fast.rs`: the GPT-2 / Llama 3 pre-tokenizer regex without `fancy-regex`'s backtracking,
-//! then the tokenizer's own BPE model; ≈5× faster, same ids — see
-//! [`ChatTokenizer::uses_fast_path`]), else through HF `encode`.
+//! it (`fast.rs`: the pre-tokenizer's splits found by hand-written matchers on ASCII text for the
+//! GPT-2, Llama 3 and Qwen 2 patterns (`ascii_split.rs`) and by the regex without
+//! `fancy-regex`'s backtracking elsewhere, then the ids of each split from a memo or the
+//! tokenizer's own BPE model; same ids — see [`ChatTokenizer::uses_fast_path`]), else through HF
+//! `encode`.
 //!
-//! Figures (release, 2-core x86_64, tiny-llama): a 16k-token chat whose 15k-token system prompt
-//! was seen before, with a new 1k-token user message, ≈0.2 ms; the same fully cold ≈2.2 ms;
-//! fully warm ≈18 µs (`benches/tokenize.rs`).
+//! Figures (release, idle 2-core x86_64 VM, tiny-llama, `benches/tokenize.rs`): a 16k-token chat
+//! whose 15k-token system prompt was seen before, with a new 1k-token user message, ≈47 µs; the
+//! same with the segment cache emptied ≈0.46 ms (≈2.2 ms before the split matchers and the
+//! memo); fully warm ≈18 µs; a 1k-token chat cold ≈35 µs.
 //!
 //! `ChatTokenizer` is `Send + Sync`; share it behind an `Arc`. All methods take `&self`.
 
