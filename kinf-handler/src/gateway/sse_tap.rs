@@ -134,18 +134,16 @@ impl SseTap {
         match kind {
             Some(b"message_start") => {
                 if let Some(u) = v.pointer("/message/usage") {
-                    let input = u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0);
-                    let cached = u
-                        .get("cache_read_input_tokens")
-                        .and_then(Value::as_u64)
-                        .unwrap_or(0);
-                    self.anthropic_input = Some((input, cached));
+                    self.anthropic_input = Some((
+                        count(u, "input_tokens"),
+                        count(u, "cache_read_input_tokens"),
+                    ));
                 }
             }
             Some(b"content_block_delta") => self.token(now),
             Some(b"message_delta") => {
                 if let Some(u) = v.get("usage") {
-                    let out = u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0);
+                    let out = count(u, "output_tokens");
                     let (input, cached) = self.anthropic_input.unwrap_or_default();
                     let input = u
                         .get("input_tokens")
@@ -180,51 +178,28 @@ pub fn anthropic_usage(input: u64, cache_read: u64, output: u64) -> TokenUsage {
 }
 
 /// Usage of a complete (non-streaming) response body. Only `usage` is materialised; the rest
-/// (choices, content) is skipped without building a tree.
+/// (choices, content) is skipped without building a tree. A `null` usage counts as none, as
+/// in streams.
 pub fn body_usage(api: Api, body: &[u8]) -> Option<TokenUsage> {
     /// The top level of a response, `usage` only.
     #[derive(serde::Deserialize)]
     struct Top {
-        usage: Option<Usage>,
-    }
-    /// Both protocols' counts (missing ones are 0).
-    #[derive(serde::Deserialize)]
-    struct Usage {
-        #[serde(default, deserialize_with = "count")]
-        prompt_tokens: u64,
-        #[serde(default)]
-        prompt_tokens_details: Option<Details>,
-        #[serde(default, deserialize_with = "count")]
-        completion_tokens: u64,
-        #[serde(default, deserialize_with = "count")]
-        input_tokens: u64,
-        #[serde(default, deserialize_with = "count")]
-        cache_read_input_tokens: u64,
-        #[serde(default, deserialize_with = "count")]
-        output_tokens: u64,
-    }
-    #[derive(serde::Deserialize)]
-    struct Details {
-        #[serde(default, deserialize_with = "count")]
-        cached_tokens: u64,
-    }
-    /// A count as `Value::as_u64` reads it: anything but a non-negative integer is 0.
-    fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-        Ok(<Value as serde::Deserialize>::deserialize(d)?
-            .as_u64()
-            .unwrap_or(0))
+        usage: Option<Value>,
     }
     let u = serde_json::from_slice::<Top>(body).ok()?.usage?;
     Some(match api {
-        Api::Chat | Api::Completions => TokenUsage::from_openai(
-            u.prompt_tokens,
-            u.prompt_tokens_details.map_or(0, |d| d.cached_tokens),
-            u.completion_tokens,
+        Api::Chat | Api::Completions => openai_usage(&u),
+        Api::Messages => anthropic_usage(
+            count(&u, "input_tokens"),
+            count(&u, "cache_read_input_tokens"),
+            count(&u, "output_tokens"),
         ),
-        Api::Messages => {
-            anthropic_usage(u.input_tokens, u.cache_read_input_tokens, u.output_tokens)
-        }
     })
+}
+
+/// A count of a `usage` object: 0 when absent or not a non-negative integer.
+fn count(u: &Value, key: &str) -> u64 {
+    u.get(key).and_then(Value::as_u64).unwrap_or(0)
 }
 
 /// End (exclusive) of the first complete SSE event: after a blank line (`\n\n` or
@@ -290,5 +265,28 @@ mod tests {
         assert!(u.output_tokens > 0, "{u:?}");
         assert!(tap.observed.completed);
         assert!(tap.observed.token_events > 0);
+    }
+
+    #[test]
+    fn body_usage_reads_real_responses_and_treats_null_as_none() {
+        let chat = include_bytes!("../../../testdata/vllm-0.32.0-cpu/chat1.json");
+        assert_eq!(
+            body_usage(Api::Chat, chat),
+            Some(TokenUsage::from_openai(86, 0, 16))
+        );
+        let msgs = include_bytes!("../../../testdata/vllm-0.32.0-cpu/messages_nonstream.json");
+        assert_eq!(
+            body_usage(Api::Messages, msgs),
+            Some(anthropic_usage(13, 0, 3))
+        );
+        let cached = br#"{"choices":[{"message":{"content":"x"}}],
+            "usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens":2}}"#;
+        assert_eq!(
+            body_usage(Api::Chat, cached),
+            Some(TokenUsage::from_openai(10, 4, 2))
+        );
+        assert_eq!(body_usage(Api::Chat, br#"{"usage":null}"#), None);
+        assert_eq!(body_usage(Api::Chat, br#"{"choices":[]}"#), None);
+        assert_eq!(body_usage(Api::Chat, b"not json"), None);
     }
 }
