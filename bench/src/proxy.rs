@@ -89,6 +89,9 @@ pub struct ProxyArgs {
     /// Client runtime threads.
     #[arg(long, default_value_t = 1)]
     pub client_threads: usize,
+    /// Extra argument for `kinference serve` (repeatable), e.g. `--gateway-arg=--busy-poll=200us`.
+    #[arg(long = "gateway-arg", allow_hyphen_values = true)]
+    pub gateway_args: Vec<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     pub format: ProxyFormat,
@@ -398,6 +401,7 @@ spec:
         .arg("--config")
         .arg(work.join("config"))
         .args(["--listen", "127.0.0.1:0"])
+        .args(&args.gateway_args)
         .env("KINFERENCE_LOG", "warn");
     let (p, line) = spawn_with_line(
         "kinference",
@@ -657,7 +661,7 @@ spec:
             "workers": workers.len(), "requests": args.requests, "long_requests": args.long_requests,
             "warmup": args.warmup, "concurrency": args.concurrency, "speed": args.speed,
             "profile": "tiny", "block_size": block_size, "max_tokens": 1, "stream": false,
-            "client_threads": args.client_threads, "rounds": args.rounds, "gateway_kv_events": !args.no_kv_events, "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "client_threads": args.client_threads, "rounds": args.rounds, "gateway_kv_events": !args.no_kv_events, "gateway_args": args.gateway_args, "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
         },
         "vllm_router": vllm_router_info,
         "vllm_router_reason": vllm_router_reason,

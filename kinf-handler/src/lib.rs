@@ -5,6 +5,7 @@
 
 pub mod accounting;
 pub mod bundle;
+pub mod busy_poll;
 pub mod config_dir;
 pub mod gateway;
 pub mod grpc;

@@ -738,6 +738,7 @@ async fn admit_and_forward(
     started: Instant,
     who: &mut crate::accounting::Who,
 ) -> Result<Response, ApiError> {
+    crate::busy_poll::touch();
     let Some(rt) = gw.runtime() else {
         return Ok(not_ready(api));
     };
@@ -1044,7 +1045,11 @@ async fn send(
     let req = b
         .body(Full::new(body))
         .map_err(|e| SendError::Other(e.to_string()))?;
-    match tokio::time::timeout(gw.options.upstream_timeout, gw.client.client.request(req)).await {
+    crate::busy_poll::touch();
+    let answer =
+        tokio::time::timeout(gw.options.upstream_timeout, gw.client.client.request(req)).await;
+    crate::busy_poll::touch();
+    match answer {
         Err(_) => Err(SendError::Timeout),
         Ok(Ok(r)) => Ok(r),
         Ok(Err(e)) if e.is_connect() => Err(SendError::Connect(e.to_string())),
@@ -1163,6 +1168,7 @@ impl Finisher {
 
 impl Drop for Finisher {
     fn drop(&mut self) {
+        crate::busy_poll::touch();
         if let Some(r) = self.report.take() {
             let obs =
                 ResponseObservation::from_tap(r.status, &self.tap.observed, r.sent_at, r.started);
