@@ -321,6 +321,22 @@ pub(crate) fn count_request(
 /// Bodies larger than this are admitted (parsed, classified, tokenized) on the blocking pool.
 const BLOCKING_ADMIT_BYTES: usize = 16 << 10;
 
+/// Counts a request in [`Gateway::admitting`] until dropped.
+struct Admitting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Admitting<'a> {
+    fn enter(n: &'a std::sync::atomic::AtomicUsize) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Admitting(n)
+    }
+}
+
+impl Drop for Admitting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A request that passed admission: parsed, classified, tokenized, ready to be decided.
 #[derive(Debug)]
 pub struct Admitted {
@@ -368,7 +384,8 @@ pub fn admit(
 /// Admission: parses `bytes` as an `api` request, applies the front door's limits, calls its
 /// `External` classifiers (concurrently, each within its timeout; see
 /// [`external`](super::external)), then classifies with the built-in classifiers and
-/// tokenizes. Large bodies are parsed, classified and tokenized on the blocking pool.
+/// tokenizes. Large bodies are parsed, classified and tokenized on the blocking pool while other
+/// requests are in flight, in place when the request is alone.
 pub async fn admit_async(
     gw: &Gateway,
     rt: &Arc<super::runtime::Runtime>,
@@ -377,7 +394,12 @@ pub async fn admit_async(
     bytes: Bytes,
 ) -> Result<Admitted, ApiError> {
     let door = rt.door(host(headers));
-    let blocking = bytes.len() > BLOCKING_ADMIT_BYTES;
+    // A large body takes a millisecond or more to parse, classify and tokenize: on the
+    // blocking pool it cannot hold up other requests, but the hand-off and the hand-back
+    // each wake a thread. Alone in the gateway, the request has nobody to hold up: admit it
+    // in place.
+    let blocking = bytes.len() > BLOCKING_ADMIT_BYTES
+        && gw.admitting.load(std::sync::atomic::Ordering::Relaxed) > 1;
     if door.external.is_empty() {
         if !blocking {
             return admit(rt, api, headers, &bytes);
@@ -739,6 +761,7 @@ async fn admit_and_forward(
     who: &mut crate::accounting::Who,
 ) -> Result<Response, ApiError> {
     crate::busy_poll::touch();
+    let _admitting = Admitting::enter(&gw.admitting);
     let Some(rt) = gw.runtime() else {
         return Ok(not_ready(api));
     };

@@ -94,6 +94,8 @@ pub struct Gateway {
     /// Ingestion status, when ingestion runs.
     pub live: ArcSwapOption<Box<dyn LiveStatus>>,
     client: forward::UpstreamClient,
+    /// Requests between arrival and response head (decides where large bodies are admitted).
+    admitting: std::sync::atomic::AtomicUsize,
     /// Provider clients, rebuilt with each policy (unchanged providers keep their state).
     pub providers: arc_swap::ArcSwap<crate::providers::ProviderPool>,
     options: GatewayOptions,
@@ -154,6 +156,7 @@ impl Gateway {
             metrics: Metrics::new(),
             live: ArcSwapOption::empty(),
             client: forward::UpstreamClient::new(),
+            admitting: std::sync::atomic::AtomicUsize::new(0),
             providers: arc_swap::ArcSwap::from_pointee(
                 crate::providers::ProviderPool::from_providers(
                     std::iter::empty(),

@@ -80,6 +80,8 @@ pub struct LiveIngest {
     config: LiveConfig,
     http: HttpGet,
     running: Mutex<BTreeMap<Key, Running>>,
+    /// Where the scrapers and subscribers run; `None`: the caller's runtime.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for LiveIngest {
@@ -94,7 +96,10 @@ impl std::fmt::Debug for LiveIngest {
 impl LiveIngest {
     /// Starts ingestion for a policy's endpoints (must be called within a tokio runtime).
     pub fn start(shared: Arc<SharedState>, policy: &CompiledPolicy) -> Self {
-        let ingest = Self::with_config(shared, LiveConfig::default());
+        let mut ingest = Self::with_config(shared, LiveConfig::default());
+        if let Some(h) = ingest_runtime() {
+            ingest = ingest.on_runtime(h);
+        }
         ingest.sync(policy);
         ingest
     }
@@ -106,6 +111,25 @@ impl LiveIngest {
             config,
             http: HttpGet::new(),
             running: Mutex::new(BTreeMap::new()),
+            runtime: None,
+        }
+    }
+
+    /// Runs the scrapers and subscribers on `runtime` (e.g. a thread of their own, so that
+    /// decoding KV events never competes with requests for the request workers) instead of the
+    /// runtime that calls [`sync`](Self::sync).
+    pub fn on_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    fn spawn_task<F>(&self, f: F) -> JoinHandle<()>
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        match &self.runtime {
+            Some(h) => h.spawn(f),
+            None => tokio::spawn(f),
         }
     }
 
@@ -134,7 +158,7 @@ impl LiveIngest {
 
     fn spawn(&self, spec: EndpointSpec) -> Running {
         let stats = EndpointStats::new(spec.kv_events.is_some());
-        let mut tasks = vec![tokio::spawn(run_scraper(
+        let mut tasks = vec![self.spawn_task(run_scraper(
             self.shared.clone(),
             ScrapeTarget {
                 worker_set: spec.worker_set.clone(),
@@ -147,7 +171,7 @@ impl LiveIngest {
             self.http.clone(),
         ))];
         if let Some(kv) = &spec.kv_events {
-            tasks.push(tokio::spawn(run_kv_subscriber(
+            tasks.push(self.spawn_task(run_kv_subscriber(
                 self.shared.clone(),
                 KvTarget {
                     worker_set: spec.worker_set.clone(),
@@ -355,4 +379,24 @@ pub fn render_metrics(status: &[EndpointStatus], out: &mut String) {
             }
         }
     }
+}
+
+/// The process's ingestion runtime: one thread (`kinf-ingest`) that runs every scraper and
+/// KV-event subscriber, so that decoding events and updating the prefix index never take a
+/// request worker (with `--busy-poll` there is only one). Built on first use and kept for the
+/// life of the process; `None` (ingestion then runs on the caller's runtime) if the thread
+/// cannot be started.
+fn ingest_runtime() -> Option<tokio::runtime::Handle> {
+    static RT: std::sync::OnceLock<Option<tokio::runtime::Runtime>> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kinf-ingest")
+            .enable_all()
+            .build()
+            .map_err(|e| tracing::warn!(error = %e, "no ingestion thread; ingesting on the request workers"))
+            .ok()
+    })
+    .as_ref()
+    .map(|rt| rt.handle().clone())
 }
