@@ -742,7 +742,8 @@ impl<'a> Checker<'a> {
         scope: &Scope,
     ) -> Option<RequestCond> {
         let mut c = RequestCond::default();
-        let mut text = Vec::new();
+        // The condition's text, its parts joined by ` and ` (written in place, no part strings).
+        let mut text = String::new();
         if let Some(model) = &m.model {
             let mp = path.key("model");
             if model.contains(['*', '?', '[']) {
@@ -774,47 +775,46 @@ impl<'a> Checker<'a> {
                 self.check_model(doc, &mp, model, scope);
                 c.model = Some(ModelPattern::Exact(model.as_str().into()));
             }
-            text.push(format!("model == {model}"));
+            join_part(&mut text, format_args!("model == {model}"));
         }
         if let Some(tag) = &m.tag {
             if !scope.tags.contains(tag.as_str()) {
                 self.unknown_tag(doc, &path.key("tag"), tag, scope);
             }
             c.tag = Some(tag.as_str().into());
-            text.push(format!("tag {tag}"));
+            join_part(&mut text, format_args!("tag {tag}"));
         }
         if let Some(t) = &m.tenant {
             c.tenant = Some(t.as_str().into());
-            text.push(format!("tenant == {t}"));
+            join_part(&mut text, format_args!("tenant == {t}"));
         }
         if let Some(q) = m.qos {
             c.qos = Some(q);
-            text.push(format!("qos == {}", q.as_str()));
+            join_part(&mut text, format_args!("qos == {}", q.as_str()));
         }
         if let Some(t) = &m.prompt_tokens {
             c.prompt_tokens = self.range(doc, &path.key("promptTokens"), t, Unit::Count);
             if let Some(r) = &c.prompt_tokens {
-                text.push(format!("promptTokens {r}"));
+                join_part(&mut text, format_args!("promptTokens {r}"));
             }
         }
         if let Some(h) = &m.header {
             c.header = Some((h.name.to_ascii_lowercase().into(), h.value.as_str().into()));
-            text.push(format!(
-                "header {}: {}",
-                h.name.to_ascii_lowercase(),
-                h.value
-            ));
+            join_part(
+                &mut text,
+                format_args!("header {}: {}", h.name.to_ascii_lowercase(), h.value),
+            );
         }
         if let Some(w) = &m.when {
             c.when = expr::check(self, doc, &path.key("when"), w, env::request_env(), scope);
             if let Some(e) = &c.when {
-                text.push(format!("when {e}"));
+                join_part(&mut text, format_args!("when {e}"));
             }
         }
         c.text = if text.is_empty() {
             "any request".into()
         } else {
-            text.join(" and ").into()
+            text.into()
         };
         Some(c)
     }
@@ -981,16 +981,16 @@ impl<'a> Checker<'a> {
             };
             let dp = fp.key("drop");
             let mut drop = DropCond::default();
-            let mut text = Vec::new();
+            let mut text = String::new();
             if let Some(b) = &d.backend {
                 drop.backend = b.type_;
                 if let Some(t) = b.type_ {
-                    text.push(format!("backend {}", t.as_str()));
+                    join_part(&mut text, format_args!("backend {}", t.as_str()));
                 }
                 if let Some(n) = &b.name {
                     drop.destination =
                         self.destination(doc, &dp.key("backend").key("name"), n, scope, None);
-                    text.push(format!("destination {n}"));
+                    join_part(&mut text, format_args!("destination {n}"));
                 }
                 if b.type_.is_none() && b.name.is_none() {
                     self.report(doc, &dp.key("backend"), Code::EmptyDrop, "`backend` sets neither `type` nor `name`".into(), "empty",
@@ -1000,31 +1000,31 @@ impl<'a> Checker<'a> {
             if let Some(t) = &d.queued_prompts {
                 drop.queued_prompts = self.range(doc, &dp.key("queuedPrompts"), t, Unit::Count);
                 if let Some(r) = drop.queued_prompts {
-                    text.push(format!("queuedPrompts {r}"));
+                    join_part(&mut text, format_args!("queuedPrompts {r}"));
                 }
             }
             if let Some(t) = &d.running_prompts {
                 drop.running_prompts = self.range(doc, &dp.key("runningPrompts"), t, Unit::Count);
                 if let Some(r) = drop.running_prompts {
-                    text.push(format!("runningPrompts {r}"));
+                    join_part(&mut text, format_args!("runningPrompts {r}"));
                 }
             }
             if let Some(t) = &d.kv_cache_usage {
                 drop.kv_cache_usage = self.range(doc, &dp.key("kvCacheUsage"), t, Unit::Ratio);
                 if let Some(r) = drop.kv_cache_usage {
-                    text.push(format!("kvCacheUsage {r}"));
+                    join_part(&mut text, format_args!("kvCacheUsage {r}"));
                 }
             }
             if let Some(t) = &d.predicted_ttft {
                 drop.predicted_ttft = self.range(doc, &dp.key("predictedTTFT"), t, Unit::Seconds);
                 if let Some(r) = drop.predicted_ttft {
-                    text.push(format!("predictedTTFT {r}s"));
+                    join_part(&mut text, format_args!("predictedTTFT {r}s"));
                 }
             }
             if let Some(w) = &d.when {
                 drop.when = expr::check(self, doc, &dp.key("when"), w, env::endpoint_env(), scope);
                 if let Some(e) = &drop.when {
-                    text.push(format!("when {e}"));
+                    join_part(&mut text, format_args!("when {e}"));
                 }
             }
             let has_load = d.queued_prompts.is_some()
@@ -1053,7 +1053,7 @@ impl<'a> Checker<'a> {
                     "empty", Some("add a condition such as `backend: { type: Provider }` or `queuedPrompts: { greaterThan: 2 }`".into()));
                 continue;
             }
-            drop.text = text.join(" and ").into();
+            drop.text = text.into();
             out.push(ExcludeFilter {
                 name,
                 condition,
@@ -1275,6 +1275,16 @@ impl<'a> Checker<'a> {
             less_than: lt,
         })
     }
+}
+
+/// Appends one part of a condition's text, after ` and ` when it is not the first.
+fn join_part(text: &mut String, part: std::fmt::Arguments<'_>) {
+    use std::fmt::Write as _;
+    if !text.is_empty() {
+        text.push_str(" and ");
+    }
+    // Writing to a `String` cannot fail.
+    let _ = text.write_fmt(part);
 }
 
 /// Units of thresholds.
