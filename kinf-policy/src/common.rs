@@ -95,67 +95,83 @@ pub enum Quantity {
 
 impl<'de> Deserialize<'de> for Quantity {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(QuantityVisitor)
+        // As the derived code does, the mismatch is reported after the value was read whole
+        // (so a streaming deserializer adds no position to it either).
+        d.deserialize_any(QuantityVisitor)?
+            .ok_or_else(|| serde::de::Error::custom(NO_QUANTITY))
     }
 }
 
 /// The error of an untagged enum that no variant matches.
 const NO_QUANTITY: &str = "data did not match any variant of untagged enum Quantity";
 
+/// Reads any value; `None` when it is neither a number nor a string.
 struct QuantityVisitor;
 
+type Read<E> = Result<Option<Quantity>, E>;
+
 impl<'de> serde::de::Visitor<'de> for QuantityVisitor {
-    type Value = Quantity;
+    type Value = Option<Quantity>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("a number or a string")
     }
 
     // `f64` accepts every integer and float; `String` every string, character and UTF-8 bytes.
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Quantity, E> {
-        Ok(Quantity::Number(v as f64))
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Read<E> {
+        Ok(Some(Quantity::Number(v as f64)))
     }
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Quantity, E> {
-        Ok(Quantity::Number(v as f64))
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Read<E> {
+        Ok(Some(Quantity::Number(v as f64)))
     }
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Quantity, E> {
-        Ok(Quantity::Number(v))
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Read<E> {
+        Ok(Some(Quantity::Number(v)))
     }
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Quantity, E> {
-        Ok(Quantity::Text(v.to_owned()))
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Read<E> {
+        Ok(Some(Quantity::Text(v.to_owned())))
     }
-    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Quantity, E> {
-        Ok(Quantity::Text(v))
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Read<E> {
+        Ok(Some(Quantity::Text(v)))
     }
-    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Quantity, E> {
-        match std::str::from_utf8(v) {
-            Ok(s) => Ok(Quantity::Text(s.to_owned())),
-            Err(_) => Err(E::custom(NO_QUANTITY)),
-        }
+    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Read<E> {
+        Ok(std::str::from_utf8(v)
+            .ok()
+            .map(|s| Quantity::Text(s.to_owned())))
     }
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Quantity, E> {
-        Err(E::custom(NO_QUANTITY))
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Read<E> {
+        Ok(None)
     }
-    fn visit_unit<E: serde::de::Error>(self) -> Result<Quantity, E> {
-        Err(E::custom(NO_QUANTITY))
+    fn visit_unit<E: serde::de::Error>(self) -> Read<E> {
+        Ok(None)
     }
-    fn visit_none<E: serde::de::Error>(self) -> Result<Quantity, E> {
-        Err(E::custom(NO_QUANTITY))
+    fn visit_none<E: serde::de::Error>(self) -> Read<E> {
+        Ok(None)
     }
-    fn visit_some<D: serde::Deserializer<'de>>(self, _: D) -> Result<Quantity, D::Error> {
-        Err(serde::de::Error::custom(NO_QUANTITY))
+    // Values that match no variant are still read to their end, as buffering them would.
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Read<D::Error> {
+        serde::de::IgnoredAny::deserialize(d)?;
+        Ok(None)
     }
-    fn visit_newtype_struct<D: serde::Deserializer<'de>>(self, _: D) -> Result<Quantity, D::Error> {
-        Err(serde::de::Error::custom(NO_QUANTITY))
+    fn visit_newtype_struct<D: serde::Deserializer<'de>>(self, d: D) -> Read<D::Error> {
+        serde::de::IgnoredAny::deserialize(d)?;
+        Ok(None)
     }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<Quantity, A::Error> {
-        Err(serde::de::Error::custom(NO_QUANTITY))
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Read<A::Error> {
+        while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(None)
     }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<Quantity, A::Error> {
-        Err(serde::de::Error::custom(NO_QUANTITY))
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Read<A::Error> {
+        while a
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {}
+        Ok(None)
     }
-    fn visit_enum<A: serde::de::EnumAccess<'de>>(self, _: A) -> Result<Quantity, A::Error> {
-        Err(serde::de::Error::custom(NO_QUANTITY))
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(self, a: A) -> Read<A::Error> {
+        use serde::de::VariantAccess;
+        let (serde::de::IgnoredAny, v) = a.variant()?;
+        v.newtype_variant::<serde::de::IgnoredAny>()?;
+        Ok(None)
     }
 }
 
@@ -181,13 +197,16 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::Quantity;
 
-    /// What the hand-written `Deserialize` replaces.
-    #[derive(Debug, PartialEq, serde::Deserialize)]
-    #[serde(untagged)]
-    enum Untagged {
-        Number(f64),
-        Text(String),
+    mod reference {
+        /// What the hand-written `Deserialize` replaces (the same name: it is in the message).
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        #[serde(untagged)]
+        pub enum Quantity {
+            Number(f64),
+            Text(String),
+        }
     }
+    use reference::Quantity as Untagged;
 
     fn same(q: Result<Quantity, serde_json::Error>, u: Result<Untagged, serde_json::Error>) {
         match (q, u) {
@@ -221,6 +240,8 @@ mod tests {
             "[1]",
             "{}",
             "{\"a\": 1}",
+            "[[1, 2], {\"b\": [3]}]",
+            "{\"a\": {\"b\": null}, \"c\": \"d\"}",
         ];
         for text in cases {
             let v: serde_json::Value = serde_json::from_str(text).unwrap();
