@@ -21,10 +21,31 @@ type Res<T = ()> = Result<T, Unsupported>;
 /// Longest key accepted (the full parser rejects simple keys over 1024 characters).
 const MAX_KEY_LEN: usize = 1000;
 
+/// Receives the events of [`parse_into`].
+pub trait Sink<'t> {
+    /// One node event with its byte span (start, end).
+    fn event(&mut self, event: Event<'t>, start: usize, end: usize);
+}
+
+/// A closure as a [`Sink`].
+struct Closure<'a, 't>(&'a mut dyn FnMut(Event<'t>, usize, usize));
+
+impl<'t> Sink<'t> for Closure<'_, 't> {
+    fn event(&mut self, event: Event<'t>, start: usize, end: usize) {
+        (self.0)(event, start, end);
+    }
+}
+
 /// Parses `text`, handing every node event with its byte span (start, end) to `sink`.
 /// Only start, end and scalar events are produced (stream and document events carry nothing
 /// the tree needs). On [`Unsupported`], the events already handed over must be discarded.
 pub fn parse<'t>(text: &'t str, sink: &mut dyn FnMut(Event<'t>, usize, usize)) -> Res {
+    parse_into(text, &mut Closure(sink))
+}
+
+/// [`parse`] into a statically known sink: each event site calls it directly (the tree
+/// builder, inlined there, then only runs the part of its event handling for that event).
+pub fn parse_into<'t, S: Sink<'t>>(text: &'t str, sink: &mut S) -> Res {
     if !text.is_ascii() || text.bytes().any(|b| b == b'\t' || b == b'\r') {
         return Err(Unsupported);
     }
@@ -43,11 +64,11 @@ pub fn parse<'t>(text: &'t str, sink: &mut dyn FnMut(Event<'t>, usize, usize)) -
     p.stream()
 }
 
-struct Fast<'t, 's> {
+struct Fast<'t, 's, S> {
     text: &'t str,
     b: &'t [u8],
     pos: usize,
-    sink: &'s mut dyn FnMut(Event<'t>, usize, usize),
+    sink: &'s mut S,
 }
 
 /// The first content line after the cursor.
@@ -73,13 +94,14 @@ fn is_flow_indicator(b: u8) -> bool {
     matches!(b, b',' | b'[' | b']' | b'{' | b'}')
 }
 
-impl<'t> Fast<'t, '_> {
+impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
     fn at(&self, i: usize) -> Option<u8> {
         self.b.get(i).copied()
     }
 
+    #[inline(always)]
     fn emit(&mut self, event: Event<'t>, start: usize, end: usize) {
-        (self.sink)(event, start, end);
+        self.sink.event(event, start, end);
     }
 
     fn line_start(&self, i: usize) -> usize {
