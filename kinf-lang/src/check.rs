@@ -604,14 +604,17 @@ impl<'a> Checker<'a> {
         // The same holds when the policy targets no pool at all (already reported).
         scope.incomplete = b.namespace_failed(&p.namespace) || pools.is_empty();
         let mut rules = Vec::new();
-        let mut seen: AHashMap<String, FieldPath> = AHashMap::new();
+        // The index of the first rule of each name (its path is built only for a duplicate).
+        let mut seen: AHashMap<&str, usize> = AHashMap::new();
         for (i, rule) in p.spec.rules.iter().enumerate() {
             let base = fpath!["spec", "rules", i];
             let errors_before = self.error_count();
             let name: Arc<str> = match &rule.name {
                 Some(n) => {
-                    if let Some(first) = seen.get(n) {
-                        let first_span = self.bundle.value_span(p.doc, first);
+                    if let Some(&first) = seen.get(n.as_str()) {
+                        let first_span = self
+                            .bundle
+                            .value_span(p.doc, &fpath!["spec", "rules", first, "name"]);
                         let span = self.bundle.value_span(p.doc, &base.key("name"));
                         let mut d = Diagnostic::new(Code::DuplicateRuleName, format!("duplicate rule name `{n}` in policy `{}`", p.name))
                             .with_path(base.key("name"))
@@ -624,7 +627,7 @@ impl<'a> Checker<'a> {
                         }
                         self.push(d);
                     } else {
-                        seen.insert(n.clone(), base.key("name"));
+                        seen.insert(n.as_str(), i);
                     }
                     n.as_str().into()
                 }
@@ -635,40 +638,24 @@ impl<'a> Checker<'a> {
                     format!("rule-{}", i + 1).into()
                 }
             };
+            let matches_path = base.key("matches");
             let matches = rule
                 .matches
                 .iter()
                 .enumerate()
-                .filter_map(|(j, m)| {
-                    self.request_cond(p.doc, &base.key("matches").index(j), m, &scope)
-                })
+                .filter_map(|(j, m)| self.request_cond(p.doc, &matches_path.index(j), m, &scope))
                 .collect();
             let route = &rule.route;
+            let route_path = base.key("route");
+            let consider_path = route_path.key("consider");
             let consider = route
                 .consider
                 .iter()
                 .enumerate()
-                .map(|(j, c)| {
-                    self.consider(
-                        p.doc,
-                        &base.key("route").key("consider").index(j),
-                        c,
-                        &scope,
-                    )
-                })
+                .map(|(j, c)| self.consider(p.doc, &consider_path.index(j), c, &scope))
                 .collect();
-            let exclude = self.filters(
-                p.doc,
-                &base.key("route").key("exclude"),
-                &route.exclude,
-                &scope,
-            );
-            let select = self.tiers(
-                p.doc,
-                &base.key("route").key("select"),
-                &route.select,
-                &scope,
-            );
+            let exclude = self.filters(p.doc, &route_path.key("exclude"), &route.exclude, &scope);
+            let select = self.tiers(p.doc, &route_path.key("select"), &route.select, &scope);
             let compiled = CompiledRule {
                 policy: policy_name.clone(),
                 name,
@@ -863,7 +850,7 @@ impl<'a> Checker<'a> {
         scope: &Scope,
         backend: Option<BackendType>,
     ) -> Option<DestId> {
-        let found = scope.dests.iter().find(|(n, _, _)| &**n == name);
+        let found = scope.dest_named(name);
         match found {
             Some((_, id, b)) => {
                 if let Some(want) = backend
@@ -936,19 +923,21 @@ impl<'a> Checker<'a> {
         scope: &Scope,
     ) -> Vec<ExcludeFilter> {
         let mut out = Vec::new();
-        let mut names: AHashMap<String, FieldPath> = AHashMap::new();
+        // The index of the first filter of each name (its path is built only for a duplicate).
+        let mut names: AHashMap<&str, usize> = AHashMap::new();
         for (i, f) in filters.iter().enumerate() {
             let fp = path.index(i);
             let name: Arc<str> = match &f.name {
                 Some(n) => {
-                    if let Some(first) = names.get(n) {
-                        let first_span = self.bundle.value_span(doc, first);
+                    if let Some(&first) = names.get(n.as_str()) {
+                        let first_span =
+                            self.bundle.value_span(doc, &path.index(first).key("name"));
                         self.report(doc, &fp.key("name"), Code::FilterName,
                             format!("duplicate exclude filter name `{n}`"), "used again",
                             Some("give each filter of a rule a unique name; traces name the filter that dropped a candidate".into()));
                         self.relate_last(first_span, "first used here");
                     } else {
-                        names.insert(n.clone(), fp.key("name"));
+                        names.insert(n.as_str(), i);
                     }
                     n.as_str().into()
                 }
@@ -968,7 +957,11 @@ impl<'a> Checker<'a> {
                 .if_
                 .as_ref()
                 .and_then(|m| self.request_cond(doc, &fp.key("if"), m, scope));
-            let window = self.duration(doc, &fp.key("window"), f.window.as_deref(), DEFAULT_WINDOW);
+            // `duration` reads the path only for a written window.
+            let window = match f.window.as_deref() {
+                Some(w) => self.duration(doc, &fp.key("window"), Some(w), DEFAULT_WINDOW),
+                None => DEFAULT_WINDOW,
+            };
             let Some(d) = &f.drop else {
                 let at = if f.name.is_some() {
                     fp.key("name")
@@ -1094,13 +1087,7 @@ impl<'a> Checker<'a> {
                 }
                 (None, m) => Pick::Minimize(m.unwrap_or(kinf_policy::Measure::PredictedTtft)),
             };
-            let name_of = |id: DestId| {
-                scope
-                    .dests
-                    .iter()
-                    .find(|(_, x, _)| *x == id)
-                    .map(|(n, _, _)| &**n)
-            };
+            let name_of = |id: DestId| scope.dest_name(id);
             out.push(SelectTier::new(t.type_, pick, name_of));
         }
         if out.is_empty() && tiers.is_empty() {
@@ -1317,12 +1304,30 @@ pub const OVER_LIMIT_TAG: &str = "over-limit";
 pub(crate) struct Scope {
     pub model_names: AHashSet<Arc<str>>,
     pub dests: Vec<(Arc<str>, DestId, BackendType)>,
+    /// Index in `dests` of the first destination of each name (rules name destinations
+    /// thousands of times: no scan of `dests` each time).
+    dest_index: AHashMap<Arc<str>, usize>,
+    /// Index in `dests` of each destination.
+    id_index: AHashMap<DestId, usize>,
     pub tags: AHashSet<Arc<str>>,
     /// Some resource that could define names failed to load: unresolved names are not reported.
     pub incomplete: bool,
 }
 
 impl Scope {
+    /// The first destination named `name` (as a scan of `dests` would find it).
+    fn dest_named(&self, name: &str) -> Option<&(Arc<str>, DestId, BackendType)> {
+        self.dest_index.get(name).and_then(|&i| self.dests.get(i))
+    }
+
+    /// The name of destination `id`.
+    fn dest_name(&self, id: DestId) -> Option<&str> {
+        self.id_index
+            .get(&id)
+            .and_then(|&i| self.dests.get(i))
+            .map(|(n, _, _)| &**n)
+    }
+
     fn new(out: &CompiledPolicy, pools: &[usize]) -> Scope {
         let mut model_names = AHashSet::new();
         let mut dests: Vec<(Arc<str>, DestId, BackendType)> = Vec::new();
@@ -1344,9 +1349,17 @@ impl Scope {
                 tags.extend(g.tags.iter().cloned());
             }
         }
+        let mut dest_index = AHashMap::with_capacity(dests.len());
+        let mut id_index = AHashMap::with_capacity(dests.len());
+        for (i, (name, id, _)) in dests.iter().enumerate() {
+            dest_index.entry(name.clone()).or_insert(i);
+            id_index.entry(*id).or_insert(i);
+        }
         Scope {
             model_names,
             dests,
+            dest_index,
+            id_index,
             tags,
             incomplete: false,
         }
