@@ -121,7 +121,8 @@ impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
             }
             match self.at(i) {
                 None => return None,
-                Some(b'\n') | Some(b'#') => from = self.line_end(i) + 1,
+                Some(b'\n') => from = i + 1,
+                Some(b'#') => from = self.line_end(i) + 1,
                 Some(_) => {
                     return Some(Line {
                         start: from,
@@ -265,16 +266,14 @@ impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
         if !self.plain_start(start, false) {
             return Err(Unsupported);
         }
-        let end_line = self.line_end(start);
+        // One pass to the `:` or the line's end (no separate search for the line's end).
         let mut i = start;
         loop {
-            if i >= end_line {
-                return Err(Unsupported);
-            }
-            match self.b[i] {
-                b':' if is_space_or_end(self.at(i + 1)) => break,
-                b'#' if self.b[i - 1] == b' ' => return Err(Unsupported),
-                _ => i += 1,
+            match self.at(i) {
+                None | Some(b'\n') => return Err(Unsupported),
+                Some(b':') if is_space_or_end(self.at(i + 1)) => break,
+                Some(b'#') if self.b[i - 1] == b' ' => return Err(Unsupported),
+                Some(_) => i += 1,
             }
         }
         let colon = i;
@@ -387,13 +386,13 @@ impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
         if !self.plain_start(start, false) {
             return Err(Unsupported);
         }
-        let end_line = self.line_end(start);
         let mut i = start;
-        while i < end_line {
-            match self.b[i] {
-                b':' if is_space_or_end(self.at(i + 1)) => return Err(Unsupported),
-                b'#' if self.b[i - 1] == b' ' => break,
-                _ => i += 1,
+        loop {
+            match self.at(i) {
+                None | Some(b'\n') => break,
+                Some(b':') if is_space_or_end(self.at(i + 1)) => return Err(Unsupported),
+                Some(b'#') if self.b[i - 1] == b' ' => break,
+                Some(_) => i += 1,
             }
         }
         let mut end = i;
@@ -673,15 +672,14 @@ impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
         if !self.plain_start(self.pos, false) {
             return false;
         }
-        let end_line = self.line_end(self.pos);
         let mut i = self.pos;
-        while i < end_line {
-            match self.b[i] {
-                b':' if is_space_or_end(self.at(i + 1)) => return true,
-                b'#' if self.b[i - 1] == b' ' => return false,
-                _ => i += 1,
+        loop {
+            match self.at(i) {
+                None | Some(b'\n') => return false,
+                Some(b':') if is_space_or_end(self.at(i + 1)) => return true,
+                Some(b'#') if self.b[i - 1] == b' ' => return false,
+                Some(_) => i += 1,
             }
         }
-        false
     }
 }
