@@ -437,16 +437,24 @@ impl SelectTier {
                 "Provider "
             }
         });
-        let text = match &pick {
-            Pick::Minimize(m) => format!("{scope}minimize {}", m.as_str()),
-            Pick::Order(ids) => format!(
-                "{scope}order [{}]",
-                ids.iter()
-                    .filter_map(|d| name_of(*d))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
+        // Written in place (no name list, no join).
+        let mut text = String::from(scope);
+        match &pick {
+            Pick::Minimize(m) => {
+                text.push_str("minimize ");
+                text.push_str(m.as_str());
+            }
+            Pick::Order(ids) => {
+                text.push_str("order [");
+                for (i, name) in ids.iter().filter_map(|d| name_of(*d)).enumerate() {
+                    if i > 0 {
+                        text.push_str(", ");
+                    }
+                    text.push_str(name);
+                }
+                text.push(']');
+            }
+        }
         SelectTier {
             backend,
             pick,

@@ -413,7 +413,7 @@ impl<'a> Builder<'a> {
                         .file
                         .text
                         .get(end..reported)
-                        .is_some_and(|s| s.trim().is_empty() || s.contains('\n')) =>
+                        .is_some_and(|s| s.contains('\n') || s.trim().is_empty()) =>
             {
                 end
             }
