@@ -521,6 +521,13 @@ fn resolve_scalar(text: Cow<'_, str>, style: ScalarStyle, tag: Option<&str>) -> 
     if quoted != Style::Plain {
         return (Value::Str(text.into_owned()), quoted);
     }
+    // Most plain scalars (keys, names) start with a letter that no special value (`null`,
+    // `true`, `false`, `.inf`, ...) and no number starts with: strings, without the comparisons.
+    if text.as_bytes().first().is_some_and(|b| {
+        b.is_ascii_alphabetic() && !matches!(b, b'n' | b'N' | b't' | b'T' | b'f' | b'F')
+    }) {
+        return (Value::Str(text.into_owned()), Style::Plain);
+    }
     let value = match &*text {
         "" | "~" | "null" | "Null" | "NULL" => Value::Null,
         "true" | "True" | "TRUE" => Value::Bool(true),
@@ -557,4 +564,52 @@ fn parse_number(text: &str) -> Option<Value> {
         return text.parse::<f64>().ok().map(Value::Float);
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Plain scalar resolution without the letter shortcut.
+    fn reference(text: &str) -> Value {
+        match text {
+            "" | "~" | "null" | "Null" | "NULL" => Value::Null,
+            "true" | "True" | "TRUE" => Value::Bool(true),
+            "false" | "False" | "FALSE" => Value::Bool(false),
+            ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => Value::Float(f64::INFINITY),
+            "-.inf" | "-.Inf" | "-.INF" => Value::Float(f64::NEG_INFINITY),
+            ".nan" | ".NaN" | ".NAN" => Value::Float(f64::NAN),
+            _ => parse_number(text).unwrap_or_else(|| Value::Str(text.to_string())),
+        }
+    }
+
+    fn check(text: &str) {
+        let (v, style) = resolve_scalar(Cow::Borrowed(text), ScalarStyle::Plain, None);
+        assert_eq!(style, Style::Plain);
+        assert_eq!(
+            format!("{v:?}"),
+            format!("{:?}", reference(text)),
+            "{text:?}"
+        );
+    }
+
+    #[test]
+    fn plain_scalars_resolve_as_before() {
+        for t in [
+            "", "~", "null", "Null", "NULL", "nul", "true", "True", "TRUE", "false", "False",
+            "FALSE", "no", "yes", "on", "off", "inf", "Inf", "nan", "NaN", ".inf", "-.inf",
+            "+.INF", ".nan", "0x1f", "0o17", "0b1", "12", "-12", "+3", "1.5", "1e3", "e3", "E3",
+            "x1", "model-3", "Local", "a: b", "é",
+        ] {
+            check(t);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn plain_scalars_resolve_as_before_prop(t in "[a-zA-Z0-9.~+\\-_ :]{0,10}") {
+            check(&t);
+        }
+    }
 }
