@@ -732,7 +732,8 @@ impl<'a> Checker<'a> {
         // The condition's text, its parts joined by ` and ` (written in place, no part strings).
         let mut text = String::new();
         if let Some(model) = &m.model {
-            let mp = path.key("model");
+            // The path only for a diagnostic.
+            let mp = || path.key("model");
             if model.contains(['*', '?', '[']) {
                 match kinf_grammar::Glob::parse(model) {
                     Ok(g) => {
@@ -740,7 +741,7 @@ impl<'a> Checker<'a> {
                             let mut names: Vec<&str> =
                                 scope.model_names.iter().map(|s| &**s).collect();
                             names.sort_unstable();
-                            self.report(doc, &mp, Code::UnknownModel,
+                            self.report(doc, &mp(), Code::UnknownModel,
                                 format!("model glob `{model}` matches no model served by the targeted pools"),
                                 "matches nothing", Some(help_for(model, names.iter().copied(), "models served")));
                         }
@@ -749,7 +750,7 @@ impl<'a> Checker<'a> {
                     Err(e) => {
                         self.sub_error(
                             doc,
-                            &mp,
+                            &mp(),
                             Code::InvalidGlob,
                             format!("invalid model glob `{model}`: {}", e.message),
                             e.span.start,
@@ -759,7 +760,9 @@ impl<'a> Checker<'a> {
                     }
                 }
             } else {
-                self.check_model(doc, &mp, model, scope);
+                if !scope.incomplete && !scope.model_names.contains(model.as_str()) {
+                    self.check_model(doc, &mp(), model, scope);
+                }
                 c.model = Some(ModelPattern::Exact(model.as_str().into()));
             }
             join_part(&mut text, format_args!("model == {model}"));
@@ -904,7 +907,10 @@ impl<'a> Checker<'a> {
         if let Some(ms) = &c.models {
             let mut v = Vec::new();
             for (i, n) in ms.names.iter().enumerate() {
-                self.check_model(doc, &path.key("models").key("names").index(i), n, scope);
+                // The path only for a model that `check_model` reports.
+                if !scope.incomplete && !scope.model_names.contains(n.as_str()) {
+                    self.check_model(doc, &path.key("models").key("names").index(i), n, scope);
+                }
                 v.push(Arc::from(n.as_str()));
             }
             e.models = Some(v);
