@@ -194,7 +194,7 @@ pub type DurationString = String;
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::Quantity;
 
     mod reference {
