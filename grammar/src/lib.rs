@@ -22,7 +22,7 @@ pub use duration::{format_duration, parse_duration};
 pub use error::{Span, SyntaxError};
 pub use expr::{
     Env, EvalContext, Expr, FnSig, Type, TypeError, TypeErrorKind, TypedExpr, Value, parse_expr,
-    typecheck,
+    typecheck, typecheck_owned,
 };
 pub use glob::Glob;
 pub use quantity::{parse_quantity, parse_ratio};

@@ -230,7 +230,26 @@ fn possible_destinations(
         let i = id.0 as usize;
         bits.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
     };
+    // When every consider entry names models, a destination serving none of them is never
+    // considered: one bit test rules it out before the entries are looked at.
+    let union: Option<SmallVec<[u64; 4]>> =
+        if !rule.consider.is_empty() && served.iter().all(Option::is_some) {
+            let mut u: SmallVec<[u64; 4]> = SmallVec::from_elem(0, words);
+            for bits in served.iter().flatten() {
+                for (w, b) in u.iter_mut().zip(bits.iter()) {
+                    *w |= *b;
+                }
+            }
+            Some(u)
+        } else {
+            None
+        };
     for &id in &pool.destinations {
+        if let Some(u) = &union
+            && !has(u, id)
+        {
+            continue;
+        }
         let Some(d) = out.destination(id) else {
             continue;
         };

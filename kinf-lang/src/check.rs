@@ -604,14 +604,17 @@ impl<'a> Checker<'a> {
         // The same holds when the policy targets no pool at all (already reported).
         scope.incomplete = b.namespace_failed(&p.namespace) || pools.is_empty();
         let mut rules = Vec::new();
-        let mut seen: AHashMap<String, FieldPath> = AHashMap::new();
+        // The index of the first rule of each name (its path is built only for a duplicate).
+        let mut seen: AHashMap<&str, usize> = AHashMap::new();
         for (i, rule) in p.spec.rules.iter().enumerate() {
             let base = fpath!["spec", "rules", i];
             let errors_before = self.error_count();
             let name: Arc<str> = match &rule.name {
                 Some(n) => {
-                    if let Some(first) = seen.get(n) {
-                        let first_span = self.bundle.value_span(p.doc, first);
+                    if let Some(&first) = seen.get(n.as_str()) {
+                        let first_span = self
+                            .bundle
+                            .value_span(p.doc, &fpath!["spec", "rules", first, "name"]);
                         let span = self.bundle.value_span(p.doc, &base.key("name"));
                         let mut d = Diagnostic::new(Code::DuplicateRuleName, format!("duplicate rule name `{n}` in policy `{}`", p.name))
                             .with_path(base.key("name"))
@@ -624,7 +627,7 @@ impl<'a> Checker<'a> {
                         }
                         self.push(d);
                     } else {
-                        seen.insert(n.clone(), base.key("name"));
+                        seen.insert(n.as_str(), i);
                     }
                     n.as_str().into()
                 }
@@ -635,40 +638,24 @@ impl<'a> Checker<'a> {
                     format!("rule-{}", i + 1).into()
                 }
             };
+            let matches_path = base.key("matches");
             let matches = rule
                 .matches
                 .iter()
                 .enumerate()
-                .filter_map(|(j, m)| {
-                    self.request_cond(p.doc, &base.key("matches").index(j), m, &scope)
-                })
+                .filter_map(|(j, m)| self.request_cond(p.doc, &matches_path.index(j), m, &scope))
                 .collect();
             let route = &rule.route;
+            let route_path = base.key("route");
+            let consider_path = route_path.key("consider");
             let consider = route
                 .consider
                 .iter()
                 .enumerate()
-                .map(|(j, c)| {
-                    self.consider(
-                        p.doc,
-                        &base.key("route").key("consider").index(j),
-                        c,
-                        &scope,
-                    )
-                })
+                .map(|(j, c)| self.consider(p.doc, &consider_path.index(j), c, &scope))
                 .collect();
-            let exclude = self.filters(
-                p.doc,
-                &base.key("route").key("exclude"),
-                &route.exclude,
-                &scope,
-            );
-            let select = self.tiers(
-                p.doc,
-                &base.key("route").key("select"),
-                &route.select,
-                &scope,
-            );
+            let exclude = self.filters(p.doc, &route_path.key("exclude"), &route.exclude, &scope);
+            let select = self.tiers(p.doc, &route_path.key("select"), &route.select, &scope);
             let compiled = CompiledRule {
                 policy: policy_name.clone(),
                 name,
@@ -742,9 +729,11 @@ impl<'a> Checker<'a> {
         scope: &Scope,
     ) -> Option<RequestCond> {
         let mut c = RequestCond::default();
-        let mut text = Vec::new();
+        // The condition's text, its parts joined by ` and ` (written in place, no part strings).
+        let mut text = String::new();
         if let Some(model) = &m.model {
-            let mp = path.key("model");
+            // The path only for a diagnostic.
+            let mp = || path.key("model");
             if model.contains(['*', '?', '[']) {
                 match kinf_grammar::Glob::parse(model) {
                     Ok(g) => {
@@ -752,7 +741,7 @@ impl<'a> Checker<'a> {
                             let mut names: Vec<&str> =
                                 scope.model_names.iter().map(|s| &**s).collect();
                             names.sort_unstable();
-                            self.report(doc, &mp, Code::UnknownModel,
+                            self.report(doc, &mp(), Code::UnknownModel,
                                 format!("model glob `{model}` matches no model served by the targeted pools"),
                                 "matches nothing", Some(help_for(model, names.iter().copied(), "models served")));
                         }
@@ -761,7 +750,7 @@ impl<'a> Checker<'a> {
                     Err(e) => {
                         self.sub_error(
                             doc,
-                            &mp,
+                            &mp(),
                             Code::InvalidGlob,
                             format!("invalid model glob `{model}`: {}", e.message),
                             e.span.start,
@@ -771,50 +760,51 @@ impl<'a> Checker<'a> {
                     }
                 }
             } else {
-                self.check_model(doc, &mp, model, scope);
+                if !scope.incomplete && !scope.model_names.contains(model.as_str()) {
+                    self.check_model(doc, &mp(), model, scope);
+                }
                 c.model = Some(ModelPattern::Exact(model.as_str().into()));
             }
-            text.push(format!("model == {model}"));
+            join_part(&mut text, format_args!("model == {model}"));
         }
         if let Some(tag) = &m.tag {
             if !scope.tags.contains(tag.as_str()) {
                 self.unknown_tag(doc, &path.key("tag"), tag, scope);
             }
             c.tag = Some(tag.as_str().into());
-            text.push(format!("tag {tag}"));
+            join_part(&mut text, format_args!("tag {tag}"));
         }
         if let Some(t) = &m.tenant {
             c.tenant = Some(t.as_str().into());
-            text.push(format!("tenant == {t}"));
+            join_part(&mut text, format_args!("tenant == {t}"));
         }
         if let Some(q) = m.qos {
             c.qos = Some(q);
-            text.push(format!("qos == {}", q.as_str()));
+            join_part(&mut text, format_args!("qos == {}", q.as_str()));
         }
         if let Some(t) = &m.prompt_tokens {
             c.prompt_tokens = self.range(doc, &path.key("promptTokens"), t, Unit::Count);
             if let Some(r) = &c.prompt_tokens {
-                text.push(format!("promptTokens {r}"));
+                join_part(&mut text, format_args!("promptTokens {r}"));
             }
         }
         if let Some(h) = &m.header {
             c.header = Some((h.name.to_ascii_lowercase().into(), h.value.as_str().into()));
-            text.push(format!(
-                "header {}: {}",
-                h.name.to_ascii_lowercase(),
-                h.value
-            ));
+            join_part(
+                &mut text,
+                format_args!("header {}: {}", h.name.to_ascii_lowercase(), h.value),
+            );
         }
         if let Some(w) = &m.when {
             c.when = expr::check(self, doc, &path.key("when"), w, env::request_env(), scope);
             if let Some(e) = &c.when {
-                text.push(format!("when {e}"));
+                join_part(&mut text, format_args!("when {e}"));
             }
         }
         c.text = if text.is_empty() {
             "any request".into()
         } else {
-            text.join(" and ").into()
+            text.into()
         };
         Some(c)
     }
@@ -863,7 +853,7 @@ impl<'a> Checker<'a> {
         scope: &Scope,
         backend: Option<BackendType>,
     ) -> Option<DestId> {
-        let found = scope.dests.iter().find(|(n, _, _)| &**n == name);
+        let found = scope.dest_named(name);
         match found {
             Some((_, id, b)) => {
                 if let Some(want) = backend
@@ -917,7 +907,10 @@ impl<'a> Checker<'a> {
         if let Some(ms) = &c.models {
             let mut v = Vec::new();
             for (i, n) in ms.names.iter().enumerate() {
-                self.check_model(doc, &path.key("models").key("names").index(i), n, scope);
+                // The path only for a model that `check_model` reports.
+                if !scope.incomplete && !scope.model_names.contains(n.as_str()) {
+                    self.check_model(doc, &path.key("models").key("names").index(i), n, scope);
+                }
                 v.push(Arc::from(n.as_str()));
             }
             e.models = Some(v);
@@ -936,19 +929,21 @@ impl<'a> Checker<'a> {
         scope: &Scope,
     ) -> Vec<ExcludeFilter> {
         let mut out = Vec::new();
-        let mut names: AHashMap<String, FieldPath> = AHashMap::new();
+        // The index of the first filter of each name (its path is built only for a duplicate).
+        let mut names: AHashMap<&str, usize> = AHashMap::new();
         for (i, f) in filters.iter().enumerate() {
             let fp = path.index(i);
             let name: Arc<str> = match &f.name {
                 Some(n) => {
-                    if let Some(first) = names.get(n) {
-                        let first_span = self.bundle.value_span(doc, first);
+                    if let Some(&first) = names.get(n.as_str()) {
+                        let first_span =
+                            self.bundle.value_span(doc, &path.index(first).key("name"));
                         self.report(doc, &fp.key("name"), Code::FilterName,
                             format!("duplicate exclude filter name `{n}`"), "used again",
                             Some("give each filter of a rule a unique name; traces name the filter that dropped a candidate".into()));
                         self.relate_last(first_span, "first used here");
                     } else {
-                        names.insert(n.clone(), fp.key("name"));
+                        names.insert(n.as_str(), i);
                     }
                     n.as_str().into()
                 }
@@ -968,7 +963,11 @@ impl<'a> Checker<'a> {
                 .if_
                 .as_ref()
                 .and_then(|m| self.request_cond(doc, &fp.key("if"), m, scope));
-            let window = self.duration(doc, &fp.key("window"), f.window.as_deref(), DEFAULT_WINDOW);
+            // `duration` reads the path only for a written window.
+            let window = match f.window.as_deref() {
+                Some(w) => self.duration(doc, &fp.key("window"), Some(w), DEFAULT_WINDOW),
+                None => DEFAULT_WINDOW,
+            };
             let Some(d) = &f.drop else {
                 let at = if f.name.is_some() {
                     fp.key("name")
@@ -981,16 +980,16 @@ impl<'a> Checker<'a> {
             };
             let dp = fp.key("drop");
             let mut drop = DropCond::default();
-            let mut text = Vec::new();
+            let mut text = String::new();
             if let Some(b) = &d.backend {
                 drop.backend = b.type_;
                 if let Some(t) = b.type_ {
-                    text.push(format!("backend {}", t.as_str()));
+                    join_part(&mut text, format_args!("backend {}", t.as_str()));
                 }
                 if let Some(n) = &b.name {
                     drop.destination =
                         self.destination(doc, &dp.key("backend").key("name"), n, scope, None);
-                    text.push(format!("destination {n}"));
+                    join_part(&mut text, format_args!("destination {n}"));
                 }
                 if b.type_.is_none() && b.name.is_none() {
                     self.report(doc, &dp.key("backend"), Code::EmptyDrop, "`backend` sets neither `type` nor `name`".into(), "empty",
@@ -1000,31 +999,31 @@ impl<'a> Checker<'a> {
             if let Some(t) = &d.queued_prompts {
                 drop.queued_prompts = self.range(doc, &dp.key("queuedPrompts"), t, Unit::Count);
                 if let Some(r) = drop.queued_prompts {
-                    text.push(format!("queuedPrompts {r}"));
+                    join_part(&mut text, format_args!("queuedPrompts {r}"));
                 }
             }
             if let Some(t) = &d.running_prompts {
                 drop.running_prompts = self.range(doc, &dp.key("runningPrompts"), t, Unit::Count);
                 if let Some(r) = drop.running_prompts {
-                    text.push(format!("runningPrompts {r}"));
+                    join_part(&mut text, format_args!("runningPrompts {r}"));
                 }
             }
             if let Some(t) = &d.kv_cache_usage {
                 drop.kv_cache_usage = self.range(doc, &dp.key("kvCacheUsage"), t, Unit::Ratio);
                 if let Some(r) = drop.kv_cache_usage {
-                    text.push(format!("kvCacheUsage {r}"));
+                    join_part(&mut text, format_args!("kvCacheUsage {r}"));
                 }
             }
             if let Some(t) = &d.predicted_ttft {
                 drop.predicted_ttft = self.range(doc, &dp.key("predictedTTFT"), t, Unit::Seconds);
                 if let Some(r) = drop.predicted_ttft {
-                    text.push(format!("predictedTTFT {r}s"));
+                    join_part(&mut text, format_args!("predictedTTFT {r}s"));
                 }
             }
             if let Some(w) = &d.when {
                 drop.when = expr::check(self, doc, &dp.key("when"), w, env::endpoint_env(), scope);
                 if let Some(e) = &drop.when {
-                    text.push(format!("when {e}"));
+                    join_part(&mut text, format_args!("when {e}"));
                 }
             }
             let has_load = d.queued_prompts.is_some()
@@ -1053,7 +1052,7 @@ impl<'a> Checker<'a> {
                     "empty", Some("add a condition such as `backend: { type: Provider }` or `queuedPrompts: { greaterThan: 2 }`".into()));
                 continue;
             }
-            drop.text = text.join(" and ").into();
+            drop.text = text.into();
             out.push(ExcludeFilter {
                 name,
                 condition,
@@ -1094,13 +1093,7 @@ impl<'a> Checker<'a> {
                 }
                 (None, m) => Pick::Minimize(m.unwrap_or(kinf_policy::Measure::PredictedTtft)),
             };
-            let name_of = |id: DestId| {
-                scope
-                    .dests
-                    .iter()
-                    .find(|(_, x, _)| *x == id)
-                    .map(|(n, _, _)| &**n)
-            };
+            let name_of = |id: DestId| scope.dest_name(id);
             out.push(SelectTier::new(t.type_, pick, name_of));
         }
         if out.is_empty() && tiers.is_empty() {
@@ -1277,6 +1270,16 @@ impl<'a> Checker<'a> {
     }
 }
 
+/// Appends one part of a condition's text, after ` and ` when it is not the first.
+fn join_part(text: &mut String, part: std::fmt::Arguments<'_>) {
+    use std::fmt::Write as _;
+    if !text.is_empty() {
+        text.push_str(" and ");
+    }
+    // Writing to a `String` cannot fail.
+    let _ = text.write_fmt(part);
+}
+
 /// Units of thresholds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Unit {
@@ -1307,12 +1310,30 @@ pub const OVER_LIMIT_TAG: &str = "over-limit";
 pub(crate) struct Scope {
     pub model_names: AHashSet<Arc<str>>,
     pub dests: Vec<(Arc<str>, DestId, BackendType)>,
+    /// Index in `dests` of the first destination of each name (rules name destinations
+    /// thousands of times: no scan of `dests` each time).
+    dest_index: AHashMap<Arc<str>, usize>,
+    /// Index in `dests` of each destination.
+    id_index: AHashMap<DestId, usize>,
     pub tags: AHashSet<Arc<str>>,
     /// Some resource that could define names failed to load: unresolved names are not reported.
     pub incomplete: bool,
 }
 
 impl Scope {
+    /// The first destination named `name` (as a scan of `dests` would find it).
+    fn dest_named(&self, name: &str) -> Option<&(Arc<str>, DestId, BackendType)> {
+        self.dest_index.get(name).and_then(|&i| self.dests.get(i))
+    }
+
+    /// The name of destination `id`.
+    fn dest_name(&self, id: DestId) -> Option<&str> {
+        self.id_index
+            .get(&id)
+            .and_then(|&i| self.dests.get(i))
+            .map(|(n, _, _)| &**n)
+    }
+
     fn new(out: &CompiledPolicy, pools: &[usize]) -> Scope {
         let mut model_names = AHashSet::new();
         let mut dests: Vec<(Arc<str>, DestId, BackendType)> = Vec::new();
@@ -1334,9 +1355,17 @@ impl Scope {
                 tags.extend(g.tags.iter().cloned());
             }
         }
+        let mut dest_index = AHashMap::with_capacity(dests.len());
+        let mut id_index = AHashMap::with_capacity(dests.len());
+        for (i, (name, id, _)) in dests.iter().enumerate() {
+            dest_index.entry(name.clone()).or_insert(i);
+            id_index.entry(*id).or_insert(i);
+        }
         Scope {
             model_names,
             dests,
+            dest_index,
+            id_index,
             tags,
             incomplete: false,
         }

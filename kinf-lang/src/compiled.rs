@@ -335,11 +335,34 @@ impl Range {
 impl std::fmt::Display for Range {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (self.greater_than, self.less_than) {
-            (Some(g), Some(l)) => write!(f, "> {g} and < {l}"),
-            (Some(g), None) => write!(f, "> {g}"),
-            (None, Some(l)) => write!(f, "< {l}"),
+            (Some(g), Some(l)) => {
+                f.write_str("> ")?;
+                write_number(f, g)?;
+                f.write_str(" and < ")?;
+                write_number(f, l)
+            }
+            (Some(g), None) => {
+                f.write_str("> ")?;
+                write_number(f, g)
+            }
+            (None, Some(l)) => {
+                f.write_str("< ")?;
+                write_number(f, l)
+            }
             (None, None) => f.write_str("any"),
         }
+    }
+}
+
+/// Writes `v` as `f64`'s `Display` does; whole numbers (most thresholds) through the cheaper
+/// integer formatting, which prints the same digits (`Display` of `f64` never uses an exponent
+/// and prints no `.0`).
+fn write_number(f: &mut std::fmt::Formatter<'_>, v: f64) -> std::fmt::Result {
+    // Below 2^53 every whole `f64` converts to `i64` exactly; `-0.0` prints as `-0`.
+    if v.fract() == 0.0 && v.abs() < 9.0e15 && !(v == 0.0 && v.is_sign_negative()) {
+        write!(f, "{}", v as i64)
+    } else {
+        write!(f, "{v}")
     }
 }
 
@@ -414,16 +437,24 @@ impl SelectTier {
                 "Provider "
             }
         });
-        let text = match &pick {
-            Pick::Minimize(m) => format!("{scope}minimize {}", m.as_str()),
-            Pick::Order(ids) => format!(
-                "{scope}order [{}]",
-                ids.iter()
-                    .filter_map(|d| name_of(*d))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
+        // Written in place (no name list, no join).
+        let mut text = String::from(scope);
+        match &pick {
+            Pick::Minimize(m) => {
+                text.push_str("minimize ");
+                text.push_str(m.as_str());
+            }
+            Pick::Order(ids) => {
+                text.push_str("order [");
+                for (i, name) in ids.iter().filter_map(|d| name_of(*d)).enumerate() {
+                    if i > 0 {
+                        text.push_str(", ");
+                    }
+                    text.push_str(name);
+                }
+                text.push(']');
+            }
+        }
         SelectTier {
             backend,
             pick,
@@ -473,4 +504,68 @@ pub struct CompiledGateway {
     pub spec: kinf_policy::GatewayBackendSpec,
     /// Tags its classifiers can produce.
     pub tags: Vec<Arc<str>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Range;
+    use proptest::prelude::*;
+
+    /// The text `Range` printed before its whole-number fast path.
+    fn reference(r: &Range) -> String {
+        match (r.greater_than, r.less_than) {
+            (Some(g), Some(l)) => format!("> {g} and < {l}"),
+            (Some(g), None) => format!("> {g}"),
+            (None, Some(l)) => format!("< {l}"),
+            (None, None) => "any".to_string(),
+        }
+    }
+
+    fn check(g: Option<f64>, l: Option<f64>) {
+        let r = Range {
+            greater_than: g,
+            less_than: l,
+        };
+        assert_eq!(r.to_string(), reference(&r));
+    }
+
+    #[test]
+    fn range_text_edge_values() {
+        for v in [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            0.8,
+            4000.0,
+            8.999e15,
+            9.0e15,
+            9.007_199_254_740_992e15,
+            1e16,
+            1e300,
+            -1e300,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ] {
+            check(Some(v), None);
+            check(None, Some(v));
+            check(Some(v), Some(v));
+        }
+        check(None, None);
+    }
+
+    proptest! {
+        #[test]
+        fn range_text_matches_f64_display(
+            g in proptest::option::of(any::<f64>()),
+            l in proptest::option::of(any::<f64>()),
+            w in proptest::option::of(-1_000_000_000i64..1_000_000_000),
+        ) {
+            check(g, l);
+            check(w.map(|w| w as f64), l);
+        }
+    }
 }

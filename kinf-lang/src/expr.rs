@@ -74,7 +74,7 @@ pub(crate) fn check(
             ck.push(d);
         }
     }
-    match kinf_grammar::typecheck(&expr, env) {
+    match kinf_grammar::typecheck_owned(expr, env) {
         Ok(t) => Some(t),
         Err(errors) => {
             for e in errors {

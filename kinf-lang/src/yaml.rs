@@ -204,9 +204,7 @@ pub fn parse_documents(
 ) -> Vec<Document> {
     let mut local = Vec::new();
     let mut builder = Builder::new(id, file, &mut local);
-    let fast = crate::yaml_fast::parse(&file.text, &mut |event, start, end| {
-        builder.event(event, start, end);
-    });
+    let fast = crate::yaml_fast::parse_into(&file.text, &mut builder);
     if fast.is_ok() {
         let docs = builder.docs;
         diags.append(&mut local);
@@ -316,7 +314,9 @@ impl<'a> Builder<'a> {
         Span::new(self.id, start, end)
     }
 
-    /// Handles one event; returns true at the end of the stream.
+    /// Handles one event; returns true at the end of the stream. Inlined into the event sites
+    /// of the fast front end, where the event is known and only its branch remains.
+    #[inline(always)]
     fn event(&mut self, event: Event<'_>, start: usize, end: usize) -> bool {
         match event {
             Event::StreamEnd => return true,
@@ -413,7 +413,7 @@ impl<'a> Builder<'a> {
                         .file
                         .text
                         .get(end..reported)
-                        .is_some_and(|s| s.trim().is_empty() || s.contains('\n')) =>
+                        .is_some_and(|s| s.contains('\n') || s.trim().is_empty()) =>
             {
                 end
             }
@@ -487,6 +487,13 @@ impl<'a> Builder<'a> {
     }
 }
 
+impl<'t> crate::yaml_fast::Sink<'t> for Builder<'_> {
+    #[inline(always)]
+    fn event(&mut self, event: Event<'t>, start: usize, end: usize) {
+        Builder::event(self, event, start, end);
+    }
+}
+
 /// Takes the scalar's text by value: the parser hands over an owned string for most scalars,
 /// which then becomes the node's without a copy.
 fn resolve_scalar(text: Cow<'_, str>, style: ScalarStyle, tag: Option<&str>) -> (Value, Style) {
@@ -513,6 +520,13 @@ fn resolve_scalar(text: Cow<'_, str>, style: ScalarStyle, tag: Option<&str>) -> 
     }
     if quoted != Style::Plain {
         return (Value::Str(text.into_owned()), quoted);
+    }
+    // Most plain scalars (keys, names) start with a letter that no special value (`null`,
+    // `true`, `false`, `.inf`, ...) and no number starts with: strings, without the comparisons.
+    if text.as_bytes().first().is_some_and(|b| {
+        b.is_ascii_alphabetic() && !matches!(b, b'n' | b'N' | b't' | b'T' | b'f' | b'F')
+    }) {
+        return (Value::Str(text.into_owned()), Style::Plain);
     }
     let value = match &*text {
         "" | "~" | "null" | "Null" | "NULL" => Value::Null,
@@ -550,4 +564,52 @@ fn parse_number(text: &str) -> Option<Value> {
         return text.parse::<f64>().ok().map(Value::Float);
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Plain scalar resolution without the letter shortcut.
+    fn reference(text: &str) -> Value {
+        match text {
+            "" | "~" | "null" | "Null" | "NULL" => Value::Null,
+            "true" | "True" | "TRUE" => Value::Bool(true),
+            "false" | "False" | "FALSE" => Value::Bool(false),
+            ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => Value::Float(f64::INFINITY),
+            "-.inf" | "-.Inf" | "-.INF" => Value::Float(f64::NEG_INFINITY),
+            ".nan" | ".NaN" | ".NAN" => Value::Float(f64::NAN),
+            _ => parse_number(text).unwrap_or_else(|| Value::Str(text.to_string())),
+        }
+    }
+
+    fn check(text: &str) {
+        let (v, style) = resolve_scalar(Cow::Borrowed(text), ScalarStyle::Plain, None);
+        assert_eq!(style, Style::Plain);
+        assert_eq!(
+            format!("{v:?}"),
+            format!("{:?}", reference(text)),
+            "{text:?}"
+        );
+    }
+
+    #[test]
+    fn plain_scalars_resolve_as_before() {
+        for t in [
+            "", "~", "null", "Null", "NULL", "nul", "true", "True", "TRUE", "false", "False",
+            "FALSE", "no", "yes", "on", "off", "inf", "Inf", "nan", "NaN", ".inf", "-.inf",
+            "+.INF", ".nan", "0x1f", "0o17", "0b1", "12", "-12", "+3", "1.5", "1e3", "e3", "E3",
+            "x1", "model-3", "Local", "a: b", "é",
+        ] {
+            check(t);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn plain_scalars_resolve_as_before_prop(t in "[a-zA-Z0-9.~+\\-_ :]{0,10}") {
+            check(&t);
+        }
+    }
 }

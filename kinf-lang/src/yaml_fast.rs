@@ -21,10 +21,31 @@ type Res<T = ()> = Result<T, Unsupported>;
 /// Longest key accepted (the full parser rejects simple keys over 1024 characters).
 const MAX_KEY_LEN: usize = 1000;
 
+/// Receives the events of [`parse_into`].
+pub trait Sink<'t> {
+    /// One node event with its byte span (start, end).
+    fn event(&mut self, event: Event<'t>, start: usize, end: usize);
+}
+
+/// A closure as a [`Sink`].
+struct Closure<'a, 't>(&'a mut dyn FnMut(Event<'t>, usize, usize));
+
+impl<'t> Sink<'t> for Closure<'_, 't> {
+    fn event(&mut self, event: Event<'t>, start: usize, end: usize) {
+        (self.0)(event, start, end);
+    }
+}
+
 /// Parses `text`, handing every node event with its byte span (start, end) to `sink`.
 /// Only start, end and scalar events are produced (stream and document events carry nothing
 /// the tree needs). On [`Unsupported`], the events already handed over must be discarded.
 pub fn parse<'t>(text: &'t str, sink: &mut dyn FnMut(Event<'t>, usize, usize)) -> Res {
+    parse_into(text, &mut Closure(sink))
+}
+
+/// [`parse`] into a statically known sink: each event site calls it directly (the tree
+/// builder, inlined there, then only runs the part of its event handling for that event).
+pub fn parse_into<'t, S: Sink<'t>>(text: &'t str, sink: &mut S) -> Res {
     if !text.is_ascii() || text.bytes().any(|b| b == b'\t' || b == b'\r') {
         return Err(Unsupported);
     }
@@ -43,11 +64,11 @@ pub fn parse<'t>(text: &'t str, sink: &mut dyn FnMut(Event<'t>, usize, usize)) -
     p.stream()
 }
 
-struct Fast<'t, 's> {
+struct Fast<'t, 's, S> {
     text: &'t str,
     b: &'t [u8],
     pos: usize,
-    sink: &'s mut dyn FnMut(Event<'t>, usize, usize),
+    sink: &'s mut S,
 }
 
 /// The first content line after the cursor.
@@ -73,13 +94,14 @@ fn is_flow_indicator(b: u8) -> bool {
     matches!(b, b',' | b'[' | b']' | b'{' | b'}')
 }
 
-impl<'t> Fast<'t, '_> {
+impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
     fn at(&self, i: usize) -> Option<u8> {
         self.b.get(i).copied()
     }
 
+    #[inline(always)]
     fn emit(&mut self, event: Event<'t>, start: usize, end: usize) {
-        (self.sink)(event, start, end);
+        self.sink.event(event, start, end);
     }
 
     fn line_start(&self, i: usize) -> usize {
@@ -99,7 +121,8 @@ impl<'t> Fast<'t, '_> {
             }
             match self.at(i) {
                 None => return None,
-                Some(b'\n') | Some(b'#') => from = self.line_end(i) + 1,
+                Some(b'\n') => from = i + 1,
+                Some(b'#') => from = self.line_end(i) + 1,
                 Some(_) => {
                     return Some(Line {
                         start: from,
@@ -243,16 +266,14 @@ impl<'t> Fast<'t, '_> {
         if !self.plain_start(start, false) {
             return Err(Unsupported);
         }
-        let end_line = self.line_end(start);
+        // One pass to the `:` or the line's end (no separate search for the line's end).
         let mut i = start;
         loop {
-            if i >= end_line {
-                return Err(Unsupported);
-            }
-            match self.b[i] {
-                b':' if is_space_or_end(self.at(i + 1)) => break,
-                b'#' if self.b[i - 1] == b' ' => return Err(Unsupported),
-                _ => i += 1,
+            match self.at(i) {
+                None | Some(b'\n') => return Err(Unsupported),
+                Some(b':') if is_space_or_end(self.at(i + 1)) => break,
+                Some(b'#') if self.b[i - 1] == b' ' => return Err(Unsupported),
+                Some(_) => i += 1,
             }
         }
         let colon = i;
@@ -365,13 +386,13 @@ impl<'t> Fast<'t, '_> {
         if !self.plain_start(start, false) {
             return Err(Unsupported);
         }
-        let end_line = self.line_end(start);
         let mut i = start;
-        while i < end_line {
-            match self.b[i] {
-                b':' if is_space_or_end(self.at(i + 1)) => return Err(Unsupported),
-                b'#' if self.b[i - 1] == b' ' => break,
-                _ => i += 1,
+        loop {
+            match self.at(i) {
+                None | Some(b'\n') => break,
+                Some(b':') if is_space_or_end(self.at(i + 1)) => return Err(Unsupported),
+                Some(b'#') if self.b[i - 1] == b' ' => break,
+                Some(_) => i += 1,
             }
         }
         let mut end = i;
@@ -651,15 +672,14 @@ impl<'t> Fast<'t, '_> {
         if !self.plain_start(self.pos, false) {
             return false;
         }
-        let end_line = self.line_end(self.pos);
         let mut i = self.pos;
-        while i < end_line {
-            match self.b[i] {
-                b':' if is_space_or_end(self.at(i + 1)) => return true,
-                b'#' if self.b[i - 1] == b' ' => return false,
-                _ => i += 1,
+        loop {
+            match self.at(i) {
+                None | Some(b'\n') => return false,
+                Some(b':') if is_space_or_end(self.at(i + 1)) => return true,
+                Some(b'#') if self.b[i - 1] == b' ' => return false,
+                Some(_) => i += 1,
             }
         }
-        false
     }
 }

@@ -25,10 +25,14 @@ fn precedence(expr: &Expr) -> u8 {
 
 /// Writes `expr`, in parentheses when it binds looser than `min`.
 fn operand(f: &mut fmt::Formatter<'_>, expr: &Expr, min: u8) -> fmt::Result {
+    // Direct calls rather than `write!`: the same text without a formatting pass per node
+    // (this `Display` uses no formatter flags).
     if precedence(expr) < min {
-        write!(f, "({expr})")
+        f.write_char('(')?;
+        fmt::Display::fmt(expr, f)?;
+        f.write_char(')')
     } else {
-        write!(f, "{expr}")
+        fmt::Display::fmt(expr, f)
     }
 }
 
@@ -37,7 +41,7 @@ fn comma_separated(f: &mut fmt::Formatter<'_>, items: &[Expr]) -> fmt::Result {
         if i > 0 {
             f.write_str(", ")?;
         }
-        write!(f, "{item}")?;
+        fmt::Display::fmt(item, f)?;
     }
     Ok(())
 }
@@ -46,7 +50,7 @@ impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let own = precedence(self);
         match &self.kind {
-            ExprKind::Literal(literal) => write!(f, "{literal}"),
+            ExprKind::Literal(literal) => fmt::Display::fmt(literal, f),
             ExprKind::Var(name) => f.write_str(name),
             ExprKind::List(items) => {
                 f.write_char('[')?;
@@ -54,7 +58,8 @@ impl fmt::Display for Expr {
                 f.write_char(']')
             }
             ExprKind::Call { name, args } => {
-                write!(f, "{}(", name.name)?;
+                f.write_str(&name.name)?;
+                f.write_char('(')?;
                 comma_separated(f, args)?;
                 f.write_char(')')
             }
@@ -65,7 +70,9 @@ impl fmt::Display for Expr {
             ExprKind::Logical { op, operands } => {
                 for (i, item) in operands.iter().enumerate() {
                     if i > 0 {
-                        write!(f, " {} ", op.as_str())?;
+                        f.write_char(' ')?;
+                        f.write_str(op.as_str())?;
+                        f.write_char(' ')?;
                     }
                     // A nested group of the same operator keeps its parentheses.
                     operand(f, item, own + 1)?;
@@ -74,7 +81,9 @@ impl fmt::Display for Expr {
             }
             ExprKind::Compare { op, lhs, rhs } => {
                 operand(f, lhs, own + 1)?;
-                write!(f, " {} ", op.as_str())?;
+                f.write_char(' ')?;
+                f.write_str(op.as_str())?;
+                f.write_char(' ')?;
                 operand(f, rhs, own + 1)
             }
         }
@@ -103,6 +112,11 @@ impl fmt::Display for Literal {
 /// Writes `s` in double quotes with the escapes the parser reads.
 fn write_string(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
     f.write_char('"')?;
+    // Most strings need no escape: one write.
+    if !s.chars().any(|c| matches!(c, '"' | '\\') || c.is_control()) {
+        f.write_str(s)?;
+        return f.write_char('"');
+    }
     for c in s.chars() {
         match c {
             '"' => f.write_str("\\\"")?,

@@ -50,6 +50,6 @@ mod types;
 pub use ast::{CompareOp, Expr, ExprKind, Ident, Literal, LogicalOp};
 pub use eval::{EvalContext, Value, ValueList};
 pub use parse::{MAX_DEPTH, MAX_NESTING, parse_expr, parse_expr_reference};
-pub use typecheck::{TypeError, TypeErrorKind, typecheck};
+pub use typecheck::{TypeError, TypeErrorKind, typecheck, typecheck_owned};
 pub use typed::TypedExpr;
 pub use types::{Env, FnSig, Type};

@@ -55,6 +55,17 @@ pub enum TypeErrorKind {
 /// error in a sub-expression is not reported again by the expressions
 /// around it.
 pub fn typecheck(expr: &Expr, env: &Env) -> Result<TypedExpr, Vec<TypeError>> {
+    typecheck_cow(Cow::Borrowed(expr), env)
+}
+
+/// [`typecheck`] of an expression given by value: the typed expression keeps it, without a
+/// copy.
+pub fn typecheck_owned(expr: Expr, env: &Env) -> Result<TypedExpr, Vec<TypeError>> {
+    typecheck_cow(Cow::Owned(expr), env)
+}
+
+fn typecheck_cow(source: Cow<'_, Expr>, env: &Env) -> Result<TypedExpr, Vec<TypeError>> {
+    let expr: &Expr = &source;
     let mut checker = Checker {
         env,
         errors: Vec::new(),
@@ -87,7 +98,7 @@ pub fn typecheck(expr: &Expr, env: &Env) -> Result<TypedExpr, Vec<TypeError>> {
             funcs.sort_unstable();
             funcs.dedup();
             Ok(TypedExpr {
-                expr: expr.clone(),
+                expr: source.into_owned(),
                 root,
                 vars,
                 funcs,
