@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+pub use compact_str::CompactString;
 use saphyr_parser::{Event, Marker, Parser, ScalarStyle};
 
 use crate::codes::Code;
@@ -47,7 +48,7 @@ pub enum Value {
     /// A float.
     Float(f64),
     /// A string.
-    Str(String),
+    Str(CompactString),
     /// A sequence.
     Seq(Vec<Node>),
     /// A mapping, in source order.
@@ -58,7 +59,7 @@ pub enum Value {
 #[derive(Clone, Debug)]
 pub struct Entry {
     /// The key, as a string.
-    pub key: String,
+    pub key: CompactString,
     /// Where the key was written.
     pub key_span: Span,
     /// The value.
@@ -121,7 +122,7 @@ impl Node {
         for seg in &path.0 {
             let next = match (&node.value, seg) {
                 (Value::Map(entries), Seg::Key(k)) => {
-                    entries.iter().find(|e| &e.key == k).map(|e| {
+                    entries.iter().find(|e| e.key == *k).map(|e| {
                         key_span = Some(e.key_span);
                         &e.value
                     })
@@ -158,14 +159,14 @@ impl Node {
             Value::Bool(b) => J::Bool(*b),
             Value::Int(i) => J::from(*i),
             Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
-            Value::Str(s) => J::String(s.clone()),
+            Value::Str(s) => J::String(s.to_string()),
             Value::Seq(items) => J::Array(items.iter().map(Node::to_json).collect()),
             Value::Map(entries) => {
                 // Keys are unique (duplicates are dropped while parsing): plain inserts, without
                 // the sort buffer of `collect`.
                 let mut map = serde_json::Map::new();
                 for e in entries {
-                    map.insert(e.key.clone(), e.value.to_json());
+                    map.insert(e.key.to_string(), e.value.to_json());
                 }
                 J::Object(map)
             }
@@ -277,7 +278,7 @@ enum Frame {
         start: usize,
         anchor: usize,
         base: usize,
-        pending_key: Option<(String, Span)>,
+        pending_key: Option<(CompactString, Span)>,
     },
 }
 
@@ -441,10 +442,10 @@ impl<'a> Builder<'a> {
                     let key_span = node.span;
                     let key = match node.value {
                         Value::Str(s) => s,
-                        Value::Null => "null".to_string(),
-                        Value::Bool(b) => b.to_string(),
-                        Value::Int(i) => i.to_string(),
-                        Value::Float(f) => f.to_string(),
+                        Value::Null => CompactString::const_new("null"),
+                        Value::Bool(b) => CompactString::from(b.to_string()),
+                        Value::Int(i) => CompactString::from(i.to_string()),
+                        Value::Float(f) => CompactString::from(f.to_string()),
                         Value::Seq(_) | Value::Map(_) => {
                             self.diags.push(
                                 Diagnostic::error(
@@ -454,7 +455,7 @@ impl<'a> Builder<'a> {
                                 .at(key_span, "complex key")
                                 .with_help("write keys as plain strings such as `name:`"),
                             );
-                            String::new()
+                            CompactString::default()
                         }
                     };
                     *pending_key = Some((key, key_span));
@@ -504,7 +505,7 @@ fn resolve_scalar(text: Cow<'_, str>, style: ScalarStyle, tag: Option<&str>) -> 
     };
     if let Some(tag) = tag {
         match tag {
-            "str" => return (Value::Str(text.into_owned()), quoted),
+            "str" => return (Value::Str(compact(text)), quoted),
             "int" => {
                 if let Ok(i) = text.parse() {
                     return (Value::Int(i), quoted);
@@ -519,14 +520,14 @@ fn resolve_scalar(text: Cow<'_, str>, style: ScalarStyle, tag: Option<&str>) -> 
         }
     }
     if quoted != Style::Plain {
-        return (Value::Str(text.into_owned()), quoted);
+        return (Value::Str(compact(text)), quoted);
     }
     // Most plain scalars (keys, names) start with a letter that no special value (`null`,
     // `true`, `false`, `.inf`, ...) and no number starts with: strings, without the comparisons.
     if text.as_bytes().first().is_some_and(|b| {
         b.is_ascii_alphabetic() && !matches!(b, b'n' | b'N' | b't' | b'T' | b'f' | b'F')
     }) {
-        return (Value::Str(text.into_owned()), Style::Plain);
+        return (Value::Str(compact(text)), Style::Plain);
     }
     let value = match &*text {
         "" | "~" | "null" | "Null" | "NULL" => Value::Null,
@@ -537,7 +538,7 @@ fn resolve_scalar(text: Cow<'_, str>, style: ScalarStyle, tag: Option<&str>) -> 
         ".nan" | ".NaN" | ".NAN" => Value::Float(f64::NAN),
         _ => match parse_number(&text) {
             Some(v) => v,
-            None => Value::Str(text.into_owned()),
+            None => Value::Str(compact(text)),
         },
     };
     (value, Style::Plain)
@@ -566,6 +567,15 @@ fn parse_number(text: &str) -> Option<Value> {
     None
 }
 
+/// A scalar's text as a [`CompactString`]: short texts (most keys and values) inline, long
+/// owned texts keep their buffer.
+fn compact(text: Cow<'_, str>) -> CompactString {
+    match text {
+        Cow::Borrowed(s) => CompactString::from(s),
+        Cow::Owned(s) => CompactString::from(s),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -580,7 +590,7 @@ mod tests {
             ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => Value::Float(f64::INFINITY),
             "-.inf" | "-.Inf" | "-.INF" => Value::Float(f64::NEG_INFINITY),
             ".nan" | ".NaN" | ".NAN" => Value::Float(f64::NAN),
-            _ => parse_number(text).unwrap_or_else(|| Value::Str(text.to_string())),
+            _ => parse_number(text).unwrap_or_else(|| Value::Str(text.into())),
         }
     }
 

@@ -36,7 +36,7 @@ impl Json for YamlJson {
         f: impl FnOnce(&Node) -> T,
     ) -> T {
         let node = buffer.insert(Node {
-            value: Value::Str(string.to_string()),
+            value: Value::Str(string.into()),
             span: Span::new(FileId(0), 0, 0),
             style: Style::Quoted,
         });

@@ -260,7 +260,7 @@ fn parse_one(
     for e in entries {
         let v = &e.value;
         let string = |problems: &mut Vec<SloProblem>| match &v.value {
-            Value::Str(s) if !s.is_empty() => Some(s.clone()),
+            Value::Str(s) if !s.is_empty() => Some(s.to_string()),
             _ => {
                 problems.push(at(
                     v.span.start,
