@@ -4,6 +4,10 @@
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 
+// The allocator `kinfctl` and `kinference` ship with: compile time is what they see.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn compile_large(c: &mut Criterion) {
     let text = kinf_lang::synthetic::synthetic_bundle(1000, 200);
     let mut sources = kinf_lang::Sources::new();
