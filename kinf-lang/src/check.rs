@@ -603,15 +603,17 @@ impl<'a> Checker<'a> {
         // resolve, and the error to fix is the one already reported.
         // The same holds when the policy targets no pool at all (already reported).
         scope.incomplete = b.namespace_failed(&p.namespace) || pools.is_empty();
-        let mut rules = Vec::new();
+        // Names first, in order (duplicates are a property of the whole list); then each rule
+        // is lowered on its own, in parallel for large policies.
+        let mut names: Vec<(Arc<str>, bool)> = Vec::with_capacity(p.spec.rules.len());
         // The index of the first rule of each name (its path is built only for a duplicate).
         let mut seen: AHashMap<&str, usize> = AHashMap::new();
         for (i, rule) in p.spec.rules.iter().enumerate() {
-            let base = fpath!["spec", "rules", i];
             let errors_before = self.error_count();
             let name: Arc<str> = match &rule.name {
                 Some(n) => {
                     if let Some(&first) = seen.get(n.as_str()) {
+                        let base = fpath!["spec", "rules", i];
                         let first_span = self
                             .bundle
                             .value_span(p.doc, &fpath!["spec", "rules", first, "name"]);
@@ -632,45 +634,15 @@ impl<'a> Checker<'a> {
                     n.as_str().into()
                 }
                 None => {
-                    self.report_item(p.doc, &base, Code::MissingRuleName,
+                    self.report_item(p.doc, &fpath!["spec", "rules", i], Code::MissingRuleName,
                         format!("rule {} of policy `{}` has no name", i + 1, p.name), "rule without `name`",
                         Some("add `name:`; rule names appear in decisions, metrics and reject messages".into()));
                     format!("rule-{}", i + 1).into()
                 }
             };
-            let matches_path = base.key("matches");
-            let matches = rule
-                .matches
-                .iter()
-                .enumerate()
-                .filter_map(|(j, m)| self.request_cond(p.doc, &matches_path.index(j), m, &scope))
-                .collect();
-            let route = &rule.route;
-            let route_path = base.key("route");
-            let consider_path = route_path.key("consider");
-            let consider = route
-                .consider
-                .iter()
-                .enumerate()
-                .map(|(j, c)| self.consider(p.doc, &consider_path.index(j), c, &scope))
-                .collect();
-            let exclude = self.filters(p.doc, &route_path.key("exclude"), &route.exclude, &scope);
-            let select = self.tiers(p.doc, &route_path.key("select"), &route.select, &scope);
-            let compiled = CompiledRule {
-                policy: policy_name.clone(),
-                name,
-                matches,
-                consider,
-                exclude,
-                select,
-                on_empty: route.on_empty.unwrap_or(OnEmpty::Reject),
-                source: self.source_ref(p.doc, &base.key("name")),
-            };
-            if scope.incomplete || self.error_count() > errors_before {
-                self.broken_rules.insert((p.doc, base.clone()));
-            }
-            rules.push((Arc::new(compiled), p.doc, base));
+            names.push((name, self.error_count() > errors_before));
         }
+        let rules = self.lower_rules(p, &policy_name, names, &scope);
         let mut limits = Vec::new();
         let mut limit_names: AHashMap<String, FieldPath> = AHashMap::new();
         for (i, l) in p.spec.limits.iter().enumerate() {
@@ -719,6 +691,119 @@ impl<'a> Checker<'a> {
             rules,
             limits,
         })
+    }
+
+    /// Lowers every rule of `p` (their names and name errors already settled), in order.
+    /// Policies with many rules are split into contiguous chunks lowered on scoped threads,
+    /// each with its own diagnostics; the chunks' diagnostics and broken rules are appended in
+    /// rule order, so the result is the same as lowering them one after the other.
+    fn lower_rules(
+        &mut self,
+        p: &Res<InferencePolicySpec>,
+        policy_name: &Arc<str>,
+        names: Vec<(Arc<str>, bool)>,
+        scope: &Scope,
+    ) -> Vec<(Arc<CompiledRule>, usize, FieldPath)> {
+        let n = names.len();
+        let threads = lowering_threads(n);
+        let items: Vec<(usize, (Arc<str>, bool))> = names.into_iter().enumerate().collect();
+        if threads <= 1 {
+            return items
+                .into_iter()
+                .map(|(i, (name, name_error))| {
+                    self.lower_rule(p, policy_name, i, name, name_error, scope)
+                })
+                .collect();
+        }
+        let chunk = n.div_ceil(threads);
+        let (bundle, sources, labels) = (self.bundle, self.sources, &self.labels);
+        let lower_chunk = |part: &[(usize, (Arc<str>, bool))]| {
+            let mut diags = Vec::new();
+            let mut sub = Checker {
+                bundle,
+                sources,
+                diags: &mut diags,
+                labels: labels.clone(),
+                broken_rules: AHashSet::new(),
+            };
+            let rules: Vec<_> = part
+                .iter()
+                .map(|(i, (name, name_error))| {
+                    sub.lower_rule(p, policy_name, *i, name.clone(), *name_error, scope)
+                })
+                .collect();
+            let broken = std::mem::take(&mut sub.broken_rules);
+            (rules, diags, broken)
+        };
+        let parts: Vec<_> = std::thread::scope(|s| {
+            let mut chunks = items.chunks(chunk);
+            // The first chunk runs on this thread, the others on scoped threads.
+            let first = chunks.next().unwrap_or(&[]);
+            let handles: Vec<_> = chunks.map(|c| s.spawn(move || lower_chunk(c))).collect();
+            let mut parts = vec![lower_chunk(first)];
+            for h in handles {
+                match h.join() {
+                    Ok(part) => parts.push(part),
+                    // A panic in lowering is a bug; re-raise it on the caller's thread.
+                    Err(e) => std::panic::resume_unwind(e),
+                }
+            }
+            parts
+        });
+        let mut rules = Vec::with_capacity(n);
+        for (r, diags, broken) in parts {
+            rules.extend(r);
+            self.diags.extend(diags);
+            self.broken_rules.extend(broken);
+        }
+        rules
+    }
+
+    /// Lowers rule `i` of `p`; `name_error`: its name was reported (missing or duplicate).
+    fn lower_rule(
+        &mut self,
+        p: &Res<InferencePolicySpec>,
+        policy_name: &Arc<str>,
+        i: usize,
+        name: Arc<str>,
+        name_error: bool,
+        scope: &Scope,
+    ) -> (Arc<CompiledRule>, usize, FieldPath) {
+        let rule = &p.spec.rules[i];
+        let base = fpath!["spec", "rules", i];
+        let errors_before = self.error_count();
+        let matches_path = base.key("matches");
+        let matches = rule
+            .matches
+            .iter()
+            .enumerate()
+            .filter_map(|(j, m)| self.request_cond(p.doc, &matches_path.index(j), m, scope))
+            .collect();
+        let route = &rule.route;
+        let route_path = base.key("route");
+        let consider_path = route_path.key("consider");
+        let consider = route
+            .consider
+            .iter()
+            .enumerate()
+            .map(|(j, c)| self.consider(p.doc, &consider_path.index(j), c, scope))
+            .collect();
+        let exclude = self.filters(p.doc, &route_path.key("exclude"), &route.exclude, scope);
+        let select = self.tiers(p.doc, &route_path.key("select"), &route.select, scope);
+        let compiled = CompiledRule {
+            policy: policy_name.clone(),
+            name,
+            matches,
+            consider,
+            exclude,
+            select,
+            on_empty: route.on_empty.unwrap_or(OnEmpty::Reject),
+            source: self.source_ref(p.doc, &base.key("name")),
+        };
+        if scope.incomplete || name_error || self.error_count() > errors_before {
+            self.broken_rules.insert((p.doc, base.clone()));
+        }
+        (Arc::new(compiled), p.doc, base)
     }
 
     pub(crate) fn request_cond(
@@ -1307,6 +1392,27 @@ fn destination_kind(k: kinf_policy::DestinationKind) -> kinf_policy::ResourceKin
 pub const OVER_LIMIT_TAG: &str = "over-limit";
 
 /// Names visible to a policy: models, destinations and tags of its target pools.
+/// Threads to lower `n` rules with: one below [`PARALLEL_RULES_MIN`], otherwise up to the
+/// CPUs available (at most [`MAX_LOWERING_THREADS`], at least 128 rules each).
+fn lowering_threads(n: usize) -> usize {
+    #[cfg(test)]
+    if let Some(t) = tests::FORCE_LOWERING_THREADS.with(|c| c.get()) {
+        return t.clamp(1, n.max(1));
+    }
+    if n < PARALLEL_RULES_MIN {
+        return 1;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .clamp(1, MAX_LOWERING_THREADS)
+        .min(n / (PARALLEL_RULES_MIN / 2))
+}
+
+/// Policies with at least this many rules are lowered on several threads.
+const PARALLEL_RULES_MIN: usize = 256;
+/// The most threads lowering one policy's rules.
+const MAX_LOWERING_THREADS: usize = 4;
+
 pub(crate) struct Scope {
     pub model_names: AHashSet<Arc<str>>,
     pub dests: Vec<(Arc<str>, DestId, BackendType)>,
@@ -1404,4 +1510,86 @@ pub fn classifier_tags(spec: &GatewayBackendSpec) -> Vec<Arc<str>> {
     tags.sort();
     tags.dedup();
     tags
+}
+
+#[cfg(test)]
+#[allow(clippy::panic)] // Test assertions.
+mod tests {
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Overrides [`super::lowering_threads`] on this thread (tests only).
+        pub(super) static FORCE_LOWERING_THREADS: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+
+    /// Compiles `text` with rules lowered on `threads` threads: the rendered diagnostics and
+    /// the compiled policy's debug form.
+    fn compile_with(text: &str, threads: usize) -> (Vec<String>, String) {
+        FORCE_LOWERING_THREADS.with(|c| c.set(Some(threads)));
+        let (sources, c) = crate::compile_str("bundle.yaml", text);
+        FORCE_LOWERING_THREADS.with(|c| c.set(None));
+        let diags = c
+            .diagnostics
+            .iter()
+            .map(|d| d.render_plain(&sources))
+            .collect();
+        // The DAG as `kinfctl graph` prints it and every lowered rule (the policy's model maps
+        // are hash maps, whose debug form is in no fixed order).
+        let policy = c.policy.as_ref().map_or_else(String::new, |p| {
+            p.pools
+                .iter()
+                .map(|pool| format!("{}\n{:?}\n", crate::dag::render_pool(pool, p), pool.rules))
+                .collect()
+        });
+        (diags, policy)
+    }
+
+    /// Asserts `a == b`, showing where they first differ (the texts are megabytes long).
+    fn same(a: &str, b: &str, threads: usize) {
+        if let Some(i) = a.bytes().zip(b.bytes()).position(|(x, y)| x != y) {
+            let from = i.saturating_sub(300);
+            panic!(
+                "{threads} threads: first difference at byte {i}:\n{}\n---- sequential:\n{}",
+                &a[from..(i + 300).min(a.len())],
+                &b[from..(i + 300).min(b.len())]
+            );
+        }
+        assert_eq!(a.len(), b.len(), "{threads} threads: lengths differ");
+    }
+
+    #[test]
+    fn parallel_lowering_gives_the_sequential_result() {
+        let clean = crate::synthetic::synthetic_bundle(600, 20);
+        let (d1, p1) = compile_with(&clean, 1);
+        assert!(d1.is_empty(), "{d1:#?}");
+        assert!(p1.contains("rule-599"));
+        for threads in [2, 3, 4] {
+            let (d, p) = compile_with(&clean, threads);
+            assert_eq!(d, d1, "{threads} threads");
+            same(&p, &p1, threads);
+        }
+        // Errors in rules that land in different chunks: a duplicate name, a `when:` that does
+        // not parse, one that does not type-check, an unknown provider in a tier.
+        let broken = clean
+            .replace("  - name: rule-300\n", "  - name: rule-299\n")
+            .replace("'promptTokens < 8100 &&", "'promptTokens <<< 8100 &&")
+            .replace("[\"t450\", \"u450\"]'", "[\"t450\", \"u450\"] && nosuch(1)'")
+            .replace(
+                "  - name: rule-599\n",
+                "  - name: rule-599\n    matches: []\n    route: { consider: [ { models: { names: [model-0] } } ], select: [ { type: Provider, order: [cloud-z] } ] }\n  - name: rule-599-b\n",
+            );
+        let (d1, p1) = compile_with(&broken, 1);
+        assert!(d1.len() >= 4, "{d1:#?}");
+        for needle in ["KINF0402", "KINF0204", "KINF0205", "KINF0302"] {
+            assert!(
+                d1.iter().any(|d| d.contains(needle)),
+                "{needle} missing: {d1:#?}"
+            );
+        }
+        for threads in [2, 3, 4] {
+            let (d, p) = compile_with(&broken, threads);
+            assert_eq!(d, d1, "{threads} threads");
+            same(&p, &p1, threads);
+        }
+    }
 }
