@@ -318,8 +318,13 @@ pub(crate) fn count_request(
     crate::accounting::account_refusal(&gw.metrics, who, code);
 }
 
-/// Bodies larger than this are admitted (parsed, classified, tokenized) on the blocking pool.
+/// Bodies larger than this are admitted (parsed, classified, tokenized) on the blocking pool
+/// while other requests are in flight.
 const BLOCKING_ADMIT_BYTES: usize = 16 << 10;
+
+/// Bodies larger than this always go to the blocking pool: admitting them takes long enough
+/// (several milliseconds) that a request arriving meanwhile should not wait behind them.
+const INLINE_ADMIT_MAX_BYTES: usize = 256 << 10;
 
 /// Counts a request in [`Gateway::admitting`] until dropped.
 struct Admitting<'a>(&'a std::sync::atomic::AtomicUsize);
@@ -385,7 +390,7 @@ pub fn admit(
 /// `External` classifiers (concurrently, each within its timeout; see
 /// [`external`](super::external)), then classifies with the built-in classifiers and
 /// tokenizes. Large bodies are parsed, classified and tokenized on the blocking pool while other
-/// requests are in flight, in place when the request is alone.
+/// requests are in flight, in place when the request is alone (up to 256 KiB).
 pub async fn admit_async(
     gw: &Gateway,
     rt: &Arc<super::runtime::Runtime>,
@@ -398,8 +403,9 @@ pub async fn admit_async(
     // blocking pool it cannot hold up other requests, but the hand-off and the hand-back
     // each wake a thread. Alone in the gateway, the request has nobody to hold up: admit it
     // in place.
-    let blocking = bytes.len() > BLOCKING_ADMIT_BYTES
-        && gw.admitting.load(std::sync::atomic::Ordering::Relaxed) > 1;
+    let blocking = bytes.len() > INLINE_ADMIT_MAX_BYTES
+        || (bytes.len() > BLOCKING_ADMIT_BYTES
+            && gw.admitting.load(std::sync::atomic::Ordering::Relaxed) > 1);
     if door.external.is_empty() {
         if !blocking {
             return admit(rt, api, headers, &bytes);
