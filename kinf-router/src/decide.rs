@@ -104,11 +104,37 @@ struct Ctx<'a> {
     pool: &'a CompiledPool,
     req: &'a Request,
     state: &'a ClusterState,
+    detail: TraceDetail,
+}
+
+/// How much of a decision's evaluation its [`Trace`] records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TraceDetail {
+    /// Every candidate: considered (with its load and predicted TTFT), dropped (with the
+    /// filter and reason), surviving, and in each tier. What `kinfctl explain` shows.
+    #[default]
+    Full,
+    /// Rules, tiers and picks only: the per-candidate lists (`considered`, `dropped`,
+    /// `survivors`, each tier's `candidates`) are left empty. What a gateway that does not
+    /// show traces needs; with a thousand endpoints the per-candidate records are most of a
+    /// decision's cost.
+    Summary,
 }
 
 impl Decider {
-    /// Decides one request.
+    /// Decides one request, with a [`TraceDetail::Full`] trace.
     pub fn decide(policy: &CompiledPolicy, req: &Request, state: &ClusterState) -> Decision {
+        Self::decide_with(policy, req, state, TraceDetail::Full)
+    }
+
+    /// Decides one request, recording `detail` in its trace. The outcome does not depend on
+    /// `detail`.
+    pub fn decide_with(
+        policy: &CompiledPolicy,
+        req: &Request,
+        state: &ClusterState,
+        detail: TraceDetail,
+    ) -> Decision {
         let Some(pool) = policy.find_pool(req.pool.as_deref()) else {
             let names: Vec<String> = policy
                 .pools
@@ -146,6 +172,7 @@ impl Decider {
             pool,
             req,
             state,
+            detail,
         };
         let mut trace = Trace {
             pool: pool_name,
@@ -305,6 +332,7 @@ impl<'a> Ctx<'a> {
         tiers: &[SelectTier],
     ) -> (Option<Candidate<'a>>, StagesTrace) {
         let mut st = StagesTrace::default();
+        let full = self.detail == TraceDetail::Full;
         let mut cands = self.candidates(consider, &mut st);
         // Dropped candidates are marked, not removed: no shifting of the candidate list.
         let mut alive = vec![true; cands.len()];
@@ -322,11 +350,13 @@ impl<'a> Ctx<'a> {
                     }
                     let load = self.load_of(c, f.window);
                     if let Some(reason) = drop_reason(&f.drop, c, load, self.req, self.policy) {
-                        st.dropped.push(DropTrace {
-                            filter: f.name.clone(),
-                            candidate: c.id(),
-                            reason,
-                        });
+                        if full {
+                            st.dropped.push(DropTrace {
+                                filter: f.name.clone(),
+                                candidate: c.id(),
+                                reason,
+                            });
+                        }
                         *keep = false;
                     }
                 }
@@ -339,7 +369,9 @@ impl<'a> Ctx<'a> {
             .filter(|(_, keep)| **keep)
             .map(|(c, _)| c)
             .collect();
-        st.survivors = survivors.iter().map(|c| c.id()).collect();
+        if full {
+            st.survivors = survivors.iter().map(|c| c.id()).collect();
+        }
         let mut picked_any: Option<Candidate<'a>> = None;
         for tier in tiers {
             let in_tier: Vec<&Candidate<'a>> = survivors
@@ -357,7 +389,11 @@ impl<'a> Ctx<'a> {
             };
             st.tiers.push(TierTrace {
                 tier: tier.text.clone(),
-                candidates: in_tier.iter().map(|c| c.id()).collect(),
+                candidates: if full {
+                    in_tier.iter().map(|c| c.id()).collect()
+                } else {
+                    Vec::new()
+                },
                 picked: picked.map(Candidate::id),
             });
             if let Some(p) = picked {
@@ -365,7 +401,9 @@ impl<'a> Ctx<'a> {
                 break;
             }
         }
-        st.considered = cands.iter().map(Candidate::trace).collect();
+        if full {
+            st.considered = cands.iter().map(Candidate::trace).collect();
+        }
         (picked_any, st)
     }
 

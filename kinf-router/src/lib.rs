@@ -20,7 +20,7 @@ pub mod synthetic;
 pub mod tokenize;
 pub mod usage;
 
-pub use decide::Decider;
+pub use decide::{Decider, TraceDetail};
 pub use decision::{Decision, Outcome, PredictionInputs, Reject, Route};
 pub use request::Request;
 pub use state::ClusterState;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kinf_lang::CompiledPolicy;
 use kinf_policy::{BackendType, Qos};
 use kinf_router::state::LoadSample;
-use kinf_router::{ClusterState, Decider, Outcome, Request};
+use kinf_router::{ClusterState, Decider, Outcome, Request, TraceDetail};
 use proptest::prelude::*;
 
 fn compile(text: &str) -> Arc<CompiledPolicy> {
@@ -178,6 +178,27 @@ proptest! {
         let a = Decider::decide(&policy, &req, &st);
         let b = Decider::decide(&policy, &req, &st);
         prop_assert_eq!(&a, &b);
+        // A summary trace decides the same, and is the full trace without its per-candidate
+        // lists.
+        let summary = Decider::decide_with(&policy, &req, &st, TraceDetail::Summary);
+        prop_assert_eq!(&summary.outcome, &a.outcome);
+        prop_assert_eq!(&summary.policy, &a.policy);
+        prop_assert_eq!(&summary.rule, &a.rule);
+        let mut stripped = a.trace.clone();
+        for s in stripped
+            .rules
+            .iter_mut()
+            .filter_map(|r| r.stages.as_mut())
+            .chain(stripped.default.as_mut())
+        {
+            s.considered.clear();
+            s.dropped.clear();
+            s.survivors.clear();
+            for t in &mut s.tiers {
+                t.candidates.clear();
+            }
+        }
+        prop_assert_eq!(&summary.trace, &stripped);
         if let Outcome::Reject(r) = &a.outcome {
             prop_assert!(!r.code.is_empty());
             prop_assert!(r.status == 503 || r.status == 404);

@@ -210,7 +210,15 @@ impl SimRouter for Kinference {
         r.max_tokens = req.max_tokens;
         r.tenant = req.meta.tenant.clone();
         r.qos = req.meta.qos;
-        let d = Decider::decide(&self.policy, &r, &self.state);
+        // Full traces only for the decisions that are recorded (`--trace-every`).
+        let traced =
+            self.trace_every > 0 && (self.decisions + 1) % self.trace_every == 1 % self.trace_every;
+        let detail = if traced {
+            kinf_router::TraceDetail::Full
+        } else {
+            kinf_router::TraceDetail::Summary
+        };
+        let d = Decider::decide_with(&self.policy, &r, &self.state, detail);
         self.decisions += 1;
         let rule = d.rule.clone();
         *self

@@ -992,7 +992,8 @@ fn decide(
                 }
             }
         }
-        let d = Decider::decide(policy, req, st);
+        // The gateway shows no traces (`kinfctl explain` does): skip the per-candidate records.
+        let d = Decider::decide_with(policy, req, st, kinf_router::TraceDetail::Summary);
         let chosen = d.route().map(|r| {
             let local = r.backend_type == BackendType::Local;
             let uncached_tokens = req.prompt_tokens.saturating_sub(r.cached_tokens);
