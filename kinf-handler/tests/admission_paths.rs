@@ -7,7 +7,7 @@
 mod support;
 
 use serde_json::{Value, json};
-use support::{gateway, post_json, root, sim, temp_dir};
+use support::{gateway, post_json, root, sim, temp_dir, write_tiny_bundle};
 
 fn body(words: usize, salt: usize) -> Value {
     let text: String = (0..words)
@@ -47,28 +47,11 @@ async fn inline_and_pooled_admission_agree() {
     ])
     .await;
     let dir = temp_dir("admission-paths");
-    std::fs::write(
-        dir.join("bundle.yaml"),
-        format!(
-            r#"apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: {{ name: tiny, namespace: t }}
-spec:
-  endpoints: ["{}"]
-  models: [ {{ name: tiny-llama }} ]
-  blockSize: 16
-  tokenizer: {{ path: {tok} }}
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: {{ name: pool, namespace: t }}
-spec:
-  destinations: [ {{ kind: InferenceWorkerSet, name: tiny }} ]
-"#,
-            worker.http
-        ),
-    )
-    .unwrap();
+    write_tiny_bundle(
+        &dir,
+        &worker.http.to_string(),
+        &format!("  blockSize: 16\n  tokenizer: {{ path: {tok} }}\n"),
+    );
     let (_gw, addr) = gateway(&dir).await;
 
     // ≈40 KiB: over the 16 KiB threshold, under the 256 KiB in-place limit.

@@ -6,23 +6,12 @@
 
 mod support;
 
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use support::{post_json, post_raw, root, sim, temp_dir};
-
-/// Kills the server when the test ends, however it ends.
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use support::{ServeProcess, post_json, post_raw, root, sim, temp_dir, write_tiny_bundle};
 
 async fn admin_status(addr: SocketAddr) -> Value {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -73,45 +62,16 @@ async fn busy_polling_gateway_serves_and_ingests_kv_events() {
     ])
     .await;
     let dir = temp_dir("busy-poll");
-    std::fs::write(
-        dir.join("bundle.yaml"),
-        format!(
-            r#"apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: {{ name: tiny, namespace: t }}
-spec:
-  endpoints: ["{}"]
-  models: [ {{ name: tiny-llama }} ]
-  kvEvents: {{}}
-  metrics: {{ interval: 200ms }}
-  blockSize: 16
-  tokenizer: {{ path: {tok} }}
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: {{ name: pool, namespace: t }}
-spec:
-  destinations: [ {{ kind: InferenceWorkerSet, name: tiny }} ]
-"#,
-            worker.http
+    write_tiny_bundle(
+        &dir,
+        &worker.http.to_string(),
+        &format!(
+            "  kvEvents: {{}}\n  metrics: {{ interval: 200ms }}\n  blockSize: 16\n  tokenizer: {{ path: {tok} }}\n"
         ),
-    )
-    .unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kinference"))
-        .args(["serve", "--config"])
-        .arg(&dir)
-        .args(["--listen", "127.0.0.1:0", "--busy-poll", "200us"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _server = Server(child);
-    let ports: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    );
+    let server = ServeProcess::start(&dir, ["--listen", "127.0.0.1:0", "--busy-poll", "200us"]);
+    let pid = server.pid();
+    let ports = &server.ports;
     let addr: SocketAddr = ports["listen"].as_str().unwrap().parse().unwrap();
 
     // Ready, with the KV-event stream connected.

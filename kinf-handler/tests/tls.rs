@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,41 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use kinf_handler::grpc::handler_v1::handler_client::HandlerClient;
 use kinf_handler::grpc::handler_v1::{DecideRequest, Header};
 use serde_json::{Value, json};
-use support::{free_port, temp_dir};
-
-/// Kills the server when the test ends, however it ends.
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn write_config(dir: &Path) {
-    // The worker is a closed local port: decisions only, no traffic.
-    let worker = format!("127.0.0.1:{}", free_port());
-    std::fs::write(
-        dir.join("bundle.yaml"),
-        format!(
-            r#"apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: {{ name: tiny, namespace: t }}
-spec:
-  endpoints: ["{worker}"]
-  models: [ {{ name: tiny-llama }} ]
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: {{ name: pool, namespace: t }}
-spec:
-  destinations: [ {{ kind: InferenceWorkerSet, name: tiny }} ]
-"#
-        ),
-    )
-    .unwrap();
-}
+use support::{ServeProcess, free_port, temp_dir, write_tiny_bundle};
 
 /// A self-signed certificate for `localhost` and 127.0.0.1 (PEM files in `dir`) and a client
 /// configuration that trusts it, offering `alpn`.
@@ -81,32 +46,29 @@ fn client_config(
     cfg
 }
 
-fn start(dir: &Path) -> (Server, Value) {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kinference"))
-        .args(["serve", "--config"])
-        .arg(dir)
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-        ])
-        .arg(dir.join("cert.pem"))
-        .arg("--tls-key")
-        .arg(dir.join("key.pem"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let ports: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
-    (Server(child), ports)
+/// The gateway with TLS on every listener (certificate and key from `dir`).
+fn start(dir: &Path) -> ServeProcess {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    ServeProcess::start(
+        dir,
+        [
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--admin-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--grpc-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--tls-cert".as_ref(),
+            cert.as_os_str(),
+            "--tls-key".as_ref(),
+            key.as_os_str(),
+        ],
+    )
+}
+
+/// The configuration: a worker set on a closed local port (decisions only, no traffic).
+fn write_config(dir: &Path) {
+    write_tiny_bundle(dir, &format!("127.0.0.1:{}", free_port()), "");
 }
 
 fn port(v: &Value) -> u16 {
@@ -169,7 +131,8 @@ async fn every_listener_serves_tls_and_refuses_plaintext() {
     let dir = temp_dir("tls");
     write_config(&dir);
     let cert = make_cert(&dir);
-    let (_server, ports) = start(&dir);
+    let server = start(&dir);
+    let ports = &server.ports;
     assert_eq!(ports["tls"], true, "{ports}");
     let (main, admin, grpc) = (
         port(&ports["listen"]),

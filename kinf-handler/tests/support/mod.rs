@@ -164,3 +164,72 @@ pub async fn post_raw(
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     (status, h, bytes)
 }
+
+/// A `kinference serve` child process, killed when the test ends however it ends, with the
+/// JSON line it prints once listening (`{"listen": …, "admin": …, "grpc": …}`).
+pub struct ServeProcess {
+    child: std::process::Child,
+    /// The start-up line.
+    pub ports: Value,
+}
+
+impl ServeProcess {
+    /// Starts `kinference serve --config dir ARGS…` and waits for its start-up line.
+    pub fn start<I, S>(dir: &Path, args: I) -> ServeProcess
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kinference"))
+            .args(["serve", "--config"])
+            .arg(dir)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let ports = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        ServeProcess { child, ports }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes `dir/bundle.yaml`: worker set `t/tiny` serving `tiny-llama` at `worker`, with
+/// `extra` appended to its spec (lines indented by two spaces), and pool `t/pool` over it.
+pub fn write_tiny_bundle(dir: &Path, worker: &str, extra: &str) {
+    std::fs::write(
+        dir.join("bundle.yaml"),
+        format!(
+            r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: tiny, namespace: t }}
+spec:
+  endpoints: ["{worker}"]
+  models: [ {{ name: tiny-llama }} ]
+{extra}---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: t }}
+spec:
+  destinations: [ {{ kind: InferenceWorkerSet, name: tiny }} ]
+"#
+        ),
+    )
+    .unwrap();
+}
