@@ -7,35 +7,18 @@
 //! `vllm-router`). Skips without them unless `KINF_REQUIRE_E2E=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
+mod support;
+
 use std::process::Command;
 
 use serde_json::Value;
-
-fn require<T>(what: &str) -> Option<T> {
-    if std::env::var("KINF_REQUIRE_E2E").as_deref() == Ok("1") {
-        panic!("{what} (KINF_REQUIRE_E2E=1)");
-    }
-    eprintln!("SKIPPED: {what}; scripts/test.sh runs this test");
-    None
-}
+use support::prerequisites;
 
 #[test]
 fn proxy_benchmark_measures_both_gateways_on_both_cases() {
-    let bench = PathBuf::from(env!("CARGO_BIN_EXE_kinf-bench"));
-    let dir = bench.parent().unwrap().to_path_buf();
-    for b in ["kinf-sim", "kinference"] {
-        if !dir.join(b).exists() {
-            return require(&format!("{} is not built", dir.join(b).display())).unwrap_or(());
-        }
-    }
-    let Some(python) = std::env::var_os("KINF_PEERS_PYTHON").filter(|p| !p.is_empty()) else {
-        return require("KINF_PEERS_PYTHON is not set").unwrap_or(());
+    let Some((bench, vr)) = prerequisites() else {
+        return;
     };
-    let vr = PathBuf::from(python).with_file_name("vllm-router");
-    if !vr.exists() {
-        return require(&format!("{} not found", vr.display())).unwrap_or(());
-    }
     let out = Command::new(&bench)
         .args([
             "proxy",
