@@ -529,7 +529,13 @@ fn resolve_scalar(text: Cow<'_, str>, style: ScalarStyle, tag: Option<&str>) -> 
     }) {
         return (Value::Str(compact(text)), Style::Plain);
     }
-    let value = match &*text {
+    (resolve_plain(text), Style::Plain)
+}
+
+/// A plain scalar's value by YAML 1.2's core schema: null, booleans, special floats, numbers,
+/// otherwise a string.
+fn resolve_plain(text: Cow<'_, str>) -> Value {
+    match &*text {
         "" | "~" | "null" | "Null" | "NULL" => Value::Null,
         "true" | "True" | "TRUE" => Value::Bool(true),
         "false" | "False" | "FALSE" => Value::Bool(false),
@@ -540,8 +546,7 @@ fn resolve_scalar(text: Cow<'_, str>, style: ScalarStyle, tag: Option<&str>) -> 
             Some(v) => v,
             None => Value::Str(compact(text)),
         },
-    };
-    (value, Style::Plain)
+    }
 }
 
 fn parse_number(text: &str) -> Option<Value> {
@@ -583,15 +588,7 @@ mod tests {
 
     /// Plain scalar resolution without the letter shortcut.
     fn reference(text: &str) -> Value {
-        match text {
-            "" | "~" | "null" | "Null" | "NULL" => Value::Null,
-            "true" | "True" | "TRUE" => Value::Bool(true),
-            "false" | "False" | "FALSE" => Value::Bool(false),
-            ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => Value::Float(f64::INFINITY),
-            "-.inf" | "-.Inf" | "-.INF" => Value::Float(f64::NEG_INFINITY),
-            ".nan" | ".NaN" | ".NAN" => Value::Float(f64::NAN),
-            _ => parse_number(text).unwrap_or_else(|| Value::Str(text.into())),
-        }
+        resolve_plain(Cow::Borrowed(text))
     }
 
     fn check(text: &str) {
