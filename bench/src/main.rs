@@ -41,6 +41,14 @@ enum Format {
     Json,
 }
 
+/// `kinf-bench decide --trace`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+enum TraceArg {
+    #[default]
+    Full,
+    Summary,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Decision latency (prefix lookup included, tokenization excluded).
@@ -51,6 +59,10 @@ enum Cmd {
         prompt_tokens: usize,
         #[arg(long, default_value_t = 20000)]
         iterations: usize,
+        /// What the trace records: `full` (every candidate, as `kinfctl explain`) or
+        /// `summary` (rules, tiers and picks, as the gateway decides).
+        #[arg(long, value_enum, default_value_t)]
+        trace: TraceArg,
         #[arg(long, value_enum, default_value_t)]
         format: Format,
     },
@@ -157,8 +169,13 @@ fn main() {
             endpoints,
             prompt_tokens,
             iterations,
+            trace,
             format,
         } => {
+            let detail = match trace {
+                TraceArg::Full => kinf_router::TraceDetail::Full,
+                TraceArg::Summary => kinf_router::TraceDetail::Summary,
+            };
             let Some((policy, req, state)) =
                 kinf_router::synthetic::decide_scenario(endpoints, prompt_tokens)
             else {
@@ -166,21 +183,28 @@ fn main() {
                 std::process::exit(2);
             };
             for _ in 0..iterations / 10 {
-                black_box(kinf_router::Decider::decide(&policy, &req, &state));
+                black_box(kinf_router::Decider::decide_with(
+                    &policy, &req, &state, detail,
+                ));
             }
             let mut ns = Vec::with_capacity(iterations);
             for _ in 0..iterations {
                 let t = Instant::now();
-                black_box(kinf_router::Decider::decide(
+                black_box(kinf_router::Decider::decide_with(
                     &policy,
                     black_box(&req),
                     &state,
+                    detail,
                 ));
                 ns.push(t.elapsed().as_nanos());
             }
             report(
                 "decide",
-                serde_json::json!({"endpoints": endpoints, "prompt_tokens": prompt_tokens}),
+                serde_json::json!({
+                    "endpoints": endpoints,
+                    "prompt_tokens": prompt_tokens,
+                    "trace": format!("{trace:?}").to_lowercase(),
+                }),
                 ns,
                 format,
             );
