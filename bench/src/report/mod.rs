@@ -96,10 +96,10 @@ fn plan(args: &ReportArgs) -> Vec<Job> {
                 cfg.profile = "h100-llama70b".into();
                 cfg.load = LoadSpec::Poisson(10.0 * n as f64);
                 // ≈ 20,000 requests per run (5 s at least); at 1,000 workers 10 s, and 3 s for
-                // the routers whose decisions cost milliseconds there. `--scale-duration`
+                // `dynamo`, whose decisions cost milliseconds there. `--scale-duration`
                 // overrides.
                 cfg.duration_s = args.scale_duration.unwrap_or(match (n, r) {
-                    (1000, RouterKind::Dynamo | RouterKind::Kinference) => 3.0,
+                    (1000, RouterKind::Dynamo) => 3.0,
                     (1000, _) => 10.0,
                     _ => (20_000.0 / (10.0 * n as f64)).clamp(5.0, 600.0),
                 });
