@@ -99,11 +99,7 @@ impl TtftModel {
                 DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token,
             ],
             // Prior confidence: overhead ±50 ms, per-token ±50 %, per-queued ±50 %.
-            p: [
-                [p_max[0], 0.0, 0.0],
-                [0.0, p_max[1], 0.0],
-                [0.0, 0.0, p_max[2]],
-            ],
+            p: diag(&p_max),
             p_max,
             interference: DEFAULT_INTERFERENCE,
             observations: 0,
@@ -208,6 +204,9 @@ impl TtftModel {
         let px = mat_vec(&self.p, &x);
         let denom = lambda + dot(&x, &px);
         if !denom.is_finite() || denom <= 0.0 {
+            // Not a covariance any more (cannot happen with a positive semi-definite `p`):
+            // start over from the prior's confidence instead of refusing every later update.
+            self.p = diag(&self.p_max);
             return;
         }
         let k = [px[0] / denom, px[1] / denom, px[2] / denom];
@@ -215,10 +214,17 @@ impl TtftModel {
         for (t, ki) in self.theta.iter_mut().zip(k) {
             *t += ki * residual;
         }
+        // `k px^T` is symmetric, so `p` stays symmetric in exact arithmetic; in floating point
+        // each update leaves a rounding-sized asymmetry that the division by `lambda` then
+        // amplifies (×1/0.98 per observation). After a few thousand observations `p` was no
+        // longer a covariance at all (a negative variance), the gains changed sign, the
+        // coefficients were driven to their clamps and the update was refused for good
+        // (`denom <= 0`): the model stopped learning. Each update is therefore symmetrized.
         let mut p = [[0.0; 3]; 3];
         for (i, row) in p.iter_mut().enumerate() {
             for (j, cell) in row.iter_mut().enumerate() {
-                *cell = (self.p[i][j] - k[i] * px[j]) / lambda;
+                let sym = 0.5 * ((self.p[i][j] - k[i] * px[j]) + (self.p[j][i] - k[j] * px[i]));
+                *cell = sym / lambda;
             }
         }
         // Bounded covariance: with forgetting, the variance of a coefficient that the recent
@@ -238,6 +244,11 @@ impl TtftModel {
             for (j, cell) in row.iter_mut().enumerate() {
                 *cell *= d[i] * d[j];
             }
+        }
+        // A variance that rounding made non-positive (or not finite) would stop the learning
+        // the same way: start over from the prior's confidence.
+        if (0..3).any(|i| !(p[i][i] > 0.0 && p[i][i].is_finite())) {
+            p = diag(&self.p_max);
         }
         self.p = p;
         // Coefficients are physical quantities: keep them non-negative and sane.
@@ -265,6 +276,14 @@ impl TtftModel {
     pub fn prefill_tokens_per_second(&self) -> f64 {
         1.0 / self.theta[1]
     }
+}
+
+fn diag(v: &[f64; 3]) -> [[f64; 3]; 3] {
+    let mut m = [[0.0; 3]; 3];
+    for (i, row) in m.iter_mut().enumerate() {
+        row[i] = v[i];
+    }
+    m
 }
 
 fn dot(a: &[f64; 3], b: &[f64; 3]) -> f64 {
@@ -305,6 +324,42 @@ mod tests {
         assert!((p - (0.03 + 2.0)).abs() < 0.1, "predicted {p}");
         assert!(m.rel_error() < 0.05);
         assert!((m.prefill_tokens_per_second() - 2000.0).abs() < 100.0);
+    }
+
+    /// A small deterministic generator for test inputs (xorshift).
+    fn next(state: &mut u64) -> f64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        (*state >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    #[test]
+    fn keeps_learning_over_a_long_run_under_load() {
+        // The 3-worker chat scale run: ≈ 18,000 observations, hundreds of running sequences,
+        // prefill inputs of 256–3,000 tokens, TTFTs of 0.2–1 s. Before each update was
+        // symmetrized, rounding made the covariance indefinite after ≈ 3,500 of them and the
+        // model froze with its overhead at 0 and its per-token cost at the clamp's floor.
+        let mut m = TtftModel::from_prior(2980.0, 0.2);
+        let truth = |tokens: f64, running: f64| 0.2 + tokens * (1.0 + 0.01 * running) / 30_000.0;
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..20_000 {
+            let tokens = 256.0 * (1.0 + (next(&mut rng) * 12.0).floor());
+            let running = 50.0 + next(&mut rng) * 550.0;
+            let noise = 0.8 + 0.4 * next(&mut rng);
+            m.observe(tokens, 0.0, running, truth(tokens, running) * noise);
+        }
+        for (tokens, running) in [(256.0, 100.0), (2048.0, 500.0)] {
+            let p = m.predict(tokens, 0.0, running).total_s;
+            let t = truth(tokens, running);
+            assert!((p - t).abs() < 0.1 * t, "predicted {p}, truth {t}");
+        }
+        for (i, row) in m.p.iter().enumerate() {
+            assert!(row[i] > 0.0, "variance {i}: {}", row[i]);
+            for (j, x) in row.iter().enumerate() {
+                assert_eq!(*x, m.p[j][i], "p[{i}][{j}]");
+            }
+        }
     }
 
     #[test]
