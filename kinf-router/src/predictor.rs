@@ -6,6 +6,7 @@
 //! ttft = wait + prefill + overhead
 //! wait     = pending_tokens × s_per_token × (1 + interference × running_prompts)
 //!          + queued_prompts × per_queued_s
+//!          + running_prompts × per_running_s
 //! prefill  = uncached_tokens × s_per_token × (1 + interference × running_prompts)
 //! overhead = overhead_s
 //! ```
@@ -14,12 +15,18 @@
 //! `pending_tokens` are the uncached prompt tokens of the requests this gateway routed to the
 //! endpoint whose first token has not arrived (prefill queued ahead; vLLM schedules prefill
 //! first come, first served), and `queued_prompts` the queue the endpoint reports beyond those
-//! requests (other gateways' work; [`crate::decision::PredictionInputs`]). The
-//! three coefficients `[overhead_s, s_per_token, per_queued_s]` start from the worker set's
-//! performance prior and are refined by recursive least squares (forgetting factor 0.98) from
-//! observed TTFTs (with the covariance bounded by the prior's, against wind-up). A cold idle
-//! worker beats a warm worker once the warm one's queue wait exceeds the prefill it saves — the
-//! point of predicting TTFT instead of maximizing cache hits.
+//! requests (other gateways' work; [`crate::decision::PredictionInputs`]).
+//! `running_prompts × per_running_s` is the decode
+//! load: every engine step carries one token of each running sequence, so each running
+//! sequence makes every step longer, and a new request's first token waits for the step in
+//! progress and then its own (the interference factor is the same effect on a prefill that
+//! spans several steps). The four coefficients `[overhead_s, s_per_token, per_queued_s,
+//! per_running_s]` start from the worker set's performance prior and are refined by recursive
+//! least squares (forgetting factor 0.98) from observed TTFTs (with the covariance kept
+//! symmetric and bounded by the prior's, against wind-up, and the coefficients kept in range by
+//! projection, see [`TtftModel::observe`]). A cold idle worker beats a warm worker once the
+//! warm one's queue wait exceeds the prefill it saves — the point of predicting TTFT instead of
+//! maximizing cache hits.
 //!
 //! Selection ranks by the prediction plus [`TtftModel::recompute_cost`]: prefilling tokens that
 //! another candidate already caches delays every request in flight on the chosen worker, which
@@ -31,7 +38,7 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TtftParts {
-    /// Waiting behind queued work.
+    /// Waiting behind queued work and the decode steps of the running requests.
     pub wait_s: f64,
     /// Prefill of the uncached tokens.
     pub prefill_s: f64,
@@ -64,14 +71,25 @@ impl TtftParts {
 pub const DEFAULT_INTERFERENCE: f64 = 0.01;
 /// Default number of prompt tokens a queued request is assumed to hold, for the wait prior.
 pub const DEFAULT_QUEUED_PROMPT_TOKENS: f64 = 2048.0;
+/// Default cost of one running sequence in an engine step, in prompt tokens, for the
+/// decode-load prior (`per_running_s = 4 × s_per_token`): a decoding sequence adds about as much
+/// to a step as a few prompt tokens do (its one new token, and the read of its KV cache).
+pub const DEFAULT_RUNNING_PROMPT_TOKENS: f64 = 4.0;
+
+/// Coefficients of the model: `[overhead_s, s_per_token, per_queued_s, per_running_s]`.
+const N: usize = 4;
+/// The least value of each coefficient.
+const THETA_MIN: [f64; N] = [0.0, 1e-7, 0.0, 0.0];
+/// The largest value of each coefficient.
+const THETA_MAX: [f64; N] = [60.0, 1.0, 600.0, 1.0];
 
 /// The learned TTFT model of one endpoint.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TtftModel {
-    theta: [f64; 3],
-    p: [[f64; 3]; 3],
+    theta: [f64; N],
+    p: [[f64; N]; N],
     /// The prior's variances: the bound on `p`'s diagonal (see [`TtftModel::observe`]).
-    p_max: [f64; 3],
+    p_max: [f64; N],
     interference: f64,
     observations: u64,
     abs_error_ewma_s: f64,
@@ -91,14 +109,18 @@ impl TtftModel {
             0.05f64.powi(2),
             (0.5 * s_per_token).powi(2),
             (0.5 * DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token).powi(2),
+            (DEFAULT_RUNNING_PROMPT_TOKENS * s_per_token).powi(2),
         ];
         TtftModel {
             theta: [
                 overhead_s.max(0.0),
                 s_per_token,
                 DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token,
+                DEFAULT_RUNNING_PROMPT_TOKENS * s_per_token,
             ],
-            // Prior confidence: overhead ±50 ms, per-token ±50 %, per-queued ±50 %.
+            // Prior confidence: overhead ±50 ms, per-token ±50 %, per-queued ±50 %,
+            // per-running ±100 % (the least known: it depends on the model's attention cost and
+            // the context lengths).
             p: diag(&p_max),
             p_max,
             interference: DEFAULT_INTERFERENCE,
@@ -108,11 +130,12 @@ impl TtftModel {
         }
     }
 
-    fn features(&self, uncached_tokens: f64, queued: f64, running: f64) -> [f64; 3] {
+    fn features(&self, uncached_tokens: f64, queued: f64, running: f64) -> [f64; N] {
         [
             1.0,
             uncached_tokens * (1.0 + self.interference * running.max(0.0)),
             queued.max(0.0),
+            running.max(0.0),
         ]
     }
 
@@ -174,7 +197,7 @@ impl TtftModel {
         let x = self.features(uncached_tokens.max(0.0), queued, running);
         let overhead_s = self.theta[0].max(0.0);
         let prefill_s = (self.theta[1] * x[1]).max(0.0);
-        let wait_s = (self.theta[2] * x[2]).max(0.0);
+        let wait_s = (self.theta[2] * x[2]).max(0.0) + (self.theta[3] * x[3]).max(0.0);
         TtftParts {
             wait_s,
             prefill_s,
@@ -184,7 +207,9 @@ impl TtftModel {
         }
     }
 
-    /// Learns from one observed TTFT (seconds) of a request whose prediction inputs were these.
+    /// Learns from one observed TTFT (seconds) of a request whose prediction inputs were these:
+    /// one step of recursive least squares with forgetting, its covariance kept symmetric and
+    /// bounded by the prior's, and the coefficients kept in range (`constrain`).
     pub fn observe(&mut self, uncached_tokens: f64, queued: f64, running: f64, observed_s: f64) {
         if !observed_s.is_finite() || observed_s < 0.0 {
             return;
@@ -209,7 +234,7 @@ impl TtftModel {
             self.p = diag(&self.p_max);
             return;
         }
-        let k = [px[0] / denom, px[1] / denom, px[2] / denom];
+        let k = px.map(|v| v / denom);
         let residual = observed_s - dot(&x, &self.theta);
         for (t, ki) in self.theta.iter_mut().zip(k) {
             *t += ki * residual;
@@ -220,7 +245,7 @@ impl TtftModel {
         // longer a covariance at all (a negative variance), the gains changed sign, the
         // coefficients were driven to their clamps and the update was refused for good
         // (`denom <= 0`): the model stopped learning. Each update is therefore symmetrized.
-        let mut p = [[0.0; 3]; 3];
+        let mut p = [[0.0; N]; N];
         for (i, row) in p.iter_mut().enumerate() {
             for (j, cell) in row.iter_mut().enumerate() {
                 let sym = 0.5 * ((self.p[i][j] - k[i] * px[j]) + (self.p[j][i] - k[j] * px[i]));
@@ -234,7 +259,7 @@ impl TtftModel {
         // per-queued costs of minutes under sustained load). No coefficient is allowed to be
         // less certain than the prior made it: `p ← D p D` with `D` scaling each variance back
         // to its bound (keeps `p` positive semi-definite).
-        let mut d = [1.0; 3];
+        let mut d = [1.0; N];
         for (i, di) in d.iter_mut().enumerate() {
             if p[i][i] > self.p_max[i] && p[i][i].is_finite() {
                 *di = (self.p_max[i] / p[i][i]).sqrt();
@@ -247,14 +272,43 @@ impl TtftModel {
         }
         // A variance that rounding made non-positive (or not finite) would stop the learning
         // the same way: start over from the prior's confidence.
-        if (0..3).any(|i| !(p[i][i] > 0.0 && p[i][i].is_finite())) {
+        if (0..N).any(|i| !(p[i][i] > 0.0 && p[i][i].is_finite())) {
             p = diag(&self.p_max);
         }
         self.p = p;
-        // Coefficients are physical quantities: keep them non-negative and sane.
-        self.theta[0] = self.theta[0].clamp(0.0, 60.0);
-        self.theta[1] = self.theta[1].clamp(1e-7, 1.0);
-        self.theta[2] = self.theta[2].clamp(0.0, 600.0);
+        self.constrain();
+    }
+
+    /// Coefficients are physical quantities: keeps them non-negative and sane
+    /// ([`THETA_MIN`], [`THETA_MAX`]).
+    ///
+    /// A coefficient outside its range is set to the bound and the others are corrected by
+    /// their covariance with it (`θ ← θ − p[·][i] / p[i][i] × (θ_i − bound)`: the least-squares
+    /// estimate given that coefficient at its bound), not merely clipped. Clipping one
+    /// coefficient of a correlated pair leaves the other where it was moved to compensate for
+    /// the unclipped value: when the data pull a coefficient below its bound at every update
+    /// (the per-running cost, while the interference term already grows with `running`), its
+    /// partner ratchets at every update; in the 3-worker chat scale run the overhead reached
+    /// its 60 s limit within 150 s.
+    fn constrain(&mut self) {
+        for _ in 0..N {
+            let Some(i) = (0..N).find(|&i| !(THETA_MIN[i]..=THETA_MAX[i]).contains(&self.theta[i]))
+            else {
+                break;
+            };
+            let bound = self.theta[i].clamp(THETA_MIN[i], THETA_MAX[i]);
+            let excess = self.theta[i] - bound;
+            let pii = self.p[i][i];
+            if pii > 0.0 && excess.is_finite() {
+                for (t, row) in self.theta.iter_mut().zip(&self.p) {
+                    *t -= row[i] / pii * excess;
+                }
+            }
+            self.theta[i] = bound;
+        }
+        for ((t, lo), hi) in self.theta.iter_mut().zip(THETA_MIN).zip(THETA_MAX) {
+            *t = t.clamp(lo, hi);
+        }
     }
 
     /// Observations learned from.
@@ -278,20 +332,20 @@ impl TtftModel {
     }
 }
 
-fn diag(v: &[f64; 3]) -> [[f64; 3]; 3] {
-    let mut m = [[0.0; 3]; 3];
+fn diag(v: &[f64; N]) -> [[f64; N]; N] {
+    let mut m = [[0.0; N]; N];
     for (i, row) in m.iter_mut().enumerate() {
         row[i] = v[i];
     }
     m
 }
 
-fn dot(a: &[f64; 3], b: &[f64; 3]) -> f64 {
-    a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+fn dot(a: &[f64; N], b: &[f64; N]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-fn mat_vec(m: &[[f64; 3]; 3], v: &[f64; 3]) -> [f64; 3] {
-    [dot(&m[0], v), dot(&m[1], v), dot(&m[2], v)]
+fn mat_vec(m: &[[f64; N]; N], v: &[f64; N]) -> [f64; N] {
+    m.map(|row| dot(&row, v))
 }
 
 #[cfg(test)]
@@ -360,6 +414,72 @@ mod tests {
                 assert_eq!(*x, m.p[j][i], "p[{i}][{j}]");
             }
         }
+    }
+
+    #[test]
+    fn learns_the_decode_load() {
+        // A worker whose running sequences lengthen every step: 2 ms of TTFT per running
+        // sequence, whatever the prompt, on top of the interference with a prefill. The
+        // interference factor alone (prefill × 1 % per running sequence) cannot fit that: a
+        // short prompt would be predicted nearly as fast behind 300 decoding sequences as on
+        // an idle worker.
+        let mut m = TtftModel::from_prior(5000.0, 0.1);
+        let truth = |tokens: f64, running: f64| {
+            0.1 + tokens * (1.0 + 0.01 * running) / 5000.0 + 0.002 * running
+        };
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..2_000 {
+            let tokens = 256.0 + (next(&mut rng) * 4_000.0).floor();
+            let running = (next(&mut rng) * 300.0).floor();
+            m.observe(tokens, 0.0, running, truth(tokens, running));
+        }
+        for (tokens, running) in [(256.0, 0.0), (256.0, 300.0), (4_000.0, 150.0)] {
+            let p = m.predict(tokens, 0.0, running).total_s;
+            let t = truth(tokens, running);
+            assert!(
+                (p - t).abs() < 0.05 * t,
+                "({tokens}, {running}): {p} vs {t}"
+            );
+        }
+        assert!((m.theta[3] - 0.002).abs() < 0.0005, "{:?}", m.theta);
+    }
+
+    #[test]
+    fn a_coefficient_held_at_its_bound_does_not_drag_the_others() {
+        // TTFTs that do not depend on the running sequences at all, while the interference
+        // factor already grows with them: least squares wants a negative per-running cost at
+        // every update. Clipped alone, it left the overhead where it had compensated, and the
+        // overhead ratcheted up to its 60 s limit.
+        let mut m = TtftModel::from_prior(2980.0, 0.2);
+        let truth = |tokens: f64| 0.2 + tokens / 30_000.0;
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..20_000 {
+            let tokens = 256.0 * (1.0 + (next(&mut rng) * 12.0).floor());
+            let running = 50.0 + next(&mut rng) * 550.0;
+            let noise = 0.8 + 0.4 * next(&mut rng);
+            m.observe(tokens, 0.0, running, truth(tokens) * noise);
+        }
+        assert!(m.theta[0] < 0.3, "{:?}", m.theta);
+        for (tokens, running) in [(256.0, 100.0), (2048.0, 500.0)] {
+            let p = m.predict(tokens, 0.0, running).total_s;
+            let t = truth(tokens);
+            assert!(
+                (p - t).abs() < 0.15 * t,
+                "({tokens}, {running}): {p} vs {t}"
+            );
+        }
+    }
+
+    #[test]
+    fn running_sequences_lengthen_the_predicted_wait() {
+        let m = TtftModel::from_prior(3000.0, 0.2);
+        let idle = m.predict(256.0, 0.0, 0.0);
+        let busy = m.predict(256.0, 0.0, 100.0);
+        let decode_wait = 100.0 * DEFAULT_RUNNING_PROMPT_TOKENS / 3000.0;
+        assert!(
+            (busy.wait_s - idle.wait_s - decode_wait).abs() < 1e-12,
+            "{busy:?}"
+        );
     }
 
     #[test]
