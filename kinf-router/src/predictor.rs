@@ -28,9 +28,11 @@
 //! warm one's queue wait exceeds the prefill it saves — the point of predicting TTFT instead of
 //! maximizing cache hits.
 //!
-//! Selection ranks by the prediction plus [`TtftModel::recompute_cost`]: prefilling tokens that
-//! another candidate already caches delays every request in flight on the chosen worker, which
-//! is free on an idle worker and dominant on a saturated one.
+//! Selection ranks by the prediction plus two capacity costs, the delay the choice adds to the
+//! requests already in flight on the endpoint: [`TtftModel::recompute_cost`] (prefilling tokens
+//! that another candidate already caches delays every one of them) and
+//! [`TtftModel::decode_cost`] (the request's decode makes each of their steps longer). Both are
+//! free on an idle worker and grow with its load.
 
 use serde::Serialize;
 
@@ -49,10 +51,17 @@ pub struct TtftParts {
     /// Capacity cost of a recompute, not part of `total_s`: the delay that prefilling prompt
     /// tokens another candidate already caches adds to the other requests in flight on this
     /// endpoint ([`TtftModel::recompute_cost`]). `minimize: PredictedTTFT` ranks candidates by
-    /// `total_s + recompute_s`; filters and the route's predicted TTFT use `total_s`. Zero
-    /// (and left out of traces) when nothing is recomputed or nothing else is in flight.
+    /// [`rank_s`](Self::rank_s) (`total_s + recompute_s + decode_s`); filters and the route's
+    /// predicted TTFT use `total_s`. Zero (and left out of traces) when nothing is recomputed or
+    /// nothing else is in flight.
     #[serde(skip_serializing_if = "is_zero")]
     pub recompute_s: f64,
+    /// Capacity cost of the request's decode, not part of `total_s`: the delay that its decode
+    /// steps add to the other requests in flight on this endpoint
+    /// ([`TtftModel::decode_cost`]). Part of the rank like `recompute_s`; zero (and left out of
+    /// traces) when nothing else is in flight.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub decode_s: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -60,10 +69,10 @@ fn is_zero(x: &f64) -> bool {
 }
 
 impl TtftParts {
-    /// What `minimize: PredictedTTFT` ranks by: the predicted TTFT plus the recompute's
-    /// capacity cost.
+    /// What `minimize: PredictedTTFT` ranks by: the predicted TTFT plus the capacity costs of
+    /// the choice (recompute and decode).
     pub fn rank_s(&self) -> f64 {
-        self.total_s + self.recompute_s
+        self.total_s + self.recompute_s + self.decode_s
     }
 }
 
@@ -166,6 +175,7 @@ impl TtftModel {
             overhead_s: p.overhead_s,
             total_s: p.total_s,
             recompute_s: 0.0,
+            decode_s: 0.0,
         }
     }
 
@@ -192,6 +202,21 @@ impl TtftModel {
         prefill_s * (queued.max(0.0) + running.max(0.0))
     }
 
+    /// The capacity cost of a request's decode on an endpoint with `queued` and `running`
+    /// requests: `per_running_s × decode_tokens × (queued + running)`.
+    ///
+    /// The same argument as [`recompute_cost`](Self::recompute_cost), for the decode: every
+    /// engine step carries one token of each running sequence, so while the request decodes
+    /// (up to `decode_tokens` steps, its `max_tokens`) each step is longer by one sequence's
+    /// share, `per_running_s` (learned from TTFTs: what one more running sequence adds to the
+    /// first token's wait), and each request in flight there waits for those steps. The
+    /// prediction alone sees the decode load only as this request's wait; the cost to the
+    /// others is what makes a request prefer the worker whose decode it slows down least.
+    pub fn decode_cost(&self, decode_tokens: f64, queued: f64, running: f64) -> f64 {
+        let in_flight = queued.max(0.0) + running.max(0.0);
+        (self.theta[3] * decode_tokens.max(0.0) * in_flight).max(0.0)
+    }
+
     /// Predicts TTFT for a request with `uncached_tokens` on an endpoint with the given load.
     pub fn predict(&self, uncached_tokens: f64, queued: f64, running: f64) -> TtftParts {
         let x = self.features(uncached_tokens.max(0.0), queued, running);
@@ -204,6 +229,7 @@ impl TtftModel {
             overhead_s,
             total_s: wait_s + prefill_s + overhead_s,
             recompute_s: 0.0,
+            decode_s: 0.0,
         }
     }
 
@@ -468,6 +494,23 @@ mod tests {
                 "({tokens}, {running}): {p} vs {t}"
             );
         }
+    }
+
+    #[test]
+    fn decode_cost_is_free_when_idle_and_grows_with_the_requests_in_flight() {
+        let m = TtftModel::from_prior(3000.0, 0.2);
+        assert_eq!(m.decode_cost(256.0, 0.0, 0.0), 0.0);
+        let per_step = DEFAULT_RUNNING_PROMPT_TOKENS / 3000.0;
+        let one = m.decode_cost(256.0, 0.0, 1.0);
+        assert!((one - 256.0 * per_step).abs() < 1e-12, "{one}");
+        assert!((m.decode_cost(256.0, 2.0, 10.0) - 12.0 * one).abs() < 1e-9);
+        assert!((m.decode_cost(512.0, 0.0, 1.0) - 2.0 * one).abs() < 1e-12);
+        // Part of the rank, not of the prediction.
+        let mut parts = m.predict(256.0, 0.0, 10.0);
+        let total = parts.total_s;
+        parts.decode_s = m.decode_cost(256.0, 0.0, 10.0);
+        assert_eq!(parts.total_s, total);
+        assert_eq!(parts.rank_s(), total + parts.decode_s);
     }
 
     #[test]
