@@ -34,11 +34,10 @@ fn prediction_inputs(ep: &EndpointState, uncached: u32) -> PredictionInputs {
         .latest()
         .map_or((0.0, 0.0), |s| (s.queued, s.running));
     let mine = f64::from(ep.inflight.requests);
-    let mine_waiting = f64::from(ep.inflight.prefill_requests);
     PredictionInputs {
         uncached_tokens: uncached,
         pending_prefill_tokens: ep.inflight.prefill_tokens,
-        queued: (queued - mine_waiting).max(0.0),
+        queued: (queued - mine).max(0.0),
         running: running.max(mine),
     }
 }

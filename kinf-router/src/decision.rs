@@ -54,9 +54,7 @@ pub struct PredictionInputs {
     /// Prefill tokens queued ahead of it: the uncached tokens of requests routed there whose
     /// first token has not arrived ([`crate::state::InFlight`]).
     pub pending_prefill_tokens: u64,
-    /// Queued prompts the endpoint reported beyond this gateway's requests whose first token
-    /// has not arrived (those are `pending_prefill_tokens`): other gateways' work, and requests
-    /// the engine preempted, which wait to prefill again.
+    /// Queued prompts the endpoint reported that are not this gateway's in-flight requests.
     pub queued: f64,
     /// Running prompts: the larger of the reported count and this gateway's in-flight requests.
     pub running: f64,

@@ -15,8 +15,8 @@
 //! `pending_tokens` are the uncached prompt tokens of the requests this gateway routed to the
 //! endpoint whose first token has not arrived (prefill queued ahead; vLLM schedules prefill
 //! first come, first served), and `queued_prompts` the queue the endpoint reports beyond those
-//! requests (other gateways' work, and requests the engine preempted;
-//! [`crate::decision::PredictionInputs`]). `running_prompts × per_running_s` is the decode
+//! requests (other gateways' work; [`crate::decision::PredictionInputs`]).
+//! `running_prompts × per_running_s` is the decode
 //! load: every engine step carries one token of each running sequence, so each running
 //! sequence makes every step longer, and a new request's first token waits for the step in
 //! progress and then its own (the interference factor is the same effect on a prefill that

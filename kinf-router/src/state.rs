@@ -292,10 +292,6 @@ pub struct InFlight {
     /// Uncached prompt tokens of the routed requests whose first token has not been seen: the
     /// prefill work queued ahead of a new request.
     pub prefill_tokens: u64,
-    /// Routed requests whose first token has not been seen: the ones that can be in the
-    /// endpoint's queue (a request that has produced a token is there again only when the
-    /// engine preempted it, and then it is queued work this gateway cannot see otherwise).
-    pub prefill_requests: u32,
 }
 
 /// One vLLM endpoint.
@@ -621,7 +617,6 @@ impl ClusterState {
     ) {
         if let Some(ep) = self.endpoint_mut(namespace, worker_set, address) {
             ep.inflight.requests = ep.inflight.requests.saturating_add(1);
-            ep.inflight.prefill_requests = ep.inflight.prefill_requests.saturating_add(1);
             ep.inflight.prefill_tokens = ep
                 .inflight
                 .prefill_tokens
@@ -638,7 +633,6 @@ impl ClusterState {
         uncached_tokens: u32,
     ) {
         if let Some(ep) = self.endpoint_mut(namespace, worker_set, address) {
-            ep.inflight.prefill_requests = ep.inflight.prefill_requests.saturating_sub(1);
             ep.inflight.prefill_tokens = ep
                 .inflight
                 .prefill_tokens
@@ -659,7 +653,6 @@ impl ClusterState {
         if let Some(ep) = self.endpoint_mut(namespace, worker_set, address) {
             ep.inflight.requests = ep.inflight.requests.saturating_sub(1);
             if prefill_pending {
-                ep.inflight.prefill_requests = ep.inflight.prefill_requests.saturating_sub(1);
                 ep.inflight.prefill_tokens = ep
                     .inflight
                     .prefill_tokens

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kinf_lang::CompiledPolicy;
 use kinf_router::kv_events::{BlockStored, KvEvent};
-use kinf_router::state::{LoadSample, SPECULATIVE_MAX_AGE};
+use kinf_router::state::SPECULATIVE_MAX_AGE;
 use kinf_router::{ClusterState, Decider, Decision, Request};
 
 const NS: &str = "default";
@@ -168,48 +168,6 @@ fn a_request_goes_to_the_warm_worker_its_decode_slows_down_least() {
     let idle = ClusterState::from_policy(&policy, 16);
     let d = Decider::decide(&policy, &req, &idle);
     assert!(candidates(&d).iter().all(|x| x.4 == 0.0), "{d:#?}");
-}
-
-#[test]
-fn queued_prompts_beyond_this_gateways_waiting_requests_count_as_queued() {
-    // A reports 6 queued prompts, and this gateway has 6 requests in flight there. While none
-    // of them has its first token, they are that queue (already counted as pending prefill).
-    // Once all six have produced a token, the 6 queued prompts are other work, such as
-    // requests the engine preempted and must prefill again, and the prediction waits for it.
-    let policy = policy();
-    let mut st = ClusterState::from_policy(&policy, 16);
-    st.set_now(1_000);
-    st.worker_sets.get_mut("default/w").unwrap().endpoints[0]
-        .load
-        .push(LoadSample {
-            at_ms: 1_000,
-            queued: 6.0,
-            running: 6.0,
-            kv_usage: 0.9,
-        });
-    in_flight(&mut st, A, 6, 0);
-    let mut req = Request::new("m", 16_256);
-    req.token_ids = Some(prompt(1).into());
-    let wait_on_a = |st: &ClusterState| {
-        let d = Decider::decide(&policy, &req, st);
-        let stages = d
-            .trace
-            .rules
-            .iter()
-            .find_map(|r| r.stages.as_ref())
-            .unwrap();
-        stages.considered[0].predicted_ttft.wait_s
-    };
-    let waiting = wait_on_a(&st);
-    for _ in 0..6 {
-        st.first_token(NS, WS, A, 0);
-    }
-    let preempted = wait_on_a(&st);
-    // Six queued prompts at the prior's 2,048 tokens each, at 3,000 tokens per second.
-    assert!(
-        (preempted - waiting - 6.0 * 2048.0 / 3000.0).abs() < 1e-9,
-        "{waiting} → {preempted}"
-    );
 }
 
 #[test]
