@@ -16,17 +16,16 @@
 //! endpoint whose first token has not arrived (prefill queued ahead; vLLM schedules prefill
 //! first come, first served), and `queued_prompts` the queue the endpoint reports beyond those
 //! requests (other gateways' work; [`crate::decision::PredictionInputs`]).
-//! `running_prompts × per_running_s` is the decode
-//! load: every engine step carries one token of each running sequence, so each running
-//! sequence makes every step longer, and a new request's first token waits for the step in
-//! progress and then its own (the interference factor is the same effect on a prefill that
-//! spans several steps). The four coefficients `[overhead_s, s_per_token, per_queued_s,
-//! per_running_s]` start from the worker set's performance prior and are refined by recursive
-//! least squares (forgetting factor 0.98) from observed TTFTs (with the covariance kept
-//! symmetric and bounded by the prior's, against wind-up, and the coefficients kept in range by
-//! projection, see [`TtftModel::observe`]). A cold idle worker beats a warm worker once the
-//! warm one's queue wait exceeds the prefill it saves — the point of predicting TTFT instead of
-//! maximizing cache hits.
+//! `running_prompts × per_running_s` is the decode load: every engine step carries one token
+//! of each running sequence, so each running sequence makes every step longer, and a new
+//! request's first token waits for the step in progress and then its own (the interference
+//! factor is the same effect on a prefill that spans several steps). The four coefficients
+//! `[overhead_s, s_per_token, per_queued_s, per_running_s]` start from the worker set's
+//! performance prior and are refined by recursive least squares (forgetting factor 0.98) from
+//! observed TTFTs (with the covariance kept symmetric and bounded by the prior's, against
+//! wind-up, and the coefficients kept in range by projection, see [`TtftModel::observe`]). A
+//! cold idle worker beats a warm worker once the warm one's queue wait exceeds the prefill it
+//! saves — the point of predicting TTFT instead of maximizing cache hits.
 //!
 //! Selection ranks by the prediction plus two capacity costs, the delay the choice adds to the
 //! requests already in flight on the endpoint: [`TtftModel::recompute_cost`] (prefilling tokens
@@ -84,6 +83,15 @@ pub const DEFAULT_QUEUED_PROMPT_TOKENS: f64 = 2048.0;
 /// decode-load prior (`per_running_s = 4 × s_per_token`): a decoding sequence adds about as much
 /// to a step as a few prompt tokens do (its one new token, and the read of its KV cache).
 pub const DEFAULT_RUNNING_PROMPT_TOKENS: f64 = 4.0;
+/// Engine steps a short prompt's first token waits for, on average: the rest of the step in
+/// progress (half of one, arriving at a random time) and its own. `per_running_s` is learned
+/// from first tokens, so one running sequence makes a step longer by about
+/// `per_running_s / FIRST_TOKEN_STEPS`.
+pub const FIRST_TOKEN_STEPS: f64 = 1.5;
+/// The share of a request's decode that a request already in flight overlaps, on average: one
+/// that has just arrived overlaps all of it, one about to finish none of it (in steady state,
+/// with output lengths alike, half).
+pub const DECODE_OVERLAP: f64 = 0.5;
 
 /// Coefficients of the model: `[overhead_s, s_per_token, per_queued_s, per_running_s]`.
 const N: usize = 4;
@@ -203,18 +211,22 @@ impl TtftModel {
     }
 
     /// The capacity cost of a request's decode on an endpoint with `queued` and `running`
-    /// requests: `per_running_s × decode_tokens × (queued + running)`.
+    /// requests: `per_running_s / FIRST_TOKEN_STEPS × decode_tokens × DECODE_OVERLAP ×
+    /// (queued + running)`, i.e. a third of `per_running_s × decode_tokens × (queued + running)`.
     ///
     /// The same argument as [`recompute_cost`](Self::recompute_cost), for the decode: every
     /// engine step carries one token of each running sequence, so while the request decodes
     /// (up to `decode_tokens` steps, its `max_tokens`) each step is longer by one sequence's
-    /// share, `per_running_s` (learned from TTFTs: what one more running sequence adds to the
-    /// first token's wait), and each request in flight there waits for those steps. The
-    /// prediction alone sees the decode load only as this request's wait; the cost to the
-    /// others is what makes a request prefer the worker whose decode it slows down least.
+    /// share, and each request in flight there waits for the steps it overlaps. The share of a
+    /// step is `per_running_s / FIRST_TOKEN_STEPS` (`per_running_s` is what one more running
+    /// sequence adds to a first token, which waits for about one and a half steps), and a
+    /// request in flight overlaps on average [`DECODE_OVERLAP`] of the decode. The prediction
+    /// alone sees the decode load only as this request's wait; the cost to the others is what
+    /// makes a request prefer the worker whose decode it slows down least.
     pub fn decode_cost(&self, decode_tokens: f64, queued: f64, running: f64) -> f64 {
+        let step_share_s = self.theta[3] / FIRST_TOKEN_STEPS;
         let in_flight = queued.max(0.0) + running.max(0.0);
-        (self.theta[3] * decode_tokens.max(0.0) * in_flight).max(0.0)
+        (step_share_s * decode_tokens.max(0.0) * DECODE_OVERLAP * in_flight).max(0.0)
     }
 
     /// Predicts TTFT for a request with `uncached_tokens` on an endpoint with the given load.
@@ -500,9 +512,10 @@ mod tests {
     fn decode_cost_is_free_when_idle_and_grows_with_the_requests_in_flight() {
         let m = TtftModel::from_prior(3000.0, 0.2);
         assert_eq!(m.decode_cost(256.0, 0.0, 0.0), 0.0);
-        let per_step = DEFAULT_RUNNING_PROMPT_TOKENS / 3000.0;
+        // One running sequence's share of a step, for half of the 256 steps.
+        let per_step = DEFAULT_RUNNING_PROMPT_TOKENS / 3000.0 / FIRST_TOKEN_STEPS;
         let one = m.decode_cost(256.0, 0.0, 1.0);
-        assert!((one - 256.0 * per_step).abs() < 1e-12, "{one}");
+        assert!((one - 128.0 * per_step).abs() < 1e-12, "{one}");
         assert!((m.decode_cost(256.0, 2.0, 10.0) - 12.0 * one).abs() < 1e-9);
         assert!((m.decode_cost(512.0, 0.0, 1.0) - 2.0 * one).abs() < 1e-12);
         // Part of the rank, not of the prediction.
