@@ -364,7 +364,7 @@ impl<'a> Ctx<'a> {
                 }
             }
         }
-        charge_recompute(&mut cands, &alive);
+        charge_capacity(&mut cands, &alive, self.req);
         let survivors: Vec<&Candidate<'a>> = cands
             .iter()
             .zip(&alive)
@@ -573,6 +573,7 @@ impl<'a> Ctx<'a> {
                             overhead_s: ttft_s,
                             total_s: ttft_s,
                             recompute_s: 0.0,
+                            decode_s: 0.0,
                         },
                         cost: cost(&d.cost, self.req, 0),
                     });
@@ -622,12 +623,14 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// Sets each local candidate's recompute cost ([`TtftParts::recompute_s`]): the prompt tokens
-/// it would prefill beyond the fewest any surviving local candidate would (tokens that another
-/// candidate caches), at their cost to the requests in flight on it
-/// ([`TtftModel::recompute_cost`]). Dropped candidates are charged against the survivors too,
-/// for the trace.
-fn charge_recompute(cands: &mut [Candidate<'_>], alive: &[bool]) {
+/// Sets each local candidate's capacity costs, what the choice costs the requests already in
+/// flight on it: the recompute cost ([`TtftParts::recompute_s`]), for the prompt tokens it
+/// would prefill beyond the fewest any surviving local candidate would (tokens that another
+/// candidate caches; [`TtftModel::recompute_cost`]), and the decode cost
+/// ([`TtftParts::decode_s`]), for the request's `max_tokens` decode steps
+/// ([`TtftModel::decode_cost`]). Dropped candidates are charged against the survivors too, for
+/// the trace.
+fn charge_capacity(cands: &mut [Candidate<'_>], alive: &[bool], req: &Request) {
     let fewest = cands
         .iter()
         .zip(alive)
@@ -637,10 +640,12 @@ fn charge_recompute(cands: &mut [Candidate<'_>], alive: &[bool]) {
     let Some(fewest) = fewest else {
         return;
     };
+    let decode_tokens = f64::from(req.max_tokens);
     for c in cands.iter_mut() {
         if let (Some(p), Some(m)) = (c.prediction, c.model_ttft) {
             let extra = p.uncached_tokens.saturating_sub(fewest);
             c.ttft.recompute_s = m.recompute_cost(f64::from(extra), p.queued, p.running);
+            c.ttft.decode_s = m.decode_cost(decode_tokens, p.queued, p.running);
         }
     }
 }

@@ -6,6 +6,7 @@
 //! ttft = wait + prefill + overhead
 //! wait     = pending_tokens × s_per_token × (1 + interference × running_prompts)
 //!          + queued_prompts × per_queued_s
+//!          + running_prompts × per_running_s
 //! prefill  = uncached_tokens × s_per_token × (1 + interference × running_prompts)
 //! overhead = overhead_s
 //! ```
@@ -14,16 +15,23 @@
 //! `pending_tokens` are the uncached prompt tokens of the requests this gateway routed to the
 //! endpoint whose first token has not arrived (prefill queued ahead; vLLM schedules prefill
 //! first come, first served), and `queued_prompts` the queue the endpoint reports beyond those
-//! requests (other gateways' work; [`crate::decision::PredictionInputs`]). The
-//! three coefficients `[overhead_s, s_per_token, per_queued_s]` start from the worker set's
+//! requests (other gateways' work; [`crate::decision::PredictionInputs`]).
+//! `running_prompts × per_running_s` is the decode load: every engine step carries one token
+//! of each running sequence, so each running sequence makes every step longer, and a new
+//! request's first token waits for the step in progress and then its own (the interference
+//! factor is the same effect on a prefill that spans several steps). The four coefficients
+//! `[overhead_s, s_per_token, per_queued_s, per_running_s]` start from the worker set's
 //! performance prior and are refined by recursive least squares (forgetting factor 0.98) from
-//! observed TTFTs (with the covariance bounded by the prior's, against wind-up). A cold idle
-//! worker beats a warm worker once the warm one's queue wait exceeds the prefill it saves — the
-//! point of predicting TTFT instead of maximizing cache hits.
+//! observed TTFTs (with the covariance kept symmetric and bounded by the prior's, against
+//! wind-up, and the coefficients kept in range by projection, see [`TtftModel::observe`]). A
+//! cold idle worker beats a warm worker once the warm one's queue wait exceeds the prefill it
+//! saves — the point of predicting TTFT instead of maximizing cache hits.
 //!
-//! Selection ranks by the prediction plus [`TtftModel::recompute_cost`]: prefilling tokens that
-//! another candidate already caches delays every request in flight on the chosen worker, which
-//! is free on an idle worker and dominant on a saturated one.
+//! Selection ranks by the prediction plus two capacity costs, the delay the choice adds to the
+//! requests already in flight on the endpoint: [`TtftModel::recompute_cost`] (prefilling tokens
+//! that another candidate already caches delays every one of them) and
+//! [`TtftModel::decode_cost`] (the request's decode makes each of their steps longer). Both are
+//! free on an idle worker and grow with its load.
 
 use serde::Serialize;
 
@@ -31,7 +39,7 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TtftParts {
-    /// Waiting behind queued work.
+    /// Waiting behind queued work and the decode steps of the running requests.
     pub wait_s: f64,
     /// Prefill of the uncached tokens.
     pub prefill_s: f64,
@@ -42,10 +50,17 @@ pub struct TtftParts {
     /// Capacity cost of a recompute, not part of `total_s`: the delay that prefilling prompt
     /// tokens another candidate already caches adds to the other requests in flight on this
     /// endpoint ([`TtftModel::recompute_cost`]). `minimize: PredictedTTFT` ranks candidates by
-    /// `total_s + recompute_s`; filters and the route's predicted TTFT use `total_s`. Zero
-    /// (and left out of traces) when nothing is recomputed or nothing else is in flight.
+    /// [`rank_s`](Self::rank_s) (`total_s + recompute_s + decode_s`); filters and the route's
+    /// predicted TTFT use `total_s`. Zero (and left out of traces) when nothing is recomputed or
+    /// nothing else is in flight.
     #[serde(skip_serializing_if = "is_zero")]
     pub recompute_s: f64,
+    /// Capacity cost of the request's decode, not part of `total_s`: the delay that its decode
+    /// steps add to the other requests in flight on this endpoint
+    /// ([`TtftModel::decode_cost`]). Part of the rank like `recompute_s`; zero (and left out of
+    /// traces) when nothing else is in flight.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub decode_s: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -53,10 +68,10 @@ fn is_zero(x: &f64) -> bool {
 }
 
 impl TtftParts {
-    /// What `minimize: PredictedTTFT` ranks by: the predicted TTFT plus the recompute's
-    /// capacity cost.
+    /// What `minimize: PredictedTTFT` ranks by: the predicted TTFT plus the capacity costs of
+    /// the choice (recompute and decode).
     pub fn rank_s(&self) -> f64 {
-        self.total_s + self.recompute_s
+        self.total_s + self.recompute_s + self.decode_s
     }
 }
 
@@ -64,14 +79,34 @@ impl TtftParts {
 pub const DEFAULT_INTERFERENCE: f64 = 0.01;
 /// Default number of prompt tokens a queued request is assumed to hold, for the wait prior.
 pub const DEFAULT_QUEUED_PROMPT_TOKENS: f64 = 2048.0;
+/// Default cost of one running sequence in an engine step, in prompt tokens, for the
+/// decode-load prior (`per_running_s = 4 × s_per_token`): a decoding sequence adds about as much
+/// to a step as a few prompt tokens do (its one new token, and the read of its KV cache).
+pub const DEFAULT_RUNNING_PROMPT_TOKENS: f64 = 4.0;
+/// Engine steps a short prompt's first token waits for, on average: the rest of the step in
+/// progress (half of one, arriving at a random time) and its own. `per_running_s` is learned
+/// from first tokens, so one running sequence makes a step longer by about
+/// `per_running_s / FIRST_TOKEN_STEPS`.
+pub const FIRST_TOKEN_STEPS: f64 = 1.5;
+/// The share of a request's decode that a request already in flight overlaps, on average: one
+/// that has just arrived overlaps all of it, one about to finish none of it (in steady state,
+/// with output lengths alike, half).
+pub const DECODE_OVERLAP: f64 = 0.5;
+
+/// Coefficients of the model: `[overhead_s, s_per_token, per_queued_s, per_running_s]`.
+const N: usize = 4;
+/// The least value of each coefficient.
+const THETA_MIN: [f64; N] = [0.0, 1e-7, 0.0, 0.0];
+/// The largest value of each coefficient.
+const THETA_MAX: [f64; N] = [60.0, 1.0, 600.0, 1.0];
 
 /// The learned TTFT model of one endpoint.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TtftModel {
-    theta: [f64; 3],
-    p: [[f64; 3]; 3],
+    theta: [f64; N],
+    p: [[f64; N]; N],
     /// The prior's variances: the bound on `p`'s diagonal (see [`TtftModel::observe`]).
-    p_max: [f64; 3],
+    p_max: [f64; N],
     interference: f64,
     observations: u64,
     abs_error_ewma_s: f64,
@@ -91,19 +126,19 @@ impl TtftModel {
             0.05f64.powi(2),
             (0.5 * s_per_token).powi(2),
             (0.5 * DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token).powi(2),
+            (DEFAULT_RUNNING_PROMPT_TOKENS * s_per_token).powi(2),
         ];
         TtftModel {
             theta: [
                 overhead_s.max(0.0),
                 s_per_token,
                 DEFAULT_QUEUED_PROMPT_TOKENS * s_per_token,
+                DEFAULT_RUNNING_PROMPT_TOKENS * s_per_token,
             ],
-            // Prior confidence: overhead ±50 ms, per-token ±50 %, per-queued ±50 %.
-            p: [
-                [p_max[0], 0.0, 0.0],
-                [0.0, p_max[1], 0.0],
-                [0.0, 0.0, p_max[2]],
-            ],
+            // Prior confidence: overhead ±50 ms, per-token ±50 %, per-queued ±50 %,
+            // per-running ±100 % (the least known: it depends on the model's attention cost and
+            // the context lengths).
+            p: diag(&p_max),
             p_max,
             interference: DEFAULT_INTERFERENCE,
             observations: 0,
@@ -112,11 +147,12 @@ impl TtftModel {
         }
     }
 
-    fn features(&self, uncached_tokens: f64, queued: f64, running: f64) -> [f64; 3] {
+    fn features(&self, uncached_tokens: f64, queued: f64, running: f64) -> [f64; N] {
         [
             1.0,
             uncached_tokens * (1.0 + self.interference * running.max(0.0)),
             queued.max(0.0),
+            running.max(0.0),
         ]
     }
 
@@ -147,6 +183,7 @@ impl TtftModel {
             overhead_s: p.overhead_s,
             total_s: p.total_s,
             recompute_s: 0.0,
+            decode_s: 0.0,
         }
     }
 
@@ -173,22 +210,44 @@ impl TtftModel {
         prefill_s * (queued.max(0.0) + running.max(0.0))
     }
 
+    /// The capacity cost of a request's decode on an endpoint with `queued` and `running`
+    /// requests: `per_running_s / FIRST_TOKEN_STEPS × decode_tokens × DECODE_OVERLAP ×
+    /// (queued + running)`, i.e. a third of `per_running_s × decode_tokens × (queued + running)`.
+    ///
+    /// The same argument as [`recompute_cost`](Self::recompute_cost), for the decode: every
+    /// engine step carries one token of each running sequence, so while the request decodes
+    /// (up to `decode_tokens` steps, its `max_tokens`) each step is longer by one sequence's
+    /// share, and each request in flight there waits for the steps it overlaps. The share of a
+    /// step is `per_running_s / FIRST_TOKEN_STEPS` (`per_running_s` is what one more running
+    /// sequence adds to a first token, which waits for about one and a half steps), and a
+    /// request in flight overlaps on average [`DECODE_OVERLAP`] of the decode. The prediction
+    /// alone sees the decode load only as this request's wait; the cost to the others is what
+    /// makes a request prefer the worker whose decode it slows down least.
+    pub fn decode_cost(&self, decode_tokens: f64, queued: f64, running: f64) -> f64 {
+        let step_share_s = self.theta[3] / FIRST_TOKEN_STEPS;
+        let in_flight = queued.max(0.0) + running.max(0.0);
+        (step_share_s * decode_tokens.max(0.0) * DECODE_OVERLAP * in_flight).max(0.0)
+    }
+
     /// Predicts TTFT for a request with `uncached_tokens` on an endpoint with the given load.
     pub fn predict(&self, uncached_tokens: f64, queued: f64, running: f64) -> TtftParts {
         let x = self.features(uncached_tokens.max(0.0), queued, running);
         let overhead_s = self.theta[0].max(0.0);
         let prefill_s = (self.theta[1] * x[1]).max(0.0);
-        let wait_s = (self.theta[2] * x[2]).max(0.0);
+        let wait_s = (self.theta[2] * x[2]).max(0.0) + (self.theta[3] * x[3]).max(0.0);
         TtftParts {
             wait_s,
             prefill_s,
             overhead_s,
             total_s: wait_s + prefill_s + overhead_s,
             recompute_s: 0.0,
+            decode_s: 0.0,
         }
     }
 
-    /// Learns from one observed TTFT (seconds) of a request whose prediction inputs were these.
+    /// Learns from one observed TTFT (seconds) of a request whose prediction inputs were these:
+    /// one step of recursive least squares with forgetting, its covariance kept symmetric and
+    /// bounded by the prior's, and the coefficients kept in range (`constrain`).
     pub fn observe(&mut self, uncached_tokens: f64, queued: f64, running: f64, observed_s: f64) {
         if !observed_s.is_finite() || observed_s < 0.0 {
             return;
@@ -208,17 +267,27 @@ impl TtftModel {
         let px = mat_vec(&self.p, &x);
         let denom = lambda + dot(&x, &px);
         if !denom.is_finite() || denom <= 0.0 {
+            // Not a covariance any more (cannot happen with a positive semi-definite `p`):
+            // start over from the prior's confidence instead of refusing every later update.
+            self.p = diag(&self.p_max);
             return;
         }
-        let k = [px[0] / denom, px[1] / denom, px[2] / denom];
+        let k = px.map(|v| v / denom);
         let residual = observed_s - dot(&x, &self.theta);
         for (t, ki) in self.theta.iter_mut().zip(k) {
             *t += ki * residual;
         }
-        let mut p = [[0.0; 3]; 3];
+        // `k px^T` is symmetric, so `p` stays symmetric in exact arithmetic; in floating point
+        // each update leaves a rounding-sized asymmetry that the division by `lambda` then
+        // amplifies (×1/0.98 per observation). After a few thousand observations `p` was no
+        // longer a covariance at all (a negative variance), the gains changed sign, the
+        // coefficients were driven to their clamps and the update was refused for good
+        // (`denom <= 0`): the model stopped learning. Each update is therefore symmetrized.
+        let mut p = [[0.0; N]; N];
         for (i, row) in p.iter_mut().enumerate() {
             for (j, cell) in row.iter_mut().enumerate() {
-                *cell = (self.p[i][j] - k[i] * px[j]) / lambda;
+                let sym = 0.5 * ((self.p[i][j] - k[i] * px[j]) + (self.p[j][i] - k[j] * px[i]));
+                *cell = sym / lambda;
             }
         }
         // Bounded covariance: with forgetting, the variance of a coefficient that the recent
@@ -228,7 +297,7 @@ impl TtftModel {
         // per-queued costs of minutes under sustained load). No coefficient is allowed to be
         // less certain than the prior made it: `p ← D p D` with `D` scaling each variance back
         // to its bound (keeps `p` positive semi-definite).
-        let mut d = [1.0; 3];
+        let mut d = [1.0; N];
         for (i, di) in d.iter_mut().enumerate() {
             if p[i][i] > self.p_max[i] && p[i][i].is_finite() {
                 *di = (self.p_max[i] / p[i][i]).sqrt();
@@ -239,11 +308,45 @@ impl TtftModel {
                 *cell *= d[i] * d[j];
             }
         }
+        // A variance that rounding made non-positive (or not finite) would stop the learning
+        // the same way: start over from the prior's confidence.
+        if (0..N).any(|i| !(p[i][i] > 0.0 && p[i][i].is_finite())) {
+            p = diag(&self.p_max);
+        }
         self.p = p;
-        // Coefficients are physical quantities: keep them non-negative and sane.
-        self.theta[0] = self.theta[0].clamp(0.0, 60.0);
-        self.theta[1] = self.theta[1].clamp(1e-7, 1.0);
-        self.theta[2] = self.theta[2].clamp(0.0, 600.0);
+        self.constrain();
+    }
+
+    /// Coefficients are physical quantities: keeps them non-negative and sane
+    /// ([`THETA_MIN`], [`THETA_MAX`]).
+    ///
+    /// A coefficient outside its range is set to the bound and the others are corrected by
+    /// their covariance with it (`θ ← θ − p[·][i] / p[i][i] × (θ_i − bound)`: the least-squares
+    /// estimate given that coefficient at its bound), not merely clipped. Clipping one
+    /// coefficient of a correlated pair leaves the other where it was moved to compensate for
+    /// the unclipped value: when the data pull a coefficient below its bound at every update
+    /// (the per-running cost, while the interference term already grows with `running`), its
+    /// partner ratchets at every update; in the 3-worker chat scale run the overhead reached
+    /// its 60 s limit within 150 s.
+    fn constrain(&mut self) {
+        for _ in 0..N {
+            let Some(i) = (0..N).find(|&i| !(THETA_MIN[i]..=THETA_MAX[i]).contains(&self.theta[i]))
+            else {
+                break;
+            };
+            let bound = self.theta[i].clamp(THETA_MIN[i], THETA_MAX[i]);
+            let excess = self.theta[i] - bound;
+            let pii = self.p[i][i];
+            if pii > 0.0 && excess.is_finite() {
+                for (t, row) in self.theta.iter_mut().zip(&self.p) {
+                    *t -= row[i] / pii * excess;
+                }
+            }
+            self.theta[i] = bound;
+        }
+        for ((t, lo), hi) in self.theta.iter_mut().zip(THETA_MIN).zip(THETA_MAX) {
+            *t = t.clamp(lo, hi);
+        }
     }
 
     /// Observations learned from.
@@ -267,12 +370,20 @@ impl TtftModel {
     }
 }
 
-fn dot(a: &[f64; 3], b: &[f64; 3]) -> f64 {
-    a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+fn diag(v: &[f64; N]) -> [[f64; N]; N] {
+    let mut m = [[0.0; N]; N];
+    for (i, row) in m.iter_mut().enumerate() {
+        row[i] = v[i];
+    }
+    m
 }
 
-fn mat_vec(m: &[[f64; 3]; 3], v: &[f64; 3]) -> [f64; 3] {
-    [dot(&m[0], v), dot(&m[1], v), dot(&m[2], v)]
+fn dot(a: &[f64; N], b: &[f64; N]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn mat_vec(m: &[[f64; N]; N], v: &[f64; N]) -> [f64; N] {
+    m.map(|row| dot(&row, v))
 }
 
 #[cfg(test)]
@@ -305,6 +416,126 @@ mod tests {
         assert!((p - (0.03 + 2.0)).abs() < 0.1, "predicted {p}");
         assert!(m.rel_error() < 0.05);
         assert!((m.prefill_tokens_per_second() - 2000.0).abs() < 100.0);
+    }
+
+    /// A small deterministic generator for test inputs (xorshift).
+    fn next(state: &mut u64) -> f64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        (*state >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    #[test]
+    fn keeps_learning_over_a_long_run_under_load() {
+        // The 3-worker chat scale run: ≈ 18,000 observations, hundreds of running sequences,
+        // prefill inputs of 256–3,000 tokens, TTFTs of 0.2–1 s. Before each update was
+        // symmetrized, rounding made the covariance indefinite after ≈ 3,500 of them and the
+        // model froze with its overhead at 0 and its per-token cost at the clamp's floor.
+        let mut m = TtftModel::from_prior(2980.0, 0.2);
+        let truth = |tokens: f64, running: f64| 0.2 + tokens * (1.0 + 0.01 * running) / 30_000.0;
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..20_000 {
+            let tokens = 256.0 * (1.0 + (next(&mut rng) * 12.0).floor());
+            let running = 50.0 + next(&mut rng) * 550.0;
+            let noise = 0.8 + 0.4 * next(&mut rng);
+            m.observe(tokens, 0.0, running, truth(tokens, running) * noise);
+        }
+        for (tokens, running) in [(256.0, 100.0), (2048.0, 500.0)] {
+            let p = m.predict(tokens, 0.0, running).total_s;
+            let t = truth(tokens, running);
+            assert!((p - t).abs() < 0.1 * t, "predicted {p}, truth {t}");
+        }
+        for (i, row) in m.p.iter().enumerate() {
+            assert!(row[i] > 0.0, "variance {i}: {}", row[i]);
+            for (j, x) in row.iter().enumerate() {
+                assert_eq!(*x, m.p[j][i], "p[{i}][{j}]");
+            }
+        }
+    }
+
+    #[test]
+    fn learns_the_decode_load() {
+        // A worker whose running sequences lengthen every step: 2 ms of TTFT per running
+        // sequence, whatever the prompt, on top of the interference with a prefill. The
+        // interference factor alone (prefill × 1 % per running sequence) cannot fit that: a
+        // short prompt would be predicted nearly as fast behind 300 decoding sequences as on
+        // an idle worker.
+        let mut m = TtftModel::from_prior(5000.0, 0.1);
+        let truth = |tokens: f64, running: f64| {
+            0.1 + tokens * (1.0 + 0.01 * running) / 5000.0 + 0.002 * running
+        };
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..2_000 {
+            let tokens = 256.0 + (next(&mut rng) * 4_000.0).floor();
+            let running = (next(&mut rng) * 300.0).floor();
+            m.observe(tokens, 0.0, running, truth(tokens, running));
+        }
+        for (tokens, running) in [(256.0, 0.0), (256.0, 300.0), (4_000.0, 150.0)] {
+            let p = m.predict(tokens, 0.0, running).total_s;
+            let t = truth(tokens, running);
+            assert!(
+                (p - t).abs() < 0.05 * t,
+                "({tokens}, {running}): {p} vs {t}"
+            );
+        }
+        assert!((m.theta[3] - 0.002).abs() < 0.0005, "{:?}", m.theta);
+    }
+
+    #[test]
+    fn a_coefficient_held_at_its_bound_does_not_drag_the_others() {
+        // TTFTs that do not depend on the running sequences at all, while the interference
+        // factor already grows with them: least squares wants a negative per-running cost at
+        // every update. Clipped alone, it left the overhead where it had compensated, and the
+        // overhead ratcheted up to its 60 s limit.
+        let mut m = TtftModel::from_prior(2980.0, 0.2);
+        let truth = |tokens: f64| 0.2 + tokens / 30_000.0;
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..20_000 {
+            let tokens = 256.0 * (1.0 + (next(&mut rng) * 12.0).floor());
+            let running = 50.0 + next(&mut rng) * 550.0;
+            let noise = 0.8 + 0.4 * next(&mut rng);
+            m.observe(tokens, 0.0, running, truth(tokens) * noise);
+        }
+        assert!(m.theta[0] < 0.3, "{:?}", m.theta);
+        for (tokens, running) in [(256.0, 100.0), (2048.0, 500.0)] {
+            let p = m.predict(tokens, 0.0, running).total_s;
+            let t = truth(tokens);
+            assert!(
+                (p - t).abs() < 0.15 * t,
+                "({tokens}, {running}): {p} vs {t}"
+            );
+        }
+    }
+
+    #[test]
+    fn decode_cost_is_free_when_idle_and_grows_with_the_requests_in_flight() {
+        let m = TtftModel::from_prior(3000.0, 0.2);
+        assert_eq!(m.decode_cost(256.0, 0.0, 0.0), 0.0);
+        // One running sequence's share of a step, for half of the 256 steps.
+        let per_step = DEFAULT_RUNNING_PROMPT_TOKENS / 3000.0 / FIRST_TOKEN_STEPS;
+        let one = m.decode_cost(256.0, 0.0, 1.0);
+        assert!((one - 128.0 * per_step).abs() < 1e-12, "{one}");
+        assert!((m.decode_cost(256.0, 2.0, 10.0) - 12.0 * one).abs() < 1e-9);
+        assert!((m.decode_cost(512.0, 0.0, 1.0) - 2.0 * one).abs() < 1e-12);
+        // Part of the rank, not of the prediction.
+        let mut parts = m.predict(256.0, 0.0, 10.0);
+        let total = parts.total_s;
+        parts.decode_s = m.decode_cost(256.0, 0.0, 10.0);
+        assert_eq!(parts.total_s, total);
+        assert_eq!(parts.rank_s(), total + parts.decode_s);
+    }
+
+    #[test]
+    fn running_sequences_lengthen_the_predicted_wait() {
+        let m = TtftModel::from_prior(3000.0, 0.2);
+        let idle = m.predict(256.0, 0.0, 0.0);
+        let busy = m.predict(256.0, 0.0, 100.0);
+        let decode_wait = 100.0 * DEFAULT_RUNNING_PROMPT_TOKENS / 3000.0;
+        assert!(
+            (busy.wait_s - idle.wait_s - decode_wait).abs() < 1e-12,
+            "{busy:?}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! PredictedTTFT selection charges a recompute at its capacity cost, and exact prefix tracking
-//! counts prompts routed moments ago whose KV events have not arrived yet.
+//! PredictedTTFT selection charges a recompute and a request's decode at their capacity cost,
+//! and exact prefix tracking counts prompts routed moments ago whose KV events have not arrived
+//! yet.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::sync::Arc;
@@ -76,8 +77,8 @@ fn in_flight(st: &mut ClusterState, address: &str, n: u32, pending: u32) {
     }
 }
 
-/// `(endpoint, cached tokens, predicted TTFT, recompute cost)` per candidate.
-fn candidates(d: &Decision) -> Vec<(String, u32, f64, f64)> {
+/// `(endpoint, cached tokens, predicted TTFT, recompute cost, decode cost)` per candidate.
+fn candidates(d: &Decision) -> Vec<(String, u32, f64, f64, f64)> {
     let stages = d
         .trace
         .rules
@@ -93,6 +94,7 @@ fn candidates(d: &Decision) -> Vec<(String, u32, f64, f64)> {
                 c.cached_prompt_tokens,
                 c.predicted_ttft.total_s,
                 c.predicted_ttft.recompute_s,
+                c.predicted_ttft.decode_s,
             )
         })
         .collect()
@@ -128,12 +130,44 @@ fn under_saturation_a_hot_prefix_stays_where_ttft_plus_recompute_cost_is_lowest(
     assert_eq!(routed_to(&d), A, "{c:?}");
     // The route's predicted TTFT is the request's own, without the capacity cost.
     assert_eq!(d.route().unwrap().predicted_ttft_s, Some(a.2));
-    // The pick is the candidate with the lowest predicted TTFT plus recompute cost.
+    // The pick is the candidate with the lowest predicted TTFT plus capacity costs.
     let best = c
         .iter()
-        .min_by(|x, y| (x.2 + x.3).total_cmp(&(y.2 + y.3)))
+        .min_by(|x, y| (x.2 + x.3 + x.4).total_cmp(&(y.2 + y.3 + y.4)))
         .unwrap();
     assert_eq!(best.0, A);
+}
+
+#[test]
+fn a_request_goes_to_the_warm_worker_its_decode_slows_down_least() {
+    // A and B both hold the prefix. A has 30 requests decoding; B has 5, and 1,000 tokens of
+    // prefill queued, so this request's first token would come sooner on A. But each of its
+    // 256 decode steps is longer for every request in flight where it runs: 30 on A, 5 on B.
+    let policy = policy();
+    let mut st = ClusterState::from_policy(&policy, 16);
+    st.set_now(1_000);
+    cache_prefix(&mut st, A);
+    cache_prefix(&mut st, B);
+    in_flight(&mut st, A, 30, 0);
+    in_flight(&mut st, B, 5, 1_000);
+    in_flight(&mut st, C, 8, 0);
+    let mut req = Request::new("m", 16_256);
+    req.token_ids = Some(prompt(1).into());
+    let d = Decider::decide(&policy, &req, &st);
+    let c = candidates(&d);
+    let (a, b) = (&c[0], &c[1]);
+    assert!(a.2 < b.2, "A is faster for this request alone: {c:?}");
+    assert_eq!((a.3, b.3), (0.0, 0.0), "{c:?}");
+    assert!(
+        (a.4 / b.4 - 6.0).abs() < 1e-9,
+        "decode cost ∝ requests in flight: {c:?}"
+    );
+    assert!(a.2 + a.4 > b.2 + b.4, "{c:?}");
+    assert_eq!(routed_to(&d), B, "{c:?}");
+    // Nothing in flight, no decode cost.
+    let idle = ClusterState::from_policy(&policy, 16);
+    let d = Decider::decide(&policy, &req, &idle);
+    assert!(candidates(&d).iter().all(|x| x.4 == 0.0), "{d:#?}");
 }
 
 #[test]

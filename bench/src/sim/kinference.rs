@@ -100,8 +100,9 @@ pub struct TraceSample {
     /// The chosen engine.
     pub chosen: usize,
     /// `(engine, cached tokens, queued (30 s avg), running (30 s avg), predicted TTFT s,
-    /// recompute cost s)` per candidate; the pick minimizes the sum of the last two.
-    pub candidates: Vec<(usize, u32, f64, f64, f64, f64)>,
+    /// recompute cost s, decode cost s)` per candidate; the pick minimizes the sum of the last
+    /// three.
+    pub candidates: Vec<(usize, u32, f64, f64, f64, f64, f64)>,
     /// Filters that dropped candidates: `(filter, engine)`.
     pub dropped: Vec<(String, usize)>,
     /// The engine's true waiting+running requests at decision time (ground truth, for the
@@ -269,6 +270,7 @@ impl SimRouter for Kinference {
                                 c.running_prompts.unwrap_or(0.0),
                                 c.predicted_ttft.total_s,
                                 c.predicted_ttft.recompute_s,
+                                c.predicted_ttft.decode_s,
                             )
                         })
                         .collect(),
