@@ -211,9 +211,9 @@ impl SimRouter for Kinference {
         r.max_tokens = req.max_tokens;
         r.tenant = req.meta.tenant.clone();
         r.qos = req.meta.qos;
-        // Full traces only for the decisions that are recorded (`--trace-every`).
-        let traced =
-            self.trace_every > 0 && (self.decisions + 1) % self.trace_every == 1 % self.trace_every;
+        // Decisions 1, 1 + trace_every, … are recorded (`--trace-every`), with full traces;
+        // the others decide with summaries.
+        let traced = self.trace_every > 0 && self.decisions.is_multiple_of(self.trace_every);
         let detail = if traced {
             kinf_router::TraceDetail::Full
         } else {
@@ -249,7 +249,7 @@ impl SimRouter for Kinference {
                 first_token_seen: false,
             },
         );
-        if self.trace_every > 0 && self.decisions % self.trace_every == 1 % self.trace_every {
+        if traced {
             let stages = d
                 .trace
                 .rules
