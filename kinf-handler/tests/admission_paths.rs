@@ -7,7 +7,7 @@
 mod support;
 
 use serde_json::{Value, json};
-use support::{gateway, post_json, root, sim, temp_dir, write_tiny_bundle};
+use support::{gateway, post_json, temp_dir, tiny_sim, tiny_tokenizer, write_tiny_bundle};
 
 fn body(words: usize, salt: usize) -> Value {
     let text: String = (0..words)
@@ -25,26 +25,20 @@ fn prompt_tokens(v: &Value) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inline_and_pooled_admission_agree() {
-    let tok = root().join("testdata/tokenizers/tiny-llama");
-    let tok = tok.to_str().unwrap();
-    let worker = sim(&[
-        "--port",
-        "0",
-        "--model",
-        "tiny-llama",
-        "--profile",
-        "tiny",
-        "--speed",
+    let tok = tiny_tokenizer();
+    let worker = tiny_sim(
         "1000000",
-        "--tokenizer",
-        tok,
-        "--block-size",
-        "16",
-        "--max-model-len",
-        "200000",
-        "--num-gpu-blocks",
-        "60000",
-    ])
+        &[
+            "--tokenizer",
+            &tok,
+            "--block-size",
+            "16",
+            "--max-model-len",
+            "200000",
+            "--num-gpu-blocks",
+            "60000",
+        ],
+    )
     .await;
     let dir = temp_dir("admission-paths");
     write_tiny_bundle(

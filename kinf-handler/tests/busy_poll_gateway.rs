@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use support::{ServeProcess, post_json, post_raw, root, sim, temp_dir, write_tiny_bundle};
+use support::{
+    ServeProcess, post_json, post_raw, temp_dir, tiny_sim, tiny_tokenizer, write_tiny_bundle,
+};
 
 async fn admin_status(addr: SocketAddr) -> Value {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -40,26 +42,20 @@ async fn status_until(addr: SocketAddr, timeout: Duration, f: impl Fn(&Value) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_polling_gateway_serves_and_ingests_kv_events() {
-    let tok = root().join("testdata/tokenizers/tiny-llama");
-    let tok = tok.to_str().unwrap();
-    let worker = sim(&[
-        "--port",
-        "0",
-        "--model",
-        "tiny-llama",
-        "--profile",
-        "tiny",
-        "--speed",
+    let tok = tiny_tokenizer();
+    let worker = tiny_sim(
         "1000",
-        "--kv-events-port",
-        "0",
-        "--replay-port",
-        "0",
-        "--block-size",
-        "16",
-        "--tokenizer",
-        tok,
-    ])
+        &[
+            "--kv-events-port",
+            "0",
+            "--replay-port",
+            "0",
+            "--block-size",
+            "16",
+            "--tokenizer",
+            &tok,
+        ],
+    )
     .await;
     let dir = temp_dir("busy-poll");
     write_tiny_bundle(

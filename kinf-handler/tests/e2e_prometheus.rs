@@ -266,17 +266,7 @@ async fn prometheus_sees_exact_per_tenant_tokens_and_cost() {
     else {
         return;
     };
-    let worker = sim(&[
-        "--port",
-        "0",
-        "--model",
-        "tiny-llama",
-        "--profile",
-        "tiny",
-        "--speed",
-        "50",
-    ])
-    .await;
+    let worker = tiny_sim("50", &[]).await;
     let dir = temp_dir("prom");
     std::fs::write(
         dir.join("keys.txt"),

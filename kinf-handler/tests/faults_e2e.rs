@@ -36,15 +36,6 @@ use support::*;
 const NS: &str = "faults";
 const WS: &str = "tiny";
 
-fn tokenizer() -> String {
-    root()
-        .join("testdata/tokenizers/tiny-llama")
-        .canonicalize()
-        .unwrap()
-        .display()
-        .to_string()
-}
-
 /// One worker set over `endpoints` with KV events (ports discovered) and fast scrapes.
 fn config(endpoints: &[String]) -> String {
     let eps = endpoints
@@ -81,21 +72,13 @@ spec:
     route:
       select: [ {{ type: Local, minimize: PredictedTTFT }} ]
 "#,
-        tok = tokenizer()
+        tok = tiny_tokenizer()
     )
 }
 
 async fn sim_worker(extra: &[&str]) -> kinf_sim::serve::Server {
-    let tok = tokenizer();
+    let tok = tiny_tokenizer();
     let mut args = vec![
-        "--port",
-        "0",
-        "--model",
-        "tiny-llama",
-        "--profile",
-        "tiny",
-        "--speed",
-        "20",
         "--block-size",
         "16",
         "--max-model-len",
@@ -108,7 +91,7 @@ async fn sim_worker(extra: &[&str]) -> kinf_sim::serve::Server {
         &tok,
     ];
     args.extend_from_slice(extra);
-    sim(&args).await
+    tiny_sim("20", &args).await
 }
 
 async fn get_json(url: &str) -> Value {

@@ -50,17 +50,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn budgets_identity_and_accounting_per_tenant() {
-    let worker = sim(&[
-        "--port",
-        "0",
-        "--model",
-        "tiny-llama",
-        "--profile",
-        "tiny",
-        "--speed",
-        "50",
-    ])
-    .await;
+    let worker = tiny_sim("50", &[]).await;
     let dir = temp_dir("tenants");
     // One key in plain text, one as its SHA-256 hash.
     let globex_hash = kinf_handler::tenants::identity::hash_for_file("sk-globex-2");

@@ -141,17 +141,7 @@ async fn replicas_share_budgets_through_redis() {
         return;
     };
     let mut redis = RedisServer::start(&bin);
-    let worker = sim(&[
-        "--port",
-        "0",
-        "--model",
-        "tiny-llama",
-        "--profile",
-        "tiny",
-        "--speed",
-        "5",
-    ])
-    .await;
+    let worker = tiny_sim("5", &[]).await;
     let dir = temp_dir("replicas");
     std::fs::write(dir.join("keys.txt"), "acme: sk-acme-1\nprobe: sk-probe-2\n").unwrap();
     std::fs::write(dir.join("c.yaml"), config(worker.http)).unwrap();

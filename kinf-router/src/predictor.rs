@@ -426,14 +426,11 @@ mod tests {
         (*state >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    #[test]
-    fn keeps_learning_over_a_long_run_under_load() {
-        // The 3-worker chat scale run: ≈ 18,000 observations, hundreds of running sequences,
-        // prefill inputs of 256–3,000 tokens, TTFTs of 0.2–1 s. Before each update was
-        // symmetrized, rounding made the covariance indefinite after ≈ 3,500 of them and the
-        // model froze with its overhead at 0 and its per-token cost at the clamp's floor.
+    /// A model learned from 20,000 observations like the 3-worker chat scale run's: prefill
+    /// inputs of 256–3,072 tokens, 50–600 running sequences, TTFTs of `truth(tokens, running)`
+    /// with ±20 % noise.
+    fn long_run_under_load(truth: impl Fn(f64, f64) -> f64) -> TtftModel {
         let mut m = TtftModel::from_prior(2980.0, 0.2);
-        let truth = |tokens: f64, running: f64| 0.2 + tokens * (1.0 + 0.01 * running) / 30_000.0;
         let mut rng = 0x2545_f491_4f6c_dd1d_u64;
         for _ in 0..20_000 {
             let tokens = 256.0 * (1.0 + (next(&mut rng) * 12.0).floor());
@@ -441,6 +438,17 @@ mod tests {
             let noise = 0.8 + 0.4 * next(&mut rng);
             m.observe(tokens, 0.0, running, truth(tokens, running) * noise);
         }
+        m
+    }
+
+    #[test]
+    fn keeps_learning_over_a_long_run_under_load() {
+        // The 3-worker chat scale run: ≈ 18,000 observations, hundreds of running sequences,
+        // prefill inputs of 256–3,000 tokens, TTFTs of 0.2–1 s. Before each update was
+        // symmetrized, rounding made the covariance indefinite after ≈ 3,500 of them and the
+        // model froze with its overhead at 0 and its per-token cost at the clamp's floor.
+        let truth = |tokens: f64, running: f64| 0.2 + tokens * (1.0 + 0.01 * running) / 30_000.0;
+        let m = long_run_under_load(truth);
         for (tokens, running) in [(256.0, 100.0), (2048.0, 500.0)] {
             let p = m.predict(tokens, 0.0, running).total_s;
             let t = truth(tokens, running);
@@ -488,15 +496,8 @@ mod tests {
         // factor already grows with them: least squares wants a negative per-running cost at
         // every update. Clipped alone, it left the overhead where it had compensated, and the
         // overhead ratcheted up to its 60 s limit.
-        let mut m = TtftModel::from_prior(2980.0, 0.2);
         let truth = |tokens: f64| 0.2 + tokens / 30_000.0;
-        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
-        for _ in 0..20_000 {
-            let tokens = 256.0 * (1.0 + (next(&mut rng) * 12.0).floor());
-            let running = 50.0 + next(&mut rng) * 550.0;
-            let noise = 0.8 + 0.4 * next(&mut rng);
-            m.observe(tokens, 0.0, running, truth(tokens) * noise);
-        }
+        let m = long_run_under_load(|tokens, _| truth(tokens));
         assert!(m.theta[0] < 0.3, "{:?}", m.theta);
         for (tokens, running) in [(256.0, 100.0), (2048.0, 500.0)] {
             let p = m.predict(tokens, 0.0, running).total_s;

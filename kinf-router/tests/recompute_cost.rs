@@ -55,6 +55,20 @@ fn prompt(own: u32) -> Vec<u32> {
         .collect()
 }
 
+/// A request with the shared prefix and 256 tokens of its own (`own` tells them apart).
+fn request(own: u32) -> Request {
+    let mut req = Request::new("m", 16_256);
+    req.token_ids = Some(prompt(own).into());
+    req
+}
+
+/// The policy's state at t = 1 s, nothing cached, nothing in flight.
+fn state(policy: &CompiledPolicy) -> ClusterState {
+    let mut st = ClusterState::from_policy(policy, 16);
+    st.set_now(1_000);
+    st
+}
+
 /// `address` reports (by KV event) that it caches the 16,000-token prefix.
 fn cache_prefix(st: &mut ClusterState, address: &str) {
     let tokens: Vec<u32> = (0..16_000u32).collect();
@@ -107,16 +121,14 @@ fn routed_to(d: &Decision) -> &str {
 #[test]
 fn under_saturation_a_hot_prefix_stays_where_ttft_plus_recompute_cost_is_lowest() {
     let policy = policy();
-    let mut st = ClusterState::from_policy(&policy, 16);
-    st.set_now(1_000);
+    let mut st = state(&policy);
     cache_prefix(&mut st, A);
     // A holds the hot prefix and is the busiest: 12 requests in flight, 24,000 tokens of
     // prefill queued ahead (≈ 8 s). B and C are cold and busy too (8 requests each, decoding).
     in_flight(&mut st, A, 12, 24_000);
     in_flight(&mut st, B, 8, 0);
     in_flight(&mut st, C, 8, 0);
-    let mut req = Request::new("m", 16_256);
-    req.token_ids = Some(prompt(1).into());
+    let req = request(1);
     let d = Decider::decide(&policy, &req, &st);
     let c = candidates(&d);
     let (a, b) = (&c[0], &c[1]);
@@ -144,15 +156,13 @@ fn a_request_goes_to_the_warm_worker_its_decode_slows_down_least() {
     // prefill queued, so this request's first token would come sooner on A. But each of its
     // 256 decode steps is longer for every request in flight where it runs: 30 on A, 5 on B.
     let policy = policy();
-    let mut st = ClusterState::from_policy(&policy, 16);
-    st.set_now(1_000);
+    let mut st = state(&policy);
     cache_prefix(&mut st, A);
     cache_prefix(&mut st, B);
     in_flight(&mut st, A, 30, 0);
     in_flight(&mut st, B, 5, 1_000);
     in_flight(&mut st, C, 8, 0);
-    let mut req = Request::new("m", 16_256);
-    req.token_ids = Some(prompt(1).into());
+    let req = request(1);
     let d = Decider::decide(&policy, &req, &st);
     let c = candidates(&d);
     let (a, b) = (&c[0], &c[1]);
@@ -175,13 +185,11 @@ fn an_idle_cold_worker_still_beats_a_warm_busy_one() {
     // Nothing in flight on B: the recompute delays nobody, so it costs nothing and the faster
     // cold prefill wins (the point of predicting TTFT rather than maximizing cache hits).
     let policy = policy();
-    let mut st = ClusterState::from_policy(&policy, 16);
-    st.set_now(1_000);
+    let mut st = state(&policy);
     cache_prefix(&mut st, A);
     in_flight(&mut st, A, 12, 24_000);
     in_flight(&mut st, C, 8, 0);
-    let mut req = Request::new("m", 16_256);
-    req.token_ids = Some(prompt(1).into());
+    let req = request(1);
     let d = Decider::decide(&policy, &req, &st);
     let c = candidates(&d);
     assert_eq!(c[1].3, 0.0, "{c:?}");
@@ -194,13 +202,11 @@ fn a_prefix_nobody_caches_costs_no_recompute() {
     // Cold everywhere: every candidate prefills the same tokens, none is charged, and the
     // choice is by predicted TTFT alone.
     let policy = policy();
-    let mut st = ClusterState::from_policy(&policy, 16);
-    st.set_now(1_000);
+    let mut st = state(&policy);
     in_flight(&mut st, A, 12, 0);
     in_flight(&mut st, B, 8, 0);
     in_flight(&mut st, C, 8, 4_000);
-    let mut req = Request::new("m", 16_256);
-    req.token_ids = Some(prompt(1).into());
+    let req = request(1);
     let d = Decider::decide(&policy, &req, &st);
     let c = candidates(&d);
     assert!(c.iter().all(|x| x.3 == 0.0), "{c:?}");
@@ -210,14 +216,12 @@ fn a_prefix_nobody_caches_costs_no_recompute() {
 #[test]
 fn exact_tracking_counts_a_prompt_routed_before_its_kv_events_arrive() {
     let policy = policy();
-    let mut st = ClusterState::from_policy(&policy, 16);
-    st.set_now(1_000);
+    let mut st = state(&policy);
     // Every worker is busy decoding, so recomputing a prefix held elsewhere has a cost.
     for ep in [A, B, C] {
         in_flight(&mut st, ep, 4, 0);
     }
-    let mut first = Request::new("m", 16_256);
-    first.token_ids = Some(prompt(1).into());
+    let first = request(1);
     let d1 = Decider::decide(&policy, &first, &st);
     let r1 = d1.route().unwrap().clone();
     let p1 = r1.prediction.unwrap();
@@ -237,8 +241,7 @@ fn exact_tracking_counts_a_prompt_routed_before_its_kv_events_arrive() {
     // A second request with the same prefix, before any KV event: the first one's endpoint
     // will hold the prefix by the time the second one's prefill runs there.
     st.set_now(1_500);
-    let mut second = Request::new("m", 16_256);
-    second.token_ids = Some(prompt(2).into());
+    let second = request(2);
     let d2 = Decider::decide(&policy, &second, &st);
     let c = candidates(&d2);
     let on_first = c.iter().find(|x| *x.0 == *r1.endpoint).unwrap();

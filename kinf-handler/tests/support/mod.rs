@@ -45,6 +45,33 @@ pub async fn sim(args: &[&str]) -> kinf_sim::serve::Server {
     kinf_sim::serve::start(args).await.unwrap()
 }
 
+/// The `tiny-llama` test tokenizer's directory, as an absolute path.
+pub fn tiny_tokenizer() -> String {
+    root()
+        .join("testdata/tokenizers/tiny-llama")
+        .canonicalize()
+        .unwrap()
+        .display()
+        .to_string()
+}
+
+/// Starts an in-process kinf-sim worker on a free port serving `tiny-llama` with the `tiny`
+/// profile at `speed` × real time, with `extra` arguments after those.
+pub async fn tiny_sim(speed: &str, extra: &[&str]) -> kinf_sim::serve::Server {
+    let mut args = vec![
+        "--port",
+        "0",
+        "--model",
+        "tiny-llama",
+        "--profile",
+        "tiny",
+        "--speed",
+        speed,
+    ];
+    args.extend_from_slice(extra);
+    sim(&args).await
+}
+
 /// A fresh temporary directory.
 pub fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
