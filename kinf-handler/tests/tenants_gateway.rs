@@ -164,17 +164,7 @@ async fn budgets_identity_and_accounting_per_tenant() {
 /// tagged `over-limit`, and a rule routes them to a cheaper model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_limit_traffic_is_routed_elsewhere_when_the_policy_says_so() {
-    let main = sim(&[
-        "--port",
-        "0",
-        "--model",
-        "tiny-llama",
-        "--profile",
-        "tiny",
-        "--speed",
-        "50",
-    ])
-    .await;
+    let main = tiny_sim("50", &[]).await;
     let cheap = sim(&[
         "--port",
         "0",
