@@ -7,8 +7,8 @@ use std::time::Duration;
 use kinf_grammar::{EvalContext, Value};
 use kinf_lang::check::DEFAULT_WINDOW;
 use kinf_lang::compiled::{
-    CompiledPolicy, CompiledPool, CompiledRule, ConsiderEntry, DestId, DropCond, Pick, Range,
-    RequestCond, SelectTier,
+    CompiledPolicy, CompiledPool, CompiledRule, ConsiderEntry, DestId, Destination, DropCond, Pick,
+    Range, RequestCond, SelectTier,
 };
 use kinf_lang::env;
 use kinf_policy::{BackendType, Measure, OnEmpty};
@@ -19,7 +19,9 @@ use crate::decision::*;
 use crate::predictor::{TtftModel, TtftParts};
 use crate::prefix_index::{EndpointId, block_hashes};
 use crate::request::Request;
-use crate::state::{ClusterState, EndpointState, Load};
+use crate::state::{ClusterState, EndpointState, Load, WorkerSetState};
+
+mod scan;
 
 /// The decision engine. Stateless: everything lives in the policy and the state.
 #[derive(Clone, Copy, Debug, Default)]
@@ -334,6 +336,9 @@ impl<'a> Ctx<'a> {
         rule: Option<&CompiledRule>,
         tiers: &[SelectTier],
     ) -> (Option<Candidate<'a>>, StagesTrace) {
+        if scan::applies(self, rule) {
+            return self.run_stages_scan(consider, rule, tiers);
+        }
         let mut st = StagesTrace::default();
         let full = self.detail == TraceDetail::Full;
         let mut cands = self.candidates(consider, &mut st);
@@ -417,17 +422,21 @@ impl<'a> Ctx<'a> {
         c.ep.map(|ep| ep.load.average(window, self.state.now_ms))
     }
 
-    /// Builds the candidate set: union of the consider entries, in pool order.
-    fn candidates(&self, consider: &[ConsiderEntry], st: &mut StagesTrace) -> Vec<Candidate<'a>> {
+    /// The considered destinations with the upstream model each serves the request as, in pool
+    /// order (`(destination, upstream model, position in the pool)`; the first consider entry
+    /// naming a destination wins).
+    fn dest_pairs(
+        &self,
+        consider: &[ConsiderEntry],
+    ) -> SmallVec<[(DestId, &'a Arc<str>, usize); 8]> {
         let default_entry = [ConsiderEntry::default()];
         let entries = if consider.is_empty() {
             &default_entry[..]
         } else {
             consider
         };
-        // (destination, upstream model) pairs, first entry wins per destination.
         let pool: &'a CompiledPool = self.pool;
-        let mut pairs: SmallVec<[(DestId, &'a Arc<str>); 8]> = SmallVec::new();
+        let mut pairs: SmallVec<[(DestId, &'a Arc<str>, usize); 8]> = SmallVec::new();
         for e in entries {
             let requested = [self.req.model.clone()];
             let names: &[Arc<str>] = e.models.as_deref().unwrap_or(&requested);
@@ -444,22 +453,168 @@ impl<'a> Ctx<'a> {
                     {
                         continue;
                     }
-                    if !pairs.iter().any(|(x, _)| x == dest) {
-                        pairs.push((*dest, upstream));
+                    if !pairs.iter().any(|(x, _, _)| x == dest) {
+                        let pos = pool
+                            .destinations
+                            .iter()
+                            .position(|x| x == dest)
+                            .unwrap_or(usize::MAX);
+                        pairs.push((*dest, upstream, pos));
                     }
                 }
             }
         }
-        pairs.sort_by_key(|(d, _)| {
-            self.pool
-                .destinations
-                .iter()
-                .position(|x| x == d)
-                .unwrap_or(usize::MAX)
-        });
+        pairs.sort_by_key(|(_, _, pos)| *pos);
+        pairs
+    }
+
+    /// The worker set behind a Local destination, or `None` (noted in `st`) when no endpoint of
+    /// it is known.
+    fn worker_set(&self, d: &'a Destination, st: &mut StagesTrace) -> Option<&'a WorkerSetState> {
+        let key: Arc<str> = format!("{}/{}", d.namespace, d.name).into();
+        let ws = self.state.worker_sets.get(&key);
+        if ws.is_none() {
+            st.unavailable
+                .push(format!("{}: no endpoints known", d.name));
+        }
+        ws
+    }
+
+    /// The candidate for a Provider destination, or `None` (noted in `st`) when it is not
+    /// ready.
+    fn provider_candidate(
+        &self,
+        dest: DestId,
+        dest_pos: usize,
+        d: &'a Destination,
+        upstream: &'a Arc<str>,
+        st: &mut StagesTrace,
+    ) -> Option<Candidate<'a>> {
+        let key: Arc<str> = format!("{}/{}", d.namespace, d.name).into();
+        let ps = self.state.providers.get(&key);
+        if ps.is_some_and(|p| !p.ready) {
+            st.unavailable.push(format!("{}: not ready", d.name));
+            return None;
+        }
+        let prior = d
+            .provider
+            .as_ref()
+            .map_or(1.0, |p| p.expected_ttft.as_secs_f64());
+        let ttft_s = ps.and_then(|p| p.ttft_s).unwrap_or(prior);
+        Some(Candidate {
+            dest,
+            dest_pos,
+            endpoint_pos: 0,
+            destination: &d.name,
+            endpoint: d.provider.as_ref().map_or(&d.name, |p| &p.url),
+            ep: None,
+            prefix_tracking: "none",
+            backend: BackendType::Provider,
+            model: upstream,
+            cached_tokens: 0,
+            load: None,
+            prediction: None,
+            model_ttft: None,
+            ttft: TtftParts {
+                wait_s: 0.0,
+                prefill_s: 0.0,
+                overhead_s: ttft_s,
+                total_s: ttft_s,
+                recompute_s: 0.0,
+                decode_s: 0.0,
+            },
+            cost: cost(&d.cost, self.req, 0),
+        })
+    }
+
+    /// The prompt tokens endpoint `ep` of `ws` caches for the request, or `None` (noted in
+    /// `st`) when the endpoint is not a candidate: not ready, or stale while a fresh endpoint of
+    /// the set is ready (`any_fresh`).
+    fn local_cached_tokens(
+        &self,
+        d: &Destination,
+        ws: &WorkerSetState,
+        ep: &EndpointState,
+        cached_blocks: &[u32],
+        any_fresh: bool,
+        st: &mut StagesTrace,
+    ) -> Option<u32> {
+        if !ep.ready {
+            st.unavailable
+                .push(format!("{}@{}: not ready", d.name, ep.address));
+            return None;
+        }
+        // Stale endpoints (metrics not scraped lately: load unknown) are used only when no
+        // fresh endpoint of the set is ready.
+        if ep.stale && any_fresh {
+            st.unavailable.push(format!(
+                "{}@{}: stale metrics (a fresh endpoint of the set is ready)",
+                d.name, ep.address
+            ));
+            return None;
+        }
+        Some(
+            ep.assumed_cached_tokens
+                .unwrap_or_else(|| {
+                    cached_blocks
+                        .get(ep.index_id.0 as usize)
+                        .copied()
+                        .unwrap_or(0)
+                        * ws.block_size as u32
+                })
+                .min(self.req.prompt_tokens),
+        )
+    }
+
+    /// The candidate for endpoint `i` of a Local destination's worker set, which caches
+    /// `cached` tokens of the prompt. Its capacity costs are set later ([`charge_capacity`]).
+    #[allow(clippy::too_many_arguments)] // the parts of one candidate, all needed
+    fn local_candidate(
+        &self,
+        (dest, upstream, dest_pos): (DestId, &'a Arc<str>, usize),
+        d: &'a Destination,
+        ws: &'a WorkerSetState,
+        i: usize,
+        ep: &'a EndpointState,
+        cached: u32,
+    ) -> Candidate<'a> {
+        let load = ep.load.average(DEFAULT_WINDOW, self.state.now_ms);
+        let prediction = prediction_inputs(ep, self.req.prompt_tokens - cached);
+        let ttft = ws.ttft.predict_behind(
+            f64::from(prediction.uncached_tokens),
+            prediction.pending_prefill_tokens as f64,
+            prediction.queued,
+            prediction.running,
+        );
+        Candidate {
+            dest,
+            dest_pos,
+            endpoint_pos: i,
+            destination: &d.name,
+            endpoint: &ep.address,
+            ep: Some(ep),
+            prefix_tracking: if ep.assumed_cached_tokens.is_some() {
+                "assumed"
+            } else {
+                ws.prefix.mode()
+            },
+            backend: BackendType::Local,
+            model: upstream,
+            cached_tokens: cached,
+            load: Some(load),
+            prediction: Some(prediction),
+            model_ttft: Some(&ws.ttft),
+            ttft,
+            cost: cost(&d.cost, self.req, cached),
+        }
+    }
+
+    /// Builds the candidate set: union of the consider entries, in pool order.
+    fn candidates(&self, consider: &[ConsiderEntry], st: &mut StagesTrace) -> Vec<Candidate<'a>> {
+        let pairs = self.dest_pairs(consider);
         let capacity: usize = pairs
             .iter()
-            .filter_map(|(d, _)| self.policy.destination(*d))
+            .filter_map(|(d, _, _)| self.policy.destination(*d))
             .map(|d| {
                 self.state
                     .worker_set(&d.namespace, &d.name)
@@ -467,117 +622,30 @@ impl<'a> Ctx<'a> {
             })
             .sum();
         let mut out = Vec::with_capacity(capacity);
-        for (dest, upstream) in pairs {
+        for pair in pairs {
+            let (dest, upstream, dest_pos) = pair;
             let Some(d) = self.policy.destination(dest) else {
                 continue;
             };
-            let dest_pos = self
-                .pool
-                .destinations
-                .iter()
-                .position(|x| *x == dest)
-                .unwrap_or(usize::MAX);
-            let key: Arc<str> = format!("{}/{}", d.namespace, d.name).into();
             match d.backend {
                 BackendType::Local => {
-                    let Some(ws) = self.state.worker_sets.get(&key) else {
-                        st.unavailable
-                            .push(format!("{}: no endpoints known", d.name));
+                    let Some(ws) = self.worker_set(d, st) else {
                         continue;
                     };
                     let cached_blocks = self.prefix_matches(ws);
-                    // Stale endpoints (metrics not scraped lately: load unknown) are used only
-                    // when no fresh endpoint of the set is ready.
                     let any_fresh = ws.endpoints.iter().any(|e| e.ready && !e.stale);
                     for (i, ep) in ws.endpoints.iter().enumerate() {
-                        if !ep.ready {
-                            st.unavailable
-                                .push(format!("{}@{}: not ready", d.name, ep.address));
-                            continue;
+                        if let Some(cached) =
+                            self.local_cached_tokens(d, ws, ep, &cached_blocks, any_fresh, st)
+                        {
+                            out.push(self.local_candidate(pair, d, ws, i, ep, cached));
                         }
-                        if ep.stale && any_fresh {
-                            st.unavailable.push(format!(
-                                "{}@{}: stale metrics (a fresh endpoint of the set is ready)",
-                                d.name, ep.address
-                            ));
-                            continue;
-                        }
-                        let cached = ep
-                            .assumed_cached_tokens
-                            .unwrap_or_else(|| {
-                                cached_blocks
-                                    .get(ep.index_id.0 as usize)
-                                    .copied()
-                                    .unwrap_or(0)
-                                    * ws.block_size as u32
-                            })
-                            .min(self.req.prompt_tokens);
-                        let load = ep.load.average(DEFAULT_WINDOW, self.state.now_ms);
-                        let prediction = prediction_inputs(ep, self.req.prompt_tokens - cached);
-                        let ttft = ws.ttft.predict_behind(
-                            f64::from(prediction.uncached_tokens),
-                            prediction.pending_prefill_tokens as f64,
-                            prediction.queued,
-                            prediction.running,
-                        );
-                        out.push(Candidate {
-                            dest,
-                            dest_pos,
-                            endpoint_pos: i,
-                            destination: &d.name,
-                            endpoint: &ep.address,
-                            ep: Some(ep),
-                            prefix_tracking: if ep.assumed_cached_tokens.is_some() {
-                                "assumed"
-                            } else {
-                                ws.prefix.mode()
-                            },
-                            backend: BackendType::Local,
-                            model: upstream,
-                            cached_tokens: cached,
-                            load: Some(load),
-                            prediction: Some(prediction),
-                            model_ttft: Some(&ws.ttft),
-                            ttft,
-                            cost: cost(&d.cost, self.req, cached),
-                        });
                     }
                 }
                 BackendType::Provider => {
-                    let ps = self.state.providers.get(&key);
-                    if ps.is_some_and(|p| !p.ready) {
-                        st.unavailable.push(format!("{}: not ready", d.name));
-                        continue;
+                    if let Some(c) = self.provider_candidate(dest, dest_pos, d, upstream, st) {
+                        out.push(c);
                     }
-                    let prior = d
-                        .provider
-                        .as_ref()
-                        .map_or(1.0, |p| p.expected_ttft.as_secs_f64());
-                    let ttft_s = ps.and_then(|p| p.ttft_s).unwrap_or(prior);
-                    out.push(Candidate {
-                        dest,
-                        dest_pos,
-                        endpoint_pos: 0,
-                        destination: &d.name,
-                        endpoint: d.provider.as_ref().map_or(&d.name, |p| &p.url),
-                        ep: None,
-                        prefix_tracking: "none",
-                        backend: BackendType::Provider,
-                        model: upstream,
-                        cached_tokens: 0,
-                        load: None,
-                        prediction: None,
-                        model_ttft: None,
-                        ttft: TtftParts {
-                            wait_s: 0.0,
-                            prefill_s: 0.0,
-                            overhead_s: ttft_s,
-                            total_s: ttft_s,
-                            recompute_s: 0.0,
-                            decode_s: 0.0,
-                        },
-                        cost: cost(&d.cost, self.req, 0),
-                    });
                 }
             }
         }
@@ -586,7 +654,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// Cached blocks of the request per endpoint id (dense; empty without token ids).
-    fn prefix_matches(&self, ws: &crate::state::WorkerSetState) -> Vec<u32> {
+    fn prefix_matches(&self, ws: &WorkerSetState) -> Vec<u32> {
         let mut dense = vec![0u32; ws.endpoints.len()];
         let computed;
         let hashes: &[u64] = match (&self.req.token_ids, &self.req.block_hashes) {
@@ -641,13 +709,18 @@ fn charge_capacity(cands: &mut [Candidate<'_>], alive: &[bool], req: &Request) {
     let Some(fewest) = fewest else {
         return;
     };
-    let decode_tokens = f64::from(req.max_tokens);
     for c in cands.iter_mut() {
-        if let (Some(p), Some(m)) = (c.prediction, c.model_ttft) {
-            let extra = p.uncached_tokens.saturating_sub(fewest);
-            c.ttft.recompute_s = m.recompute_cost(f64::from(extra), p.queued, p.running);
-            c.ttft.decode_s = m.decode_cost(decode_tokens, p.queued, p.running);
-        }
+        charge(c, fewest, req);
+    }
+}
+
+/// Sets one local candidate's capacity costs, `fewest` being the fewest prompt tokens any
+/// surviving local candidate would prefill (see [`charge_capacity`]).
+fn charge(c: &mut Candidate<'_>, fewest: u32, req: &Request) {
+    if let (Some(p), Some(m)) = (c.prediction, c.model_ttft) {
+        let extra = p.uncached_tokens.saturating_sub(fewest);
+        c.ttft.recompute_s = m.recompute_cost(f64::from(extra), p.queued, p.running);
+        c.ttft.decode_s = m.decode_cost(f64::from(req.max_tokens), p.queued, p.running);
     }
 }
 
@@ -699,6 +772,28 @@ fn in_range(r: &Option<Range>, v: Option<f64>, name: &'static str, why: &mut Dro
             _ => false,
         },
     }
+}
+
+/// Whether a drop condition without a `when:` expression holds for a candidate of `backend` and
+/// destination `dest` with `load` (over the filter's window) and `predicted_ttft` seconds: what
+/// [`drop_reason`] decides, without the reason.
+fn drop_holds(
+    d: &DropCond,
+    backend: BackendType,
+    dest: DestId,
+    load: Option<Load>,
+    predicted_ttft: f64,
+) -> bool {
+    let within = |r: &Option<Range>, v: Option<f64>| match r {
+        None => true,
+        Some(r) => v.is_some_and(|v| r.contains(v)),
+    };
+    d.backend.is_none_or(|b| b == backend)
+        && d.destination.is_none_or(|x| x == dest)
+        && within(&d.queued_prompts, load.map(|l| l.queued_prompts))
+        && within(&d.running_prompts, load.map(|l| l.running_prompts))
+        && within(&d.kv_cache_usage, load.map(|l| l.kv_cache_usage))
+        && within(&d.predicted_ttft, Some(predicted_ttft))
 }
 
 /// The reason a drop condition holds for a candidate, or `None` when it does not. Values are

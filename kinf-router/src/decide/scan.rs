@@ -1,0 +1,321 @@
+//! The summary fast path of the consider, exclude and select stages: the pick is found by
+//! scoring each endpoint in place, without building a [`Candidate`] for it; only the pick is
+//! built. It serves every summary decision whose applicable filters have no `when:` expression
+//! (those need a candidate to evaluate against).
+//!
+//! It decides exactly what [`Ctx::run_stages`]'s general path decides, with the same summary
+//! trace: the same inputs go through the same functions in the same order (so the scores are
+//! bit-identical), candidates are visited in the general path's order (pool position, then
+//! endpoint position), and a later candidate replaces a best only when its measure is strictly
+//! lower, as `min_by` does. `tests/decide_scan_props.rs` checks the equality on random fleets.
+//!
+//! With a thousand endpoints a candidate's record, its trace entries and the intermediate
+//! lists were most of a decision's cost.
+
+use kinf_lang::compiled::{CompiledRule, ConsiderEntry, DestId, ExcludeFilter, Pick, SelectTier};
+use kinf_policy::{BackendType, Measure};
+use smallvec::SmallVec;
+
+use super::{Candidate, Ctx, TraceDetail, charge, cond_holds, cost, drop_holds, prediction_inputs};
+use crate::decision::{StagesTrace, TierTrace};
+
+/// Where a scored candidate is: endpoint `endpoint` of the `slot`-th scanned Local destination,
+/// or the `slot`-th scanned Provider candidate.
+#[derive(Clone, Copy)]
+enum At {
+    Local { slot: usize, endpoint: usize },
+    Provider { slot: usize },
+}
+
+/// A considered destination, in candidate order: the `n`-th scanned Local destination or
+/// Provider candidate.
+#[derive(Clone, Copy)]
+enum Scanned {
+    Local(usize),
+    Provider(usize),
+}
+
+/// A Local endpoint's inputs to its measures, from pass 1.
+#[derive(Clone, Copy)]
+struct Scored {
+    /// Prompt tokens it would prefill; `u32::MAX`: not a candidate, or dropped.
+    uncached: u32,
+    /// The prediction's queued and running requests.
+    queued: f64,
+    running: f64,
+    /// The predicted TTFT (before capacity costs).
+    total_s: f64,
+}
+
+impl Scored {
+    const NONE: Scored = Scored {
+        uncached: u32::MAX,
+        queued: 0.0,
+        running: 0.0,
+        total_s: 0.0,
+    };
+}
+
+/// The best candidate so far of one scope: its measure and where it is.
+#[derive(Clone, Copy)]
+struct Best {
+    value: f64,
+    at: At,
+}
+
+/// `min_by`'s rule: the first candidate with the lowest measure (NaN is never lower).
+fn offer(best: &mut Option<Best>, value: f64, at: At) {
+    if best.is_none_or(|b| value < b.value) {
+        *best = Some(Best { value, at });
+    }
+}
+
+/// The exclude filters that apply to the request (`None` when the rule has none).
+fn active_filters<'r>(
+    ctx: &Ctx<'_>,
+    rule: Option<&'r CompiledRule>,
+) -> SmallVec<[&'r ExcludeFilter; 4]> {
+    rule.map(|r| {
+        r.exclude
+            .iter()
+            .filter(|f| f.condition.as_ref().is_none_or(|c| cond_holds(c, ctx.req)))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// Whether the fast path decides this stage: a summary trace, and no applicable filter with a
+/// `when:` expression.
+pub(super) fn applies(ctx: &Ctx<'_>, rule: Option<&CompiledRule>) -> bool {
+    ctx.detail == TraceDetail::Summary
+        && active_filters(ctx, rule)
+            .iter()
+            .all(|f| f.drop.when.is_none())
+}
+
+/// One select tier's running result.
+enum TierBest {
+    /// `minimize`: the best candidate of the tier's backend by the measure.
+    Minimize(Measure, Option<Best>),
+    /// `order`: picked later from the per-destination bests.
+    Order,
+}
+
+impl<'a> Ctx<'a> {
+    /// The stages on the fast path (see the module docs); call only when [`applies`] holds.
+    pub(super) fn run_stages_scan(
+        &self,
+        consider: &[ConsiderEntry],
+        rule: Option<&CompiledRule>,
+        tiers: &[SelectTier],
+    ) -> (Option<Candidate<'a>>, StagesTrace) {
+        let mut st = StagesTrace::default();
+        let filters = active_filters(self, rule);
+        let pairs = self.dest_pairs(consider);
+        let now = self.state.now_ms;
+        // Pass 1, in candidate order: which endpoints are surviving candidates and the prompt
+        // tokens each would prefill (`u32::MAX`: not a candidate or dropped), the surviving
+        // Provider candidates, and the fewest tokens any surviving Local candidate would
+        // prefill.
+        let mut locals = Vec::new();
+        let mut providers = Vec::new();
+        let mut order: SmallVec<[Scanned; 8]> = SmallVec::new();
+        let mut fewest: Option<u32> = None;
+        for &pair in &pairs {
+            let (dest, upstream, dest_pos) = pair;
+            let Some(d) = self.policy.destination(dest) else {
+                continue;
+            };
+            match d.backend {
+                BackendType::Local => {
+                    let Some(ws) = self.worker_set(d, &mut st) else {
+                        continue;
+                    };
+                    let cached_blocks = self.prefix_matches(ws);
+                    let any_fresh = ws.endpoints.iter().any(|e| e.ready && !e.stale);
+                    let mut scored = Vec::with_capacity(ws.endpoints.len());
+                    for ep in &ws.endpoints {
+                        let Some(cached) =
+                            self.local_cached_tokens(d, ws, ep, &cached_blocks, any_fresh, &mut st)
+                        else {
+                            scored.push(Scored::NONE);
+                            continue;
+                        };
+                        let p = prediction_inputs(ep, self.req.prompt_tokens - cached);
+                        let ttft = ws.ttft.predict_behind(
+                            f64::from(p.uncached_tokens),
+                            p.pending_prefill_tokens as f64,
+                            p.queued,
+                            p.running,
+                        );
+                        let dropped = !filters.is_empty() && {
+                            let default = ep.load.average(super::DEFAULT_WINDOW, now);
+                            filters.iter().any(|f| {
+                                let load = if f.window == super::DEFAULT_WINDOW {
+                                    default
+                                } else {
+                                    ep.load.average(f.window, now)
+                                };
+                                drop_holds(
+                                    &f.drop,
+                                    BackendType::Local,
+                                    dest,
+                                    Some(load),
+                                    ttft.total_s,
+                                )
+                            })
+                        };
+                        if dropped {
+                            scored.push(Scored::NONE);
+                            continue;
+                        }
+                        let u = p.uncached_tokens;
+                        fewest = Some(fewest.map_or(u, |f| f.min(u)));
+                        scored.push(Scored {
+                            uncached: u,
+                            queued: p.queued,
+                            running: p.running,
+                            total_s: ttft.total_s,
+                        });
+                    }
+                    order.push(Scanned::Local(locals.len()));
+                    locals.push((pair, d, ws, scored));
+                }
+                BackendType::Provider => {
+                    let Some(c) = self.provider_candidate(dest, dest_pos, d, upstream, &mut st)
+                    else {
+                        continue;
+                    };
+                    let dropped = filters
+                        .iter()
+                        .any(|f| drop_holds(&f.drop, c.backend, c.dest, None, c.ttft.total_s));
+                    if !dropped {
+                        order.push(Scanned::Provider(providers.len()));
+                        providers.push(c);
+                    }
+                }
+            }
+        }
+
+        // Pass 2: each survivor's measures, as `charge_capacity` and `Candidate::measure`
+        // compute them, offered to every tier of its backend.
+        let mut bests: SmallVec<[TierBest; 4]> = tiers
+            .iter()
+            .map(|t| match &t.pick {
+                Pick::Minimize(m) => TierBest::Minimize(*m, None),
+                Pick::Order(_) => TierBest::Order,
+            })
+            .collect();
+        let any_order = bests.iter().any(|b| matches!(b, TierBest::Order));
+        // `order` tiers pick by PredictedTTFT within one destination.
+        let mut per_dest: SmallVec<[(DestId, Option<Best>); 8]> = SmallVec::new();
+        let decode_tokens = f64::from(self.req.max_tokens);
+        let mut offer_all =
+            |backend: BackendType, dest: DestId, at: At, measure: &dyn Fn(Measure) -> f64| {
+                for (t, b) in tiers.iter().zip(bests.iter_mut()) {
+                    if let TierBest::Minimize(m, best) = b
+                        && t.backend.is_none_or(|x| x == backend)
+                    {
+                        offer(best, measure(*m), at);
+                    }
+                }
+                if any_order {
+                    let rank = measure(Measure::PredictedTtft);
+                    match per_dest.iter_mut().find(|(d, _)| *d == dest) {
+                        Some((_, best)) => offer(best, rank, at),
+                        None => per_dest.push((dest, Some(Best { value: rank, at }))),
+                    }
+                }
+            };
+        for scanned in order {
+            match scanned {
+                Scanned::Local(slot) => {
+                    let Some(((dest, _, _), d, ws, scored)) = locals.get(slot) else {
+                        continue;
+                    };
+                    let m = &ws.ttft;
+                    for (i, (ep, sc)) in ws.endpoints.iter().zip(scored).enumerate() {
+                        if sc.uncached == u32::MAX {
+                            continue;
+                        }
+                        let u = sc.uncached;
+                        let extra = u.saturating_sub(fewest.unwrap_or(u));
+                        let recompute_s = m.recompute_cost(f64::from(extra), sc.queued, sc.running);
+                        let decode_s = m.decode_cost(decode_tokens, sc.queued, sc.running);
+                        let rank = sc.total_s + recompute_s + decode_s;
+                        let load = || ep.load.average(super::DEFAULT_WINDOW, now);
+                        let measure = |m: Measure| -> f64 {
+                            match m {
+                                Measure::PredictedTtft => rank,
+                                Measure::QueuedPrompts => load().queued_prompts,
+                                Measure::RunningPrompts => load().running_prompts,
+                                Measure::KvCacheUsage => load().kv_cache_usage,
+                                Measure::Cost => {
+                                    cost(&d.cost, self.req, self.req.prompt_tokens - u)
+                                }
+                            }
+                        };
+                        offer_all(
+                            BackendType::Local,
+                            *dest,
+                            At::Local { slot, endpoint: i },
+                            &measure,
+                        );
+                    }
+                }
+                Scanned::Provider(slot) => {
+                    if let Some(c) = providers.get(slot) {
+                        offer_all(c.backend, c.dest, At::Provider { slot }, &|m| c.measure(m));
+                    }
+                }
+            }
+        }
+
+        // The pick, built as the general path builds it.
+        let build = |at: At| -> Option<Candidate<'a>> {
+            match at {
+                At::Local { slot, endpoint } => {
+                    let (pair, d, ws, scored) = locals.get(slot)?;
+                    let ep = ws.endpoints.get(endpoint)?;
+                    let u = scored.get(endpoint)?.uncached;
+                    let mut c = self.local_candidate(
+                        *pair,
+                        d,
+                        ws,
+                        endpoint,
+                        ep,
+                        self.req.prompt_tokens - u,
+                    );
+                    charge(&mut c, fewest.unwrap_or(u), self.req);
+                    Some(c)
+                }
+                At::Provider { slot } => providers.get(slot).cloned(),
+            }
+        };
+        let mut picked_any = None;
+        for (tier, best) in tiers.iter().zip(&bests) {
+            let best = match (best, &tier.pick) {
+                (TierBest::Minimize(_, b), _) => *b,
+                (TierBest::Order, Pick::Order(ids)) => ids.iter().find_map(|id| {
+                    let backend = self.policy.destination(*id).map(|d| d.backend);
+                    if tier.backend.is_some_and(|b| Some(b) != backend) {
+                        return None;
+                    }
+                    per_dest.iter().find(|(d, _)| d == id).and_then(|(_, b)| *b)
+                }),
+                (TierBest::Order, Pick::Minimize(_)) => None, // built from the same tiers
+            };
+            let picked = best.and_then(|b| build(b.at));
+            st.tiers.push(TierTrace {
+                tier: tier.text.clone(),
+                candidates: Vec::new(),
+                picked: picked.as_ref().map(Candidate::id),
+            });
+            if picked.is_some() {
+                picked_any = picked;
+                break;
+            }
+        }
+        (picked_any, st)
+    }
+}

@@ -1,0 +1,247 @@
+//! The summary fast path (`decide/scan.rs`) decides exactly what the general path decides:
+//! on random fleets — many endpoints with equal loads (ties), stale and unready ones, work in
+//! flight, learned TTFT models, prompts cached per the prefix index or assumed — a summary
+//! decision equals a full one with its per-candidate lists removed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::sync::Arc;
+
+use kinf_lang::CompiledPolicy;
+use kinf_router::state::LoadSample;
+use kinf_router::{ClusterState, Decider, Decision, Request, TraceDetail};
+use proptest::prelude::*;
+
+fn compile(text: &str) -> Arc<CompiledPolicy> {
+    let (sources, c) = kinf_lang::compile_str("p.yaml", text);
+    let msgs: Vec<String> = c
+        .diagnostics
+        .iter()
+        .map(|d| d.render_plain(&sources))
+        .collect();
+    c.policy
+        .unwrap_or_else(|| panic!("does not compile: {msgs:#?}"))
+}
+
+/// A pool of one worker set of `n` endpoints and two providers, and one of four policies.
+fn bundle(n: usize, which: usize) -> String {
+    let eps: Vec<String> = (0..n).map(|i| format!("\"10.0.0.{i}:8000\"")).collect();
+    let mut text = format!(
+        r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: local }}
+spec:
+  endpoints: [{}]
+  models: [{{ name: m }}]
+  blockSize: 16
+  cost: {{ uncachedPromptPerMillion: 3, cachedPromptPerMillion: 0.5, outputPerMillion: 9 }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {{ name: cloud-a }}
+spec: {{ type: OpenAI, url: "https://a.example.com/v1", models: [{{ name: m, providerModel: a-m }}] }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {{ name: cloud-b }}
+spec: {{ type: OpenAI, url: "https://b.example.com/v1", models: [{{ name: m, providerModel: b-m }}] }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool }}
+spec:
+  destinations:
+  - {{ kind: InferenceProvider, name: cloud-a }}
+  - {{ kind: InferenceWorkerSet, name: local }}
+  - {{ kind: InferenceProvider, name: cloud-b }}
+"#,
+        eps.join(", ")
+    );
+    let rules = match which {
+        // No policy: the default route (Local, then Provider, by PredictedTTFT).
+        0 => return text,
+        // A filter that applies only to `pii-detected` requests, one tier over every backend.
+        1 => {
+            "  - name: any\n    route:\n      exclude:\n      - { name: pii, if: { tag: pii-detected }, drop: { backend: { type: Provider } } }\n      select: [{ minimize: PredictedTTFT }]\n      onEmpty: Reject\n"
+        }
+        // Providers first, then Local.
+        2 => {
+            "  - name: tiers\n    route:\n      select: [{ type: Provider, minimize: PredictedTTFT }, { type: Local, minimize: PredictedTTFT }]\n      onEmpty: NextRule\n"
+        }
+        // Load filters over two windows, a predicted-TTFT filter, a destination filter; the
+        // other measures, and an order tier.
+        3 => {
+            "  - name: batch\n    matches: [{ qos: batch }]\n    route:\n      consider: [{ type: Local }]\n      exclude:\n      - { name: busy, drop: { backend: { type: Local }, kvCacheUsage: { greaterThan: 0.5 } } }\n      - { name: queue, window: 5s, drop: { queuedPrompts: { greaterThan: 1.5 } } }\n      select: [{ type: Local, minimize: QueuedPrompts }]\n      onEmpty: NextRule\n  - name: slow\n    matches: [{ tag: pii-detected }]\n    route:\n      exclude:\n      - { name: slow, drop: { predictedTTFT: { greaterThan: 1s } } }\n      - { name: not-a, drop: { backend: { name: cloud-a } } }\n      - { name: running, drop: { runningPrompts: { lessThan: 0.5 } } }\n      select: [{ type: Local, order: [cloud-b, local] }, { type: Provider, order: [cloud-a, cloud-b] }, { type: Local, minimize: KvCacheUsage }]\n      onEmpty: NextRule\n  - name: local\n    route:\n      consider: [{ type: Local }]\n      exclude:\n      - { name: overloaded, drop: { backend: { type: Local }, queuedPrompts: { greaterThan: 4 } } }\n      select: [{ type: Local, minimize: PredictedTTFT }, { minimize: RunningPrompts }]\n      onEmpty: Reject\n"
+        }
+        // Every other measure, by tag.
+        4 => {
+            "  - name: kv\n    matches: [{ tag: kv }]\n    route:\n      select: [{ type: Local, minimize: KvCacheUsage }]\n      onEmpty: NextRule\n  - name: cheap\n    matches: [{ tag: cheap }]\n    route:\n      select: [{ type: Local, minimize: Cost }]\n      onEmpty: NextRule\n  - name: running\n    route:\n      select: [{ type: Local, minimize: RunningPrompts }, { type: Provider, minimize: QueuedPrompts }]\n      onEmpty: Reject\n"
+        }
+        // A `when:` filter (the general path), then an order tier over every destination.
+        _ => {
+            "  - name: when\n    route:\n      exclude:\n      - { name: cold, drop: { when: 'cachedPromptTokens < 100 && queuedPrompts > 1.0' } }\n      select: [{ order: [local, cloud-b] }, { type: Local, minimize: PredictedTTFT }]\n      onEmpty: Reject\n"
+        }
+    };
+    text.push_str(
+        "---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: { name: p }\nspec:\n  rules:\n",
+    );
+    text.push_str(rules);
+    text
+}
+
+#[derive(Debug, Clone)]
+struct Ep {
+    ready: bool,
+    stale: bool,
+    queued: f64,
+    running: f64,
+    kv: f64,
+    inflight: u32,
+    inflight_tokens: u32,
+    /// `Some`: assumed cached tokens; `None`: what the prefix index says.
+    assumed: Option<u32>,
+    /// Routed prompts the index learns: how many leading blocks of the request's prompt.
+    routed_blocks: usize,
+}
+
+/// Few distinct values, so that many endpoints tie.
+fn ep() -> impl Strategy<Value = Ep> {
+    (
+        (0u8..10, any::<bool>()),
+        prop::sample::select(vec![0.0, 1.0, 2.0, 5.0]),
+        prop::sample::select(vec![0.0, 1.0, 3.0]),
+        prop::sample::select(vec![0.1, 0.6]),
+        (0u32..3, prop::sample::select(vec![0u32, 512, 4096])),
+        prop::option::weighted(0.3, prop::sample::select(vec![0u32, 512, 2048])),
+        prop::sample::select(vec![0usize, 0, 8, 64]),
+    )
+        .prop_map(
+            |((r, stale), queued, running, kv, (inflight, inflight_tokens), assumed, routed)| Ep {
+                ready: r != 0,
+                stale: stale && r % 3 == 0,
+                queued,
+                running,
+                kv,
+                inflight,
+                inflight_tokens,
+                assumed,
+                routed_blocks: routed,
+            },
+        )
+}
+
+fn state_for(
+    policy: &CompiledPolicy,
+    eps: &[Ep],
+    prompt: &[u32],
+    learn: &[(u32, f64)],
+    providers: (bool, f64),
+) -> ClusterState {
+    let mut st = ClusterState::from_policy(policy, 16);
+    st.now_ms = 10_000;
+    let key = st.worker_sets.keys().next().cloned().expect("a worker set");
+    let (ns, name) = key.split_once('/').expect("namespace/name");
+    let (ns, name) = (ns.to_string(), name.to_string());
+    for (i, e) in eps.iter().enumerate() {
+        let addr = format!("10.0.0.{i}:8000");
+        if e.routed_blocks > 0 {
+            let n = (e.routed_blocks * 16).min(prompt.len());
+            st.record_routed(&ns, &name, &addr, &prompt[..n], 9_000);
+        }
+        for _ in 0..e.inflight {
+            st.begin_request(&ns, &name, &addr, e.inflight_tokens);
+        }
+        for &(tokens, ttft) in learn
+            .iter()
+            .filter(|(t, _)| t % eps.len() as u32 == i as u32)
+        {
+            st.observe_ttft(
+                &ns,
+                &name,
+                &addr,
+                f64::from(tokens),
+                e.queued,
+                e.running,
+                ttft,
+            );
+        }
+    }
+    let ws = st.worker_sets.get_mut(&*key).expect("the worker set");
+    for (ep, e) in ws.endpoints.iter_mut().zip(eps) {
+        ep.ready = e.ready;
+        ep.stale = e.stale;
+        ep.assumed_cached_tokens = e.assumed;
+        // An older sample inside the default 30 s window but outside a 5 s one.
+        ep.load.push(LoadSample {
+            at_ms: 2_000,
+            queued: e.queued * 2.0 + 1.0,
+            running: e.running / 2.0,
+            kv_usage: 1.0 - e.kv,
+        });
+        ep.load.push(LoadSample {
+            at_ms: 9_500,
+            queued: e.queued,
+            running: e.running,
+            kv_usage: e.kv,
+        });
+    }
+    for (k, p) in st.providers.iter_mut() {
+        p.ready = providers.0 || k.ends_with("cloud-b");
+        p.ttft_s = Some(providers.1);
+    }
+    st.set_now(10_000);
+    st
+}
+
+/// A full decision with the per-candidate lists a summary leaves empty removed.
+fn stripped(d: &Decision) -> Decision {
+    let mut d = d.clone();
+    for s in d
+        .trace
+        .rules
+        .iter_mut()
+        .filter_map(|r| r.stages.as_mut())
+        .chain(d.trace.default.as_mut())
+    {
+        s.considered.clear();
+        s.dropped.clear();
+        s.survivors.clear();
+        for t in &mut s.tiers {
+            t.candidates.clear();
+        }
+    }
+    d
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn summary_fast_path_decides_as_the_general_path(
+        which in 0usize..6,
+        eps in prop::collection::vec(ep(), 1..40),
+        prompt_blocks in 1usize..80,
+        tail in 0usize..16,
+        max_tokens in prop::sample::select(vec![1u32, 128, 1024]),
+        learn in prop::collection::vec((0u32..8192, 0.01..5.0f64), 0..12),
+        providers in (any::<bool>(), prop::sample::select(vec![0.2, 0.5, 3.0])),
+        pii in any::<bool>(),
+        cheap in any::<bool>(),
+        kv in any::<bool>(),
+        batch in any::<bool>(),
+    ) {
+        let policy = compile(&bundle(eps.len(), which));
+        let prompt: Vec<u32> = (0..(prompt_blocks * 16 + tail) as u32).map(|t| t * 7 + 3).collect();
+        let st = state_for(&policy, &eps, &prompt, &learn, providers);
+        let mut req = Request::new("m", prompt.len() as u32);
+        req.token_ids = Some(prompt.into());
+        req.max_tokens = max_tokens;
+        let tags = [(pii, "pii-detected"), (cheap, "cheap"), (kv, "kv")];
+        req.tags = tags.iter().filter(|(on, _)| *on).map(|(_, t)| Arc::from(*t)).collect();
+        if batch {
+            req.qos = kinf_policy::Qos::Batch;
+        }
+        let full = Decider::decide_with(&policy, &req, &st, TraceDetail::Full);
+        let summary = Decider::decide_with(&policy, &req, &st, TraceDetail::Summary);
+        prop_assert_eq!(&summary, &stripped(&full));
+    }
+}
