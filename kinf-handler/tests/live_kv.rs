@@ -69,6 +69,7 @@ fn state(address: &str) -> Arc<SharedState> {
             block_size_configured: true,
             ttft: TtftModel::from_prior(5000.0, 0.02),
             routed: kinf_router::state::speculative_index(),
+            positions: Default::default(),
         },
     );
     SharedState::new(st)

@@ -280,6 +280,40 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
         assert_ne!(w.average(DEFAULT_WINDOW, 39_000).queued_prompts, 1000.0);
         assert!(w.average(DEFAULT_WINDOW, 40_000).queued_prompts > direct.queued_prompts);
     }
+
+    #[test]
+    fn lookups_by_address_survive_an_outdated_position_hint() {
+        let text = "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceWorkerSet\nmetadata: { name: w }\nspec:\n  endpoints: [\"a:1\", \"b:1\", \"c:1\"]\n  models: [{ name: m }]\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePool\nmetadata: { name: p }\nspec:\n  destinations: [{ kind: InferenceWorkerSet, name: w }]\n";
+        let (_, c) = kinf_lang::compile_str("p.yaml", text);
+        let Some(policy) = c.policy else {
+            panic!("does not compile: {:?}", c.diagnostics)
+        };
+        let mut st = ClusterState::from_policy(&policy, 16);
+        let key = st.worker_sets.keys().next().cloned().unwrap_or_default();
+        let (ns, name) = key.split_once('/').unwrap_or_default();
+        let (ns, name) = (ns.to_string(), name.to_string());
+        let Some(ws) = st.worker_sets.get_mut(&*key) else {
+            panic!("no worker set")
+        };
+        assert_eq!(ws.positions.len(), 3);
+        assert_eq!(ws.index_id("c:1"), Some(EndpointId(2)));
+        // The hint now points at the wrong endpoints, or at none.
+        ws.endpoints.swap(0, 2);
+        ws.positions.remove("b:1");
+        assert_eq!(ws.index_id("c:1"), Some(EndpointId(2)));
+        assert_eq!(ws.index_id("a:1"), Some(EndpointId(0)));
+        assert_eq!(ws.index_id("b:1"), Some(EndpointId(1)));
+        assert_eq!(ws.index_id("d:1"), None);
+        st.begin_request(&ns, &name, "a:1", 100);
+        let inflight = |st: &ClusterState, a: &str| {
+            st.worker_sets
+                .get(&*key)
+                .and_then(|w| w.endpoints.iter().find(|e| &*e.address == a))
+                .map(|e| e.inflight.requests)
+        };
+        assert_eq!(inflight(&st, "a:1"), Some(1));
+        assert_eq!(inflight(&st, "c:1"), Some(0));
+    }
 }
 
 /// Requests this gateway routed to an endpoint that have not finished: known at once, unlike
@@ -383,7 +417,15 @@ pub struct WorkerSetState {
     /// spread over the fleet, each recomputing the prefix. Unused with approximate tracking,
     /// which records routed prompts anyway.
     pub routed: ApproxIndex,
+    /// Each endpoint's position in `endpoints`, by address: a hint for lookups by address
+    /// (every routed request, first token and completion makes several), checked against the
+    /// endpoint it names, so that a missing or outdated entry costs a scan, never a wrong
+    /// answer. [`ClusterState::from_policy`] fills it; `Default` leaves it empty.
+    pub positions: EndpointPositions,
 }
+
+/// [`WorkerSetState::positions`].
+pub type EndpointPositions = AHashMap<Arc<str>, usize>;
 
 /// An empty index of routed prompts for [`WorkerSetState::routed`].
 pub fn speculative_index() -> ApproxIndex {
@@ -394,16 +436,28 @@ pub fn speculative_index() -> ApproxIndex {
 }
 
 impl WorkerSetState {
+    /// The position in `endpoints` of the endpoint at `address`.
+    fn position(&self, address: &str) -> Option<usize> {
+        if let Some(&i) = self.positions.get(address)
+            && self
+                .endpoints
+                .get(i)
+                .is_some_and(|e| &*e.address == address)
+        {
+            return Some(i);
+        }
+        self.endpoints.iter().position(|e| &*e.address == address)
+    }
+
     fn endpoint_mut(&mut self, address: &str) -> Option<&mut EndpointState> {
-        self.endpoints.iter_mut().find(|e| &*e.address == address)
+        let i = self.position(address)?;
+        self.endpoints.get_mut(i)
     }
 
     /// The prefix-index id of the endpoint at `address`.
     pub fn index_id(&self, address: &str) -> Option<EndpointId> {
-        self.endpoints
-            .iter()
-            .find(|e| &*e.address == address)
-            .map(|e| e.index_id)
+        let i = self.position(address)?;
+        self.endpoints.get(i).map(|e| e.index_id)
     }
 
     /// Forgets what an endpoint caches: after a KV-event sequence gap that replay cannot fill,
@@ -498,7 +552,7 @@ impl ClusterState {
             let key = Self::key(&d.namespace, &d.name);
             if let Some(w) = &d.worker_set {
                 let bs = w.block_size.map(|b| b as usize).unwrap_or(block_size);
-                let endpoints = w
+                let endpoints: Vec<EndpointState> = w
                     .endpoints
                     .iter()
                     .enumerate()
@@ -524,9 +578,15 @@ impl ClusterState {
                         APPROX_MAX_AGE.as_millis() as u64,
                     ))
                 };
+                let positions = endpoints
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| (e.address.clone(), i))
+                    .collect();
                 st.worker_sets.insert(
                     key,
                     WorkerSetState {
+                        positions,
                         endpoints,
                         prefix,
                         block_size: bs,
