@@ -51,9 +51,10 @@ pub struct Load {
 #[derive(Clone, Debug, Default)]
 pub struct LoadWindow {
     samples: VecDeque<(LoadSample, [f64; 3])>,
-    /// The default-window average at a given time, computed off the decision path by
-    /// [`ClusterState::set_now`].
-    default_at: Option<(u64, Load)>,
+    /// The default-window average, computed off the decision path by
+    /// [`ClusterState::set_now`], and the times `[from, until]` (ms) it holds for: from when
+    /// it was computed until the oldest sample in the window leaves it.
+    default_at: Option<(u64, u64, Load)>,
 }
 
 impl LoadWindow {
@@ -85,8 +86,8 @@ impl LoadWindow {
     /// when none falls in the window; zeros when there is none).
     pub fn average(&self, window: Duration, now_ms: u64) -> Load {
         if window == DEFAULT_WINDOW
-            && let Some((at, load)) = self.default_at
-            && at == now_ms
+            && let Some((from, until, load)) = self.default_at
+            && (from..=until).contains(&now_ms)
         {
             return load;
         }
@@ -119,10 +120,25 @@ impl LoadWindow {
         }
     }
 
-    /// Precomputes the default-window average at `now_ms`.
+    /// Precomputes the default-window average at `now_ms`, unless the one computed earlier
+    /// still holds (no sample came or left the window since): with a thousand endpoints and a
+    /// new millisecond at almost every request, recomputing them all was a few percent of the
+    /// simulator's time.
     pub fn refresh_default(&mut self, now_ms: u64) {
+        if self
+            .default_at
+            .is_some_and(|(from, until, _)| (from..=until).contains(&now_ms))
+        {
+            return;
+        }
         self.default_at = None;
-        self.default_at = Some((now_ms, self.average(DEFAULT_WINDOW, now_ms)));
+        let load = self.average(DEFAULT_WINDOW, now_ms);
+        let since = now_ms.saturating_sub(DEFAULT_WINDOW.as_millis() as u64);
+        let first = self.samples.partition_point(|(s, _)| s.at_ms < since);
+        let until = self.samples.get(first).map_or(u64::MAX, |(s, _)| {
+            s.at_ms.saturating_add(DEFAULT_WINDOW.as_millis() as u64)
+        });
+        self.default_at = Some((now_ms, until, load));
     }
 
     /// The newest sample.
@@ -279,6 +295,37 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
         });
         assert_ne!(w.average(DEFAULT_WINDOW, 39_000).queued_prompts, 1000.0);
         assert!(w.average(DEFAULT_WINDOW, 40_000).queued_prompts > direct.queued_prompts);
+    }
+
+    #[test]
+    fn a_kept_default_average_equals_a_fresh_one_at_every_millisecond() {
+        let mut w = LoadWindow::default();
+        for i in 0..40u64 {
+            w.push(LoadSample {
+                at_ms: i * 1000 + i % 3,
+                queued: (i % 7) as f64,
+                running: (i % 5) as f64,
+                kv_usage: (i % 10) as f64 / 10.0,
+            });
+        }
+        let fresh = |w: &LoadWindow, now: u64| {
+            let mut c = w.clone();
+            c.default_at = None;
+            c.average(DEFAULT_WINDOW, now)
+        };
+        // Forward through samples leaving the window (and past the newest), then backward.
+        let times: Vec<u64> = (38_000..=75_000u64)
+            .step_by(7)
+            .chain((0..=40_000u64).rev().step_by(13))
+            .collect();
+        for now in times {
+            w.refresh_default(now);
+            assert_eq!(
+                w.average(DEFAULT_WINDOW, now),
+                fresh(&w, now),
+                "at {now} ms"
+            );
+        }
     }
 
     #[test]
