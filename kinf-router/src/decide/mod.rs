@@ -122,7 +122,9 @@ pub enum TraceDetail {
     /// Rules, tiers and picks only: the per-candidate lists (`considered`, `dropped`,
     /// `survivors`, each tier's `candidates`) are left empty. What a gateway that does not
     /// show traces needs; with a thousand endpoints the per-candidate records are most of a
-    /// decision's cost.
+    /// decision's cost. Stages whose applicable filters have no `when:` expression are then
+    /// decided by scoring endpoints in place, building only the pick (`decide/scan.rs`), with
+    /// the same outcome.
     Summary,
 }
 
