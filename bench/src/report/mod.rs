@@ -585,14 +585,20 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
              scaled down) and then `kinf-bench report` to include them.\n"
         );
     } else {
+        let compressed = compressed_schedules(&live);
         let _ = writeln!(
             m,
-            "| file | workload | router | requests | TTFT p50 s | TTFT p90 s | e2e p50 s | goodput req/min | cache hit |\n|---|---|---|---|---|---|---|---|---|"
+            "| file | workload | router | requests | TTFT p50 s | TTFT p90 s | e2e p50 s | goodput req/min | cache hit | run s |\n|---|---|---|---|---|---|---|---|---|---|"
         );
-        for (k, v) in live {
+        for (k, v) in &live {
+            let mark = if compressed.contains(&k.as_str()) {
+                " †"
+            } else {
+                ""
+            };
             let _ = writeln!(
                 m,
-                "| {k} | {} | {} | {} | {:.3} | {:.3} | {:.2} | {:.1} | {:.1} % |",
+                "| {k} | {} | {} | {} | {:.3} | {:.3} | {:.2} | {:.1} | {:.1} % | {:.1}{mark} |",
                 s(v, "workload"),
                 s(v, "router"),
                 v.get("requests").map(|x| x.to_string()).unwrap_or_default(),
@@ -601,14 +607,64 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
                 f(v, "e2e_p50_s"),
                 f(v, "goodput_rpm"),
                 100.0 * f(v, "cache_hit_rate"),
+                f(v, "duration_s"),
             );
         }
-        let _ = writeln!(m);
+        let _ = writeln!(
+            m,
+            "\n\"run s\" is the run's simulated duration. Poisson runs of one workload, client, load \
+             and seed send on the same schedule, so their durations agree; † marks a run more than \
+             {:.0} % shorter than the median of its group: the client fell behind its schedule and \
+             sent the late requests at once (GuideLLM does this now and then on a 2-vCPU VM), so \
+             its latencies are not comparable. Rerun it.\n",
+            100.0 * (1.0 - COMPRESSED_BELOW)
+        );
     }
     if !analysis.is_empty() {
         let _ = writeln!(m, "{analysis}");
     }
     m
+}
+
+/// A live Poisson run shorter than this share of its group's median duration sent on a
+/// compressed schedule.
+const COMPRESSED_BELOW: f64 = 0.93;
+
+/// The live Poisson runs whose duration is below [`COMPRESSED_BELOW`] × the median of the runs
+/// with the same workload, client, load and seed (groups of three runs or more).
+fn compressed_schedules<'a>(live: &[(&'a String, &Value)]) -> Vec<&'a str> {
+    let key = |v: &Value| -> Option<String> {
+        let load = s(v, "load");
+        load.starts_with("poisson").then(|| {
+            format!(
+                "{}|{}|{load}|{}",
+                s(v, "workload"),
+                s(v, "client"),
+                v.get("seed").map(|x| x.to_string()).unwrap_or_default()
+            )
+        })
+    };
+    let mut groups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (_, v) in live {
+        if let Some(k) = key(v) {
+            groups.entry(k).or_default().push(f(v, "duration_s"));
+        }
+    }
+    live.iter()
+        .filter(|(_, v)| {
+            let Some(ds) = key(v).and_then(|k| groups.get(&k)) else {
+                return false;
+            };
+            if ds.len() < 3 {
+                return false;
+            }
+            let mut sorted = ds.clone();
+            sorted.sort_by(f64::total_cmp);
+            let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
+            f(v, "duration_s") < COMPRESSED_BELOW * median
+        })
+        .map(|(k, _)| k.as_str())
+        .collect()
 }
 
 /// Runs `kinf-bench report`.
@@ -685,4 +741,51 @@ pub fn main(args: &ReportArgs) -> Result<(), String> {
         all.len()
     );
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(router: &str, client: &str, load: &str, duration: f64) -> Value {
+        json!({"workload": "shared-prefix", "router": router, "client": client, "load": load,
+               "seed": 1, "duration_s": duration})
+    }
+
+    #[test]
+    fn a_poisson_run_far_shorter_than_its_group_is_marked_compressed() {
+        let runs: Vec<(String, Value)> = vec![
+            (
+                "a".into(),
+                run("kinference", "guidellm", "poisson:1.2", 70.1),
+            ),
+            ("b".into(), run("smg", "guidellm", "poisson:1.2", 86.5)),
+            ("c".into(), run("vllm", "guidellm", "poisson:1.2", 86.4)),
+            ("d".into(), run("random", "guidellm", "poisson:1.2", 86.4)),
+            // A few percent shorter: a faster last request, not a compressed schedule.
+            (
+                "e".into(),
+                run("kinference", "builtin", "poisson:1.2", 82.0),
+            ),
+            ("f".into(), run("smg", "builtin", "poisson:1.2", 86.0)),
+            ("g".into(), run("random", "builtin", "poisson:1.2", 87.5)),
+            // Closed loops end when their requests do; not compared.
+            (
+                "h".into(),
+                run("kinference", "builtin", "concurrency:12", 30.0),
+            ),
+            ("i".into(), run("smg", "builtin", "concurrency:12", 60.0)),
+            ("j".into(), run("random", "builtin", "concurrency:12", 90.0)),
+            // Too few runs to tell.
+            (
+                "k".into(),
+                run("kinference", "guidellm", "poisson:3.6", 10.0),
+            ),
+            ("l".into(), run("smg", "guidellm", "poisson:3.6", 29.0)),
+        ];
+        let live: Vec<(&String, &Value)> = runs.iter().map(|(k, v)| (k, v)).collect();
+        assert_eq!(compressed_schedules(&live), vec!["a"]);
+    }
 }
