@@ -26,8 +26,9 @@ pub struct ReportArgs {
     /// Simulated seconds of every scale run (default: ≈ 20,000 requests per run).
     #[arg(long)]
     pub scale_duration: Option<f64>,
-    /// Also run the scale target itself: `kinference` on 1,000 workers at 10,000 req/s for 600
-    /// simulated seconds (6 million requests; about 20 minutes on one core, 6.5 GB of memory).
+    /// Also run the scale target itself: `kinference` and `epp` on 1,000 workers at 10,000
+    /// req/s for 600 simulated seconds (6 million requests each; about 20 minutes and 6.5 GB of
+    /// memory each, side by side with the default two jobs).
     #[arg(long)]
     pub scale_full: bool,
     /// JSON results directory.
@@ -123,20 +124,26 @@ fn plan(args: &ReportArgs) -> Vec<Job> {
         }
     }
     if args.scale_full {
-        let mut cfg = SimConfig::new(WorkloadKind::Chat, RouterKind::Kinference);
-        cfg.workers = 1000;
-        cfg.profile = "h100-llama70b".into();
-        cfg.load = LoadSpec::Poisson(10_000.0);
-        cfg.duration_s = 600.0;
-        cfg.warmup_s = 0.0;
-        // First, so that the longest job does not start last.
-        jobs.insert(
-            0,
-            Job {
-                file: "sim-scale-full-kinference-w1000.json".into(),
-                cfg,
-            },
-        );
+        // Kinference and the best peer at scale; first, so that the longest jobs do not start
+        // last.
+        for (i, r) in [RouterKind::Kinference, RouterKind::Epp]
+            .into_iter()
+            .enumerate()
+        {
+            let mut cfg = SimConfig::new(WorkloadKind::Chat, r);
+            cfg.workers = 1000;
+            cfg.profile = "h100-llama70b".into();
+            cfg.load = LoadSpec::Poisson(10_000.0);
+            cfg.duration_s = 600.0;
+            cfg.warmup_s = 0.0;
+            jobs.insert(
+                i,
+                Job {
+                    file: format!("sim-scale-full-{}-w1000.json", r.name()),
+                    cfg,
+                },
+            );
+        }
     }
     jobs
 }
@@ -320,7 +327,7 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
          Reproduce from scratch (release build; the matrix takes ≈ 4 min and `--scale` ≈ 2 min more on an idle 2-core VM):\n\n\
          ```sh\ncargo run --release -p kinf-bench -- report --run            # light load + capacity\n\
          cargo run --release -p kinf-bench -- report --run --scale    # also the 3 → 1,000-worker series\n\
-         cargo run --release -p kinf-bench -- report --run --scale --scale-full    # and the 600 s, 1,000-worker target run (≈ 20 min more)\n```\n\n\
+         cargo run --release -p kinf-bench -- report --run --scale --scale-full    # and the 600 s, 1,000-worker target runs (≈ 20 min more)\n```\n\n\
          One run by hand, e.g.:\n\n```sh\n\
          cargo run --release -p kinf-bench -- sim --workload shared-prefix --router kinference --seed 1 --format md\n\
          cargo run --release -p kinf-bench -- sim --workload hotspot --router dynamo --load concurrency:24 --format json\n```\n\n\
