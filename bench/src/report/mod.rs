@@ -27,8 +27,8 @@ pub struct ReportArgs {
     #[arg(long)]
     pub scale_duration: Option<f64>,
     /// Also run the scale target itself: `kinference` and `epp` on 1,000 workers at 10,000
-    /// req/s for 600 simulated seconds (6 million requests each; about 20 minutes and 6.5 GB of
-    /// memory each, side by side with the default two jobs).
+    /// req/s for 600 simulated seconds (6 million requests each; 20 and 30 minutes, 6.4 and
+    /// 13.4 GB of memory, side by side with the default two jobs).
     #[arg(long)]
     pub scale_full: bool,
     /// JSON results directory.
@@ -327,7 +327,7 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
          Reproduce from scratch (release build; the matrix takes ≈ 4 min and `--scale` ≈ 2 min more on an idle 2-core VM):\n\n\
          ```sh\ncargo run --release -p kinf-bench -- report --run            # light load + capacity\n\
          cargo run --release -p kinf-bench -- report --run --scale    # also the 3 → 1,000-worker series\n\
-         cargo run --release -p kinf-bench -- report --run --scale --scale-full    # and the 600 s, 1,000-worker target runs (≈ 20 min more)\n```\n\n\
+         cargo run --release -p kinf-bench -- report --run --scale --scale-full    # and the 600 s, 1,000-worker target runs (≈ 30 min more, ≈ 20 GB)\n```\n\n\
          One run by hand, e.g.:\n\n```sh\n\
          cargo run --release -p kinf-bench -- sim --workload shared-prefix --router kinference --seed 1 --format md\n\
          cargo run --release -p kinf-bench -- sim --workload hotspot --router dynamo --load concurrency:24 --format json\n```\n\n\
@@ -552,7 +552,7 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
             "## Scale (chat workload: 2,048-token prompts, `h100-llama70b`, 10 req/s per worker)\n\n\
              Wall seconds and decision µs are wall-clock on the shared 2-vCPU VM, one simulation per \
              core.\n\n\
-             | router | workers | req/s | simulated s | requests | TTFT p50 s | TTFT p90 s | cache hit | busiest / mean | decision µs mean | p99 | wall s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+             | router | workers | req/s | simulated s | requests | TTFT p50 s | TTFT p90 s | within SLO (4 s) | cache hit | busiest / mean | decision µs mean | p99 | wall s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         let mut rows: Vec<&&Value> = scale.iter().collect();
         rows.sort_by_key(|v| {
@@ -564,7 +564,7 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
         for v in rows {
             let _ = writeln!(
                 m,
-                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:.3} | {:.1} % | {:.2} | {:.1} | {:.1} | {:.1} |",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:.3} | {:.1} % | {:.1} % | {:.2} | {:.1} | {:.1} | {:.1} |",
                 s(v, "router"),
                 f(v, "workers"),
                 s(v, "load"),
@@ -572,6 +572,7 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
                 f(v, "requests"),
                 f(v, "ttft_p50_s"),
                 f(v, "ttft_p90_s"),
+                100.0 * f(v, "slo_attainment"),
                 100.0 * f(v, "cache_hit_rate"),
                 f(v, "load_imbalance"),
                 f(v, "decision_us_mean"),
