@@ -44,6 +44,24 @@ fn prediction_inputs(ep: &EndpointState, uncached: u32) -> PredictionInputs {
     }
 }
 
+/// An endpoint's prediction inputs for a request with `uncached` tokens to prefill, and its
+/// predicted TTFT by the worker set's model (before capacity costs). Both decision paths
+/// predict with it, so that their scores are the same numbers.
+fn predict(
+    ws: &WorkerSetState,
+    ep: &EndpointState,
+    uncached: u32,
+) -> (PredictionInputs, TtftParts) {
+    let p = prediction_inputs(ep, uncached);
+    let ttft = ws.ttft.predict_behind(
+        f64::from(p.uncached_tokens),
+        p.pending_prefill_tokens as f64,
+        p.queued,
+        p.running,
+    );
+    (p, ttft)
+}
+
 /// A candidate during evaluation.
 #[derive(Clone, Debug)]
 struct Candidate<'s> {
@@ -338,8 +356,8 @@ impl<'a> Ctx<'a> {
         rule: Option<&CompiledRule>,
         tiers: &[SelectTier],
     ) -> (Option<Candidate<'a>>, StagesTrace) {
-        if scan::applies(self, rule) {
-            return self.run_stages_scan(consider, rule, tiers);
+        if let Some(filters) = scan::filters(self, rule) {
+            return self.run_stages_scan(consider, &filters, tiers);
         }
         let mut st = StagesTrace::default();
         let full = self.detail == TraceDetail::Full;
@@ -581,13 +599,7 @@ impl<'a> Ctx<'a> {
         cached: u32,
     ) -> Candidate<'a> {
         let load = ep.load.average(DEFAULT_WINDOW, self.state.now_ms);
-        let prediction = prediction_inputs(ep, self.req.prompt_tokens - cached);
-        let ttft = ws.ttft.predict_behind(
-            f64::from(prediction.uncached_tokens),
-            prediction.pending_prefill_tokens as f64,
-            prediction.queued,
-            prediction.running,
-        );
+        let (prediction, ttft) = predict(ws, ep, self.req.prompt_tokens - cached);
         Candidate {
             dest,
             dest_pos,
@@ -763,22 +775,9 @@ pub fn cond_holds(c: &RequestCond, req: &Request) -> bool {
             .is_none_or(|w| w.eval_bool(&ReqEval { req, cand: None }))
 }
 
-fn in_range(r: &Option<Range>, v: Option<f64>, name: &'static str, why: &mut DropReason) -> bool {
-    match r {
-        None => true,
-        Some(r) => match v {
-            Some(v) if r.contains(v) => {
-                why.measures.push((name, v, *r));
-                true
-            }
-            _ => false,
-        },
-    }
-}
-
-/// Whether a drop condition without a `when:` expression holds for a candidate of `backend` and
-/// destination `dest` with `load` (over the filter's window) and `predicted_ttft` seconds: what
-/// [`drop_reason`] decides, without the reason.
+/// Whether a drop condition, apart from its `when:` expression, holds for a candidate of
+/// `backend` and destination `dest` with `load` (over the filter's window) and `predicted_ttft`
+/// seconds. [`drop_reason`] and the summary fast path both decide with it.
 fn drop_holds(
     d: &DropCond,
     backend: BackendType,
@@ -807,40 +806,7 @@ fn drop_reason(
     req: &Request,
     policy: &CompiledPolicy,
 ) -> Option<DropReason> {
-    let mut why = DropReason::default();
-    if let Some(b) = d.backend {
-        if b != c.backend {
-            return None;
-        }
-        why.backend = Some(b);
-    }
-    if let Some(x) = d.destination {
-        if x != c.dest {
-            return None;
-        }
-        why.destination = policy.destination(x).map(|d| d.name.clone());
-    }
-    if !in_range(
-        &d.queued_prompts,
-        load.map(|l| l.queued_prompts),
-        "queuedPrompts",
-        &mut why,
-    ) || !in_range(
-        &d.running_prompts,
-        load.map(|l| l.running_prompts),
-        "runningPrompts",
-        &mut why,
-    ) || !in_range(
-        &d.kv_cache_usage,
-        load.map(|l| l.kv_cache_usage),
-        "kvCacheUsage",
-        &mut why,
-    ) || !in_range(
-        &d.predicted_ttft,
-        Some(c.ttft.total_s),
-        "predictedTTFT",
-        &mut why,
-    ) {
+    if !drop_holds(d, c.backend, c.dest, load, c.ttft.total_s) {
         return None;
     }
     if let Some(w) = &d.when {
@@ -851,7 +817,37 @@ fn drop_reason(
         }) {
             return None;
         }
-        why.when = Some(d.text.clone());
+    }
+    // Every condition held: each measure given had a value in its range.
+    let mut why = DropReason {
+        backend: d.backend,
+        destination: d
+            .destination
+            .and_then(|x| policy.destination(x).map(|d| d.name.clone())),
+        when: d.when.as_ref().map(|_| d.text.clone()),
+        ..DropReason::default()
+    };
+    for (name, range, value) in [
+        (
+            "queuedPrompts",
+            d.queued_prompts,
+            load.map(|l| l.queued_prompts),
+        ),
+        (
+            "runningPrompts",
+            d.running_prompts,
+            load.map(|l| l.running_prompts),
+        ),
+        (
+            "kvCacheUsage",
+            d.kv_cache_usage,
+            load.map(|l| l.kv_cache_usage),
+        ),
+        ("predictedTTFT", d.predicted_ttft, Some(c.ttft.total_s)),
+    ] {
+        if let (Some(range), Some(value)) = (range, value) {
+            why.measures.push((name, value, range));
+        }
     }
     Some(why)
 }

@@ -16,7 +16,7 @@ use kinf_lang::compiled::{CompiledRule, ConsiderEntry, DestId, ExcludeFilter, Pi
 use kinf_policy::{BackendType, Measure};
 use smallvec::SmallVec;
 
-use super::{Candidate, Ctx, TraceDetail, charge, cond_holds, cost, drop_holds, prediction_inputs};
+use super::{Candidate, Ctx, TraceDetail, charge, cond_holds, cost, drop_holds, predict};
 use crate::decision::{StagesTrace, TierTrace};
 
 /// Where a scored candidate is: endpoint `endpoint` of the `slot`-th scanned Local destination,
@@ -70,28 +70,29 @@ fn offer(best: &mut Option<Best>, value: f64, at: At) {
     }
 }
 
-/// The exclude filters that apply to the request (`None` when the rule has none).
-fn active_filters<'r>(
-    ctx: &Ctx<'_>,
-    rule: Option<&'r CompiledRule>,
-) -> SmallVec<[&'r ExcludeFilter; 4]> {
-    rule.map(|r| {
-        r.exclude
-            .iter()
-            .filter(|f| f.condition.as_ref().is_none_or(|c| cond_holds(c, ctx.req)))
-            .collect()
-    })
-    .unwrap_or_default()
+/// The exclude filters that apply to the request, when the fast path decides this stage: a
+/// summary trace, and no applicable filter with a `when:` expression. `None`: the general path
+/// decides.
+pub(super) fn filters<'r>(ctx: &Ctx<'_>, rule: Option<&'r CompiledRule>) -> Option<Filters<'r>> {
+    if ctx.detail != TraceDetail::Summary {
+        return None;
+    }
+    let active: Filters<'r> = rule
+        .map(|r| {
+            r.exclude
+                .iter()
+                .filter(|f| f.condition.as_ref().is_none_or(|c| cond_holds(c, ctx.req)))
+                .collect()
+        })
+        .unwrap_or_default();
+    active
+        .iter()
+        .all(|f| f.drop.when.is_none())
+        .then_some(active)
 }
 
-/// Whether the fast path decides this stage: a summary trace, and no applicable filter with a
-/// `when:` expression.
-pub(super) fn applies(ctx: &Ctx<'_>, rule: Option<&CompiledRule>) -> bool {
-    ctx.detail == TraceDetail::Summary
-        && active_filters(ctx, rule)
-            .iter()
-            .all(|f| f.drop.when.is_none())
-}
+/// The exclude filters that apply to a request.
+pub(super) type Filters<'r> = SmallVec<[&'r ExcludeFilter; 4]>;
 
 /// One select tier's running result.
 enum TierBest {
@@ -102,15 +103,15 @@ enum TierBest {
 }
 
 impl<'a> Ctx<'a> {
-    /// The stages on the fast path (see the module docs); call only when [`applies`] holds.
+    /// The stages on the fast path (see the module docs), with the applicable `filters` that
+    /// [`filters`] returned.
     pub(super) fn run_stages_scan(
         &self,
         consider: &[ConsiderEntry],
-        rule: Option<&CompiledRule>,
+        filters: &[&ExcludeFilter],
         tiers: &[SelectTier],
     ) -> (Option<Candidate<'a>>, StagesTrace) {
         let mut st = StagesTrace::default();
-        let filters = active_filters(self, rule);
         let pairs = self.dest_pairs(consider);
         let now = self.state.now_ms;
         // Pass 1, in candidate order: which endpoints are surviving candidates and the prompt
@@ -141,30 +142,18 @@ impl<'a> Ctx<'a> {
                             scored.push(Scored::NONE);
                             continue;
                         };
-                        let p = prediction_inputs(ep, self.req.prompt_tokens - cached);
-                        let ttft = ws.ttft.predict_behind(
-                            f64::from(p.uncached_tokens),
-                            p.pending_prefill_tokens as f64,
-                            p.queued,
-                            p.running,
-                        );
-                        let dropped = !filters.is_empty() && {
-                            let default = ep.load.average(super::DEFAULT_WINDOW, now);
-                            filters.iter().any(|f| {
-                                let load = if f.window == super::DEFAULT_WINDOW {
-                                    default
-                                } else {
-                                    ep.load.average(f.window, now)
-                                };
-                                drop_holds(
-                                    &f.drop,
-                                    BackendType::Local,
-                                    dest,
-                                    Some(load),
-                                    ttft.total_s,
-                                )
-                            })
-                        };
+                        let (p, ttft) = predict(ws, ep, self.req.prompt_tokens - cached);
+                        // The window's average, as `load_of` gives the general path (the
+                        // default window's is kept precomputed by `LoadWindow`).
+                        let dropped = filters.iter().any(|f| {
+                            drop_holds(
+                                &f.drop,
+                                BackendType::Local,
+                                dest,
+                                Some(ep.load.average(f.window, now)),
+                                ttft.total_s,
+                            )
+                        });
                         if dropped {
                             scored.push(Scored::NONE);
                             continue;
