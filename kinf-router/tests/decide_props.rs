@@ -10,16 +10,8 @@ use kinf_router::state::LoadSample;
 use kinf_router::{ClusterState, Decider, Outcome, Request, TraceDetail};
 use proptest::prelude::*;
 
-fn compile(text: &str) -> Arc<CompiledPolicy> {
-    let (sources, c) = kinf_lang::compile_str("p.yaml", text);
-    let msgs: Vec<String> = c
-        .diagnostics
-        .iter()
-        .map(|d| d.render_plain(&sources))
-        .collect();
-    c.policy
-        .unwrap_or_else(|| panic!("does not compile: {msgs:#?}"))
-}
+mod support;
+use support::{compile, without_candidate_lists};
 
 const CLUSTER: &str = r#"
 apiVersion: kinference.buoyant.io/v1alpha1
@@ -184,21 +176,7 @@ proptest! {
         prop_assert_eq!(&summary.outcome, &a.outcome);
         prop_assert_eq!(&summary.policy, &a.policy);
         prop_assert_eq!(&summary.rule, &a.rule);
-        let mut stripped = a.trace.clone();
-        for s in stripped
-            .rules
-            .iter_mut()
-            .filter_map(|r| r.stages.as_mut())
-            .chain(stripped.default.as_mut())
-        {
-            s.considered.clear();
-            s.dropped.clear();
-            s.survivors.clear();
-            for t in &mut s.tiers {
-                t.candidates.clear();
-            }
-        }
-        prop_assert_eq!(&summary.trace, &stripped);
+        prop_assert_eq!(&summary.trace, &without_candidate_lists(&a.trace));
         if let Outcome::Reject(r) = &a.outcome {
             prop_assert!(!r.code.is_empty());
             prop_assert!(r.status == 503 || r.status == 404);

@@ -11,16 +11,8 @@ use kinf_router::state::LoadSample;
 use kinf_router::{ClusterState, Decider, Decision, Request, TraceDetail};
 use proptest::prelude::*;
 
-fn compile(text: &str) -> Arc<CompiledPolicy> {
-    let (sources, c) = kinf_lang::compile_str("p.yaml", text);
-    let msgs: Vec<String> = c
-        .diagnostics
-        .iter()
-        .map(|d| d.render_plain(&sources))
-        .collect();
-    c.policy
-        .unwrap_or_else(|| panic!("does not compile: {msgs:#?}"))
-}
+mod support;
+use support::{compile, without_candidate_lists};
 
 /// A pool of one worker set of `n` endpoints and two providers, and one of four policies.
 fn bundle(n: usize, which: usize) -> String {
@@ -192,26 +184,6 @@ fn state_for(
     st
 }
 
-/// A full decision with the per-candidate lists a summary leaves empty removed.
-fn stripped(d: &Decision) -> Decision {
-    let mut d = d.clone();
-    for s in d
-        .trace
-        .rules
-        .iter_mut()
-        .filter_map(|r| r.stages.as_mut())
-        .chain(d.trace.default.as_mut())
-    {
-        s.considered.clear();
-        s.dropped.clear();
-        s.survivors.clear();
-        for t in &mut s.tiers {
-            t.candidates.clear();
-        }
-    }
-    d
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -242,6 +214,10 @@ proptest! {
         }
         let full = Decider::decide_with(&policy, &req, &st, TraceDetail::Full);
         let summary = Decider::decide_with(&policy, &req, &st, TraceDetail::Summary);
-        prop_assert_eq!(&summary, &stripped(&full));
+        let expected = Decision {
+            trace: without_candidate_lists(&full.trace),
+            ..full
+        };
+        prop_assert_eq!(&summary, &expected);
     }
 }
