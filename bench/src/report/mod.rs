@@ -658,18 +658,21 @@ fn compressed_schedules<'a>(live: &[(&'a String, &Value)]) -> Vec<&'a str> {
             groups.entry(k).or_default().push(f(v, "duration_s"));
         }
     }
+    // Each group's median duration, for groups large enough to tell.
+    let medians: BTreeMap<String, f64> = groups
+        .into_iter()
+        .filter(|(_, ds)| ds.len() >= 3)
+        .map(|(k, mut ds)| {
+            ds.sort_by(f64::total_cmp);
+            let median = ds.get(ds.len() / 2).copied().unwrap_or(f64::NAN);
+            (k, median)
+        })
+        .collect();
     live.iter()
         .filter(|(_, v)| {
-            let Some(ds) = key(v).and_then(|k| groups.get(&k)) else {
-                return false;
-            };
-            if ds.len() < 3 {
-                return false;
-            }
-            let mut sorted = ds.clone();
-            sorted.sort_by(f64::total_cmp);
-            let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
-            f(v, "duration_s") < COMPRESSED_BELOW * median
+            key(v)
+                .and_then(|k| medians.get(&k))
+                .is_some_and(|m| f(v, "duration_s") < COMPRESSED_BELOW * m)
         })
         .map(|(k, _)| k.as_str())
         .collect()
