@@ -272,6 +272,54 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
     }
 
     #[test]
+    fn routed_prompts_claim_only_blocks_beyond_the_cached_ones() {
+        let p = policy("  blockSize: 16", r#""a:1""#);
+        let mut st = ClusterState::from_policy(&p, 16);
+        let prompt: Vec<u32> = (0..64).collect();
+        let hashes = block_hashes(&prompt, 16);
+        let ws = st
+            .worker_sets
+            .get_mut("default/w")
+            .unwrap_or_else(|| panic!());
+        // The engine reported the prompt's first two blocks (engine hashes 1, 2).
+        let mut two = stored(32, 16);
+        if let KvEvent::BlockStored(s) = &mut two {
+            s.block_hashes = [1, 2].into_iter().collect();
+        }
+        ws.apply_kv_events("a:1", &[two]);
+        let depth = |st: &ClusterState| {
+            let ws = st.worker_sets.get("default/w").unwrap_or_else(|| panic!());
+            let mut out = Vec::new();
+            ws.prefix.match_prefix(&hashes, 0, &mut out);
+            let mut dense = vec![0u32; 1];
+            for (id, d) in out {
+                dense[id.0 as usize] = d;
+            }
+            ws.routed.extend_matches(&hashes, 1_000, &mut dense);
+            dense[0]
+        };
+        assert_eq!(depth(&st), 2);
+
+        // Routed with 32 tokens cached: blocks 2 and 3 are claimed, not the reported ones.
+        st.record_routed("default", "w", "a:1", &prompt, 32, 0);
+        let ws = st.worker_sets.get("default/w").unwrap_or_else(|| panic!());
+        assert_eq!(ws.routed.stats().pairs, 2);
+        assert_eq!(depth(&st), 4, "the claims continue the reported prefix");
+
+        // The engine evicts block 1: the claims no longer connect to the prefix.
+        let removed = KvEvent::BlockRemoved(crate::kv_events::BlockRemoved {
+            block_hashes: [2].into_iter().collect(),
+            medium: None,
+            group_idx: None,
+        });
+        st.worker_sets
+            .get_mut("default/w")
+            .unwrap_or_else(|| panic!())
+            .apply_kv_events("a:1", &[removed]);
+        assert_eq!(depth(&st), 1);
+    }
+
+    #[test]
     fn precomputed_default_window_equals_the_computed_one_and_expires_on_push() {
         let mut w = LoadWindow::default();
         for i in 0..40u64 {
@@ -453,13 +501,15 @@ pub struct WorkerSetState {
     /// so it is avoided for good). Each endpoint's own model ([`EndpointState::ttft`]) still
     /// learns from its observations, for per-endpoint error reporting.
     pub ttft: TtftModel,
-    /// With exact tracking: the prompts routed to each endpoint in the last
-    /// [`SPECULATIVE_MAX_AGE`], recorded at routing time ([`ClusterState::record_routed`]);
-    /// routing the prompt there again does not renew a claim (so that a prefix the engine
-    /// evicted is not kept alive by the traffic it attracts).
+    /// With exact tracking: the blocks of the prompts routed to each endpoint in the last
+    /// [`SPECULATIVE_MAX_AGE`] that it did not already hold, claimed at routing time
+    /// ([`ClusterState::record_routed`]); routing the prompt there again does not renew a
+    /// claim (so that a prefix the engine evicted is not kept alive by the traffic it
+    /// attracts), and blocks KV events already reported are not claimed.
     /// KV events report a prompt's blocks only once its prefill has computed them; until then,
     /// a request with the same prefix routed to the same endpoint will find them cached (its
-    /// prefill is queued behind), so a match counts the longer of the two indexes. Without it,
+    /// prefill is queued behind), so a match continues the reported prefix through the
+    /// claimed blocks ([`ApproxIndex::extend_matches`]). Without it,
     /// the requests of a new prefix that arrive during its first prefill all look cold and are
     /// spread over the fleet, each recomputing the prefix. Unused with approximate tracking,
     /// which records routed prompts anyway.
@@ -674,14 +724,18 @@ impl ClusterState {
 
     /// Records that a request was routed to an endpoint: the endpoint will hold the prompt's
     /// blocks. Approximate tracking learns it for good (until capacity or age evicts it); exact
-    /// tracking keeps it for [`SPECULATIVE_MAX_AGE`] ([`WorkerSetState::routed`]), until KV
-    /// events have reported the blocks.
+    /// tracking claims, for [`SPECULATIVE_MAX_AGE`] ([`WorkerSetState::routed`]), the blocks
+    /// after the first `cached_tokens` (the decision's [`Route::cached_tokens`]: those the
+    /// endpoint already holds or has been claimed for), until KV events have reported them.
+    ///
+    /// [`Route::cached_tokens`]: crate::Route::cached_tokens
     pub fn record_routed(
         &mut self,
         namespace: &str,
         worker_set: &str,
         address: &str,
         token_ids: &[u32],
+        cached_tokens: u32,
         now_ms: u64,
     ) {
         let Some(ws) = self
@@ -696,7 +750,13 @@ impl ClusterState {
         let hashes = block_hashes(token_ids, ws.block_size);
         match &mut ws.prefix {
             PrefixTracking::Approximate(index) => index.record(id, &hashes, now_ms),
-            PrefixTracking::Exact(_) => ws.routed.claim(id, &hashes, now_ms),
+            PrefixTracking::Exact(_) => {
+                // Blocks before the cached ones are either reported by KV events or claimed
+                // already (a claim is not renewed by routing again).
+                let from = (cached_tokens as usize / ws.block_size.max(1)).min(hashes.len());
+                ws.routed
+                    .claim(id, hashes.get(from..).unwrap_or(&[]), now_ms);
+            }
         }
     }
 

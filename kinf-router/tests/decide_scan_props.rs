@@ -137,7 +137,7 @@ fn state_for(
         let addr = format!("10.0.0.{i}:8000");
         if e.routed_blocks > 0 {
             let n = (e.routed_blocks * 16).min(prompt.len());
-            st.record_routed(&ns, &name, &addr, &prompt[..n], 9_000);
+            st.record_routed(&ns, &name, &addr, &prompt[..n], 0, 9_000);
         }
         for _ in 0..e.inflight {
             st.begin_request(&ns, &name, &addr, e.inflight_tokens);

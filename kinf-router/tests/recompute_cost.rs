@@ -230,6 +230,7 @@ fn exact_tracking_counts_a_prompt_routed_before_its_kv_events_arrive() {
         &r1.destination,
         &r1.endpoint,
         &prompt(1),
+        r1.cached_tokens,
         1_000,
     );
     st.begin_request(

@@ -235,8 +235,14 @@ impl SimRouter for Kinference {
             .get(&route.endpoint)
             .copied()
             .unwrap_or(usize::MAX);
-        self.state
-            .record_routed(NS, WS, &route.endpoint, &req.prompt, now_ms);
+        self.state.record_routed(
+            NS,
+            WS,
+            &route.endpoint,
+            &req.prompt,
+            route.cached_tokens,
+            now_ms,
+        );
         let prediction = route.prediction.unwrap_or_default();
         self.state
             .begin_request(NS, WS, &route.endpoint, prediction.uncached_tokens);

@@ -999,7 +999,14 @@ fn decide(
             let uncached_tokens = req.prompt_tokens.saturating_sub(r.cached_tokens);
             let prediction = r.prediction.filter(|_| local);
             let inflight = if local {
-                st.record_routed(&r.namespace, &r.destination, &r.endpoint, token_ids, now);
+                st.record_routed(
+                    &r.namespace,
+                    &r.destination,
+                    &r.endpoint,
+                    token_ids,
+                    r.cached_tokens,
+                    now,
+                );
                 st.begin_request(&r.namespace, &r.destination, &r.endpoint, uncached_tokens);
                 Some(Arc::new(InFlightTicket {
                     state: gw.state.clone(),

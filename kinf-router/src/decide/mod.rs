@@ -695,11 +695,11 @@ impl<'a> Ctx<'a> {
                 }
             };
             put(&found);
-            // Exact tracking: prompts routed lately whose blocks no KV event has reported yet.
+            // Exact tracking: prompts routed lately whose blocks no KV event has reported yet
+            // continue the reported prefixes.
             if matches!(ws.prefix, crate::state::PrefixTracking::Exact(_)) {
                 ws.routed
-                    .match_prefix(hashes, self.state.now_ms, &mut found);
-                put(&found);
+                    .extend_matches(hashes, self.state.now_ms, &mut dense);
             }
         }
         dense

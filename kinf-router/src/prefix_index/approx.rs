@@ -1,5 +1,6 @@
 //! Approximate prefix tracking for workers that publish no KV events.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
 use smallvec::SmallVec;
@@ -165,20 +166,28 @@ impl ApproxIndex {
             return;
         };
         while let Some(&(h, tick)) = state.lru.front() {
-            let live = blocks
-                .get(&h)
-                .and_then(|ts| ts.iter().find(|t| t.slot == slot && t.tick == tick))
-                .copied();
-            let Some(t) = live else {
+            // One lookup per entry: the block's touches are read and, if the entry goes,
+            // updated through the same entry.
+            let Entry::Occupied(mut touches) = blocks.entry(h) else {
+                state.lru.pop_front(); // stale: the block is no longer held at all
+                continue;
+            };
+            let ts = touches.get_mut();
+            let Some(pos) = ts.iter().position(|t| t.slot == slot && t.tick == tick) else {
                 state.lru.pop_front(); // stale: the block was touched again later
                 continue;
             };
-            let too_old = now_ms.saturating_sub(t.at_ms) > *max_age_ms;
+            let too_old = ts
+                .get(pos)
+                .is_some_and(|t| now_ms.saturating_sub(t.at_ms) > *max_age_ms);
             if state.held <= *capacity && !too_old {
                 break;
             }
             state.lru.pop_front();
-            drop_touch(blocks, h, slot);
+            ts.remove(pos);
+            if ts.is_empty() {
+                touches.remove();
+            }
             state.held -= 1;
             *pairs -= 1;
             if too_old {
@@ -260,6 +269,61 @@ impl ApproxIndex {
         out.extend(active.iter().map(|&s| (self.endpoints.id(s), n)));
     }
 
+    /// Extends matched prefixes through the blocks each endpoint holds here: `depths[id]` is
+    /// endpoint `id`'s matched depth in blocks (ids past the end count as 0), found by another
+    /// index; while this index holds the request's block at an endpoint's depth (no older than
+    /// the maximum age at `now_ms`), the depth grows by one. Afterwards each depth is the
+    /// longest prefix made of the blocks it had plus blocks held here; `depths` grows to cover
+    /// every id it sets.
+    ///
+    /// Cost: one lookup per distinct depth reached (a depth shared by many endpoints is looked
+    /// up once), not one per request block: cheap when this index holds only what the other
+    /// one lacks.
+    pub fn extend_matches(&self, request_hashes: &[u64], now_ms: u64, depths: &mut Vec<u32>) {
+        let n = request_hashes.len() as u32;
+        if n == 0 || self.blocks.is_empty() {
+            return;
+        }
+        // Depths to look up, smallest first; 0 for endpoints that matched nothing.
+        let mut todo: std::collections::BinaryHeap<std::cmp::Reverse<u32>> = depths
+            .iter()
+            .copied()
+            .filter(|&d| d > 0 && d < n)
+            .chain(std::iter::once(0))
+            .map(std::cmp::Reverse)
+            .collect();
+        let mut last = None;
+        while let Some(std::cmp::Reverse(d)) = todo.pop() {
+            if last == Some(d) {
+                continue;
+            }
+            last = Some(d);
+            let Some(touches) = request_hashes
+                .get(d as usize)
+                .and_then(|h| self.blocks.get(h))
+            else {
+                continue;
+            };
+            for t in touches {
+                if now_ms.saturating_sub(t.at_ms) > self.max_age_ms {
+                    continue;
+                }
+                let i = self.endpoints.id(t.slot).0 as usize;
+                if depths.len() <= i {
+                    depths.resize(i + 1, 0);
+                }
+                if let Some(depth) = depths.get_mut(i)
+                    && *depth == d
+                {
+                    *depth = d + 1;
+                    if d + 1 < n {
+                        todo.push(std::cmp::Reverse(d + 1));
+                    }
+                }
+            }
+        }
+    }
+
     /// Counters and sizes.
     pub fn stats(&self) -> ApproxStats {
         ApproxStats {
@@ -339,6 +403,34 @@ mod tests {
         ix.expire(2_000);
         assert_eq!(ix.stats().pairs, 0);
         assert_eq!(ix.stats().blocks, 0);
+    }
+
+    #[test]
+    fn extend_matches_continues_each_depth_through_fresh_claims() {
+        let mut ix = ApproxIndex::new(100, 1_000);
+        let (a, b, c) = (EndpointId(0), EndpointId(1), EndpointId(5));
+        let req = [10, 11, 12, 13, 14];
+        // a: reported 2 blocks elsewhere, claims blocks 2..4 here.
+        ix.claim(a, &req[2..4], 0);
+        // b: reported nothing; claims from the start.
+        ix.claim(b, &req[..3], 0);
+        // c: claims blocks 3.. but reported only 1 block: the gap at 1..3 stops it.
+        ix.claim(c, &req[3..], 0);
+        let mut depths = vec![2, 0];
+        ix.extend_matches(&req, 10, &mut depths);
+        // c's id (5) was past the end: the vector grew, and c stayed at 0.
+        assert_eq!(depths, vec![4, 3, 0, 0, 0, 0]);
+
+        // A depth reached by extension is looked up too (b: 0 → 3 → … with a later claim).
+        ix.claim(b, &req[3..], 0);
+        let mut depths = vec![0, 0, 0, 0, 0, 1];
+        ix.extend_matches(&req, 10, &mut depths);
+        assert_eq!(depths, vec![0, 5, 0, 0, 0, 1]);
+
+        // Expired claims do not extend; a depth already at the request's end stays.
+        let mut depths = vec![2, 5];
+        ix.extend_matches(&req, 1_001, &mut depths);
+        assert_eq!(depths, vec![2, 5]);
     }
 
     #[test]
