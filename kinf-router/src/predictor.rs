@@ -211,8 +211,9 @@ impl TtftModel {
     }
 
     /// The capacity cost of a request's decode on an endpoint with `queued` and `running`
-    /// requests: `per_running_s / FIRST_TOKEN_STEPS × decode_tokens × DECODE_OVERLAP ×
-    /// (queued + running)`, i.e. a third of `per_running_s × decode_tokens × (queued + running)`.
+    /// requests: `2 × per_running_s / FIRST_TOKEN_STEPS × decode_tokens × DECODE_OVERLAP ×
+    /// (queued + running)`, i.e. two thirds of `per_running_s × decode_tokens × (queued +
+    /// running)`.
     ///
     /// The same argument as [`recompute_cost`](Self::recompute_cost), for the decode: every
     /// engine step carries one token of each running sequence, so while the request decodes
@@ -220,13 +221,18 @@ impl TtftModel {
     /// share, and each request in flight there waits for the steps it overlaps. The share of a
     /// step is `per_running_s / FIRST_TOKEN_STEPS` (`per_running_s` is what one more running
     /// sequence adds to a first token, which waits for about one and a half steps), and a
-    /// request in flight overlaps on average [`DECODE_OVERLAP`] of the decode. The prediction
-    /// alone sees the decode load only as this request's wait; the cost to the others is what
-    /// makes a request prefer the worker whose decode it slows down least.
+    /// request in flight overlaps on average [`DECODE_OVERLAP`] of the decode. The delay is
+    /// mutual: over the steps they share, each request in flight makes this request's own
+    /// decode longer by the same share, hence the factor 2. The prediction alone sees the
+    /// decode load only as this request's wait; this cost is what makes a request prefer the
+    /// worker where its decode and the others' slow each other down least (without the own
+    /// half, a hot prefix's requests kept piling onto the one worker that held it).
     pub fn decode_cost(&self, decode_tokens: f64, queued: f64, running: f64) -> f64 {
         let step_share_s = self.theta[3] / FIRST_TOKEN_STEPS;
         let in_flight = queued.max(0.0) + running.max(0.0);
-        (step_share_s * decode_tokens.max(0.0) * DECODE_OVERLAP * in_flight).max(0.0)
+        // Both directions: this request delays the others, and they delay it, by one share
+        // per step shared.
+        (2.0 * step_share_s * decode_tokens.max(0.0) * DECODE_OVERLAP * in_flight).max(0.0)
     }
 
     /// Predicts TTFT for a request with `uncached_tokens` on an endpoint with the given load.
@@ -513,10 +519,10 @@ mod tests {
     fn decode_cost_is_free_when_idle_and_grows_with_the_requests_in_flight() {
         let m = TtftModel::from_prior(3000.0, 0.2);
         assert_eq!(m.decode_cost(256.0, 0.0, 0.0), 0.0);
-        // One running sequence's share of a step, for half of the 256 steps.
+        // One running sequence's share of a step, for half of the 256 steps, both ways.
         let per_step = DEFAULT_RUNNING_PROMPT_TOKENS / 3000.0 / FIRST_TOKEN_STEPS;
         let one = m.decode_cost(256.0, 0.0, 1.0);
-        assert!((one - 128.0 * per_step).abs() < 1e-12, "{one}");
+        assert!((one - 2.0 * 128.0 * per_step).abs() < 1e-12, "{one}");
         assert!((m.decode_cost(256.0, 2.0, 10.0) - 12.0 * one).abs() < 1e-9);
         assert!((m.decode_cost(512.0, 0.0, 1.0) - 2.0 * one).abs() < 1e-12);
         // Part of the rank, not of the prediction.
