@@ -51,6 +51,22 @@ pub struct ReportArgs {
 /// Concurrency levels of the capacity runs (NOTES.md §4).
 pub const CONCURRENCY: [usize; 5] = [4, 8, 16, 24, 32];
 
+/// Workers of the eight-worker series (`sim-fleet8-*`): the capacity runs' workloads on a
+/// larger fleet, where one popular prefix's traffic is more than one worker's share.
+pub const FLEET_WORKERS: usize = 8;
+/// Its clients: 32 per 3 workers, the capacity runs' peak, rounded.
+pub const FLEET_CONCURRENCY: usize = 85;
+/// Its workloads.
+const FLEET_WORKLOADS: [WorkloadKind; 3] = [
+    WorkloadKind::SharedPrefix,
+    WorkloadKind::Multiturn,
+    WorkloadKind::Hotspot,
+];
+
+fn fleet_file(w: &str, r: &str, seed: u64) -> String {
+    format!("sim-fleet8-{w}-{r}-s{seed}.json")
+}
+
 /// One planned simulation and the file it writes.
 struct Job {
     file: String,
@@ -92,6 +108,23 @@ fn plan(args: &ReportArgs) -> Vec<Job> {
                         cfg,
                     });
                 }
+            }
+        }
+    }
+    // Eight workers, at the capacity peak's clients per worker.
+    for w in FLEET_WORKLOADS {
+        for r in RouterKind::ALL {
+            for seed in 1..=args.seeds.max(1) {
+                let mut cfg = SimConfig::new(w, r);
+                cfg.seed = seed;
+                cfg.workers = FLEET_WORKERS;
+                cfg.load = LoadSpec::Concurrency(FLEET_CONCURRENCY);
+                cfg.duration_s = 900.0;
+                cfg.warmup_s = 120.0;
+                jobs.push(Job {
+                    file: fleet_file(w.name(), r.name(), seed),
+                    cfg,
+                });
             }
         }
     }
@@ -536,6 +569,49 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
                     .map_or(f64::NAN, |v| 100.0 * f(v, "cache_hit_rate")),
                 at.as_ref().map_or(f64::NAN, |v| f(v, "output_tok_s"))
             );
+        }
+        let _ = writeln!(m);
+    }
+
+    // Eight workers.
+    let fleet_runs = |w: &str, r: &str| -> Vec<&Value> {
+        (1..)
+            .map_while(|seed| all.get(&fleet_file(w, r, seed)))
+            .collect()
+    };
+    if FLEET_WORKLOADS
+        .iter()
+        .any(|w| !fleet_runs(w.name(), "kinference").is_empty())
+    {
+        let _ = writeln!(
+            m,
+            "## Eight workers (closed loop, c={FLEET_CONCURRENCY}, 900 s, first 120 s unmeasured, \
+             mean over seeds)\n\n\
+             The capacity runs' workloads on {FLEET_WORKERS} workers with the clients per worker of \
+             their peak (32 per 3 workers). With 8 workers the most popular hotspot prefix (27 % of \
+             requests) is more than two workers' share, so a router that keeps a prefix on the \
+             worker that holds it overloads that worker. Per workload: goodput (req/min), TTFT \
+             p90 (s) and the busiest worker's requests over the mean.\n\n\
+             | router | shared-prefix goodput | p90 | busiest | multiturn goodput | p90 | busiest | hotspot goodput | p90 | busiest |\n\
+             |---|---|---|---|---|---|---|---|---|---|"
+        );
+        for r in RouterKind::ALL {
+            let mut row = format!("| {} |", r.name());
+            for w in FLEET_WORKLOADS {
+                let runs = fleet_runs(w.name(), r.name());
+                if runs.is_empty() {
+                    row.push_str(" – | – | – |");
+                    continue;
+                }
+                let _ = write!(
+                    row,
+                    " {:.1} | {:.3} | {:.2} |",
+                    mean(&runs, "goodput_rpm"),
+                    mean(&runs, "ttft_p90_s"),
+                    mean(&runs, "load_imbalance")
+                );
+            }
+            let _ = writeln!(m, "{row}");
         }
         let _ = writeln!(m);
     }
