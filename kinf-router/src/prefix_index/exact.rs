@@ -79,6 +79,8 @@ pub struct PrefixIndex {
 
 /// Slots kept on the stack while matching; more spill to the heap.
 const INLINE_ACTIVE: usize = 16;
+/// Request blocks looked up together while matching ([`PrefixIndex::match_prefix`]).
+const LOOKAHEAD: usize = 8;
 
 impl PrefixIndex {
     /// An empty index for engines with `block_size` tokens per block (0 is taken as 1).
@@ -330,19 +332,30 @@ impl PrefixIndex {
         };
         let ids = self.endpoints.ids();
         let mut active = Active::new(self.store.view(*first));
-        for (depth, h) in request_hashes.iter().enumerate().skip(1) {
-            let depth = depth as u32;
-            match self.blocks.get(h) {
-                None => {
-                    active.drain(depth, ids, out);
-                    return;
-                }
-                Some(holders) => {
-                    active.intersect(self.store.view(*holders), depth, ids, out);
-                    if active.is_empty() {
+        // The table lookups of a few blocks are made before any of them is used: they do not
+        // depend on each other, so their cache misses overlap instead of following one another
+        // (in a fleet-sized index nearly every lookup is a miss). Lookups past the end of the
+        // match are wasted, at most LOOKAHEAD - 1 of them.
+        let mut depth = 1;
+        for chunk in request_hashes.get(1..).unwrap_or(&[]).chunks(LOOKAHEAD) {
+            let mut found: [Option<Holders>; LOOKAHEAD] = [None; LOOKAHEAD];
+            for (slot, h) in found.iter_mut().zip(chunk) {
+                *slot = self.blocks.get(h).copied();
+            }
+            for holders in found.iter().take(chunk.len()) {
+                match holders {
+                    None => {
+                        active.drain(depth, ids, out);
                         return;
                     }
+                    Some(holders) => {
+                        active.intersect(self.store.view(*holders), depth, ids, out);
+                        if active.is_empty() {
+                            return;
+                        }
+                    }
                 }
+                depth += 1;
             }
         }
         active.drain(request_hashes.len() as u32, ids, out);
