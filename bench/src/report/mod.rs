@@ -27,7 +27,7 @@ pub struct ReportArgs {
     #[arg(long)]
     pub scale_duration: Option<f64>,
     /// Also run the scale target itself: `kinference` and `epp` on 1,000 workers at 10,000
-    /// req/s for 600 simulated seconds (6 million requests each; 20 and 30 minutes, 6.4 and
+    /// req/s for 600 simulated seconds (6 million requests each; 16 and 30 minutes, 6.1 and
     /// 13.4 GB of memory, side by side with the default two jobs).
     #[arg(long)]
     pub scale_full: bool,
