@@ -272,7 +272,7 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
     }
 
     #[test]
-    fn routed_prompts_claim_only_blocks_beyond_the_cached_ones() {
+    fn routed_prompts_claim_only_uncached_blocks_until_they_are_reported() {
         let p = policy("  blockSize: 16", r#""a:1""#);
         let mut st = ClusterState::from_policy(&p, 16);
         let prompt: Vec<u32> = (0..64).collect();
@@ -306,7 +306,23 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
         assert_eq!(ws.routed.stats().pairs, 2);
         assert_eq!(depth(&st), 4, "the claims continue the reported prefix");
 
-        // The engine evicts block 1: the claims no longer connect to the prefix.
+        // The engine reports blocks 2 and 3: the claims end, the index holds them.
+        let mut next = stored(64, 16);
+        if let KvEvent::BlockStored(s) = &mut next {
+            s.parent = Some(2);
+            s.block_hashes = [3, 4].into_iter().collect();
+            s.token_ids = (32..64).collect();
+        }
+        st.worker_sets
+            .get_mut("default/w")
+            .unwrap_or_else(|| panic!())
+            .apply_kv_events("a:1", &[next]);
+        let ws = st.worker_sets.get("default/w").unwrap_or_else(|| panic!());
+        assert_eq!(ws.routed.stats().pairs, 0);
+        assert_eq!(depth(&st), 4);
+
+        // The engine evicts block 1: the prefix ends there (a claim would have kept the
+        // later blocks matchable).
         let removed = KvEvent::BlockRemoved(crate::kv_events::BlockRemoved {
             block_hashes: [2].into_iter().collect(),
             medium: None,
@@ -505,7 +521,8 @@ pub struct WorkerSetState {
     /// [`SPECULATIVE_MAX_AGE`] that it did not already hold, claimed at routing time
     /// ([`ClusterState::record_routed`]); routing the prompt there again does not renew a
     /// claim (so that a prefix the engine evicted is not kept alive by the traffic it
-    /// attracts), and blocks KV events already reported are not claimed.
+    /// attracts); blocks KV events already reported are not claimed, and a claim ends when
+    /// they report its block.
     /// KV events report a prompt's blocks only once its prefill has computed them; until then,
     /// a request with the same prefix routed to the same endpoint will find them cached (its
     /// prefill is queued behind), so a match continues the reported prefix through the
@@ -597,7 +614,10 @@ impl WorkerSetState {
             return false;
         };
         if let PrefixTracking::Exact(index) = &mut self.prefix {
-            index.apply_all(id, events);
+            // A block the engine reported is no longer a claim: the index holds it now (and
+            // forgets it when the engine evicts it, which a claim would not).
+            let routed = &mut self.routed;
+            index.apply_all_with(id, events, |own| routed.release(id, own));
         }
         true
     }

@@ -141,6 +141,29 @@ impl ApproxIndex {
         self.trim(slot, now_ms);
     }
 
+    /// Forgets that `ep` holds block `h` (something else now accounts for it); its queue
+    /// entry is dropped later, as a stale one.
+    pub fn release(&mut self, ep: EndpointId, h: u64) {
+        let Some(slot) = self.endpoints.slot(ep) else {
+            return;
+        };
+        let Entry::Occupied(mut touches) = self.blocks.entry(h) else {
+            return;
+        };
+        let ts = touches.get_mut();
+        let Some(pos) = ts.iter().position(|t| t.slot == slot) else {
+            return;
+        };
+        ts.remove(pos);
+        if ts.is_empty() {
+            touches.remove();
+        }
+        self.pairs -= 1;
+        if let Some(state) = self.endpoints.get_mut(slot) {
+            state.held = state.held.saturating_sub(1);
+        }
+    }
+
     /// Drops, on every endpoint, the entries older than the maximum age at `now_ms`.
     pub fn expire(&mut self, now_ms: u64) {
         let slots: Vec<u32> = self.endpoints.iter().map(|(s, _)| s).collect();

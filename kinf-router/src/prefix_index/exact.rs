@@ -122,10 +122,16 @@ impl PrefixIndex {
 
     /// Applies one event published by endpoint `ep` (registering `ep` on first sight).
     pub fn apply(&mut self, ep: EndpointId, event: &KvEvent) {
+        self.apply_with(ep, event, &mut |_| {});
+    }
+
+    /// Like [`apply`](Self::apply), calling `on_stored` with the own hash of every block a
+    /// `BlockStored` places for `ep`.
+    pub fn apply_with(&mut self, ep: EndpointId, event: &KvEvent, on_stored: &mut impl FnMut(u64)) {
         match event {
             KvEvent::BlockStored(s) => {
                 if self.accepts(s.medium.as_ref(), s.group_idx) {
-                    self.stored(ep, s);
+                    self.stored(ep, s, on_stored);
                 } else {
                     self.ignored_events += 1;
                 }
@@ -149,7 +155,20 @@ impl PrefixIndex {
         }
     }
 
-    fn stored(&mut self, ep: EndpointId, s: &BlockStored) {
+    /// Like [`apply_all`](Self::apply_all), with [`apply_with`](Self::apply_with)'s
+    /// `on_stored`.
+    pub fn apply_all_with(
+        &mut self,
+        ep: EndpointId,
+        events: &[KvEvent],
+        mut on_stored: impl FnMut(u64),
+    ) {
+        for e in events {
+            self.apply_with(ep, e, &mut on_stored);
+        }
+    }
+
+    fn stored(&mut self, ep: EndpointId, s: &BlockStored, on_stored: &mut impl FnMut(u64)) {
         let bs = self.block_size;
         let n = s.block_hashes.len();
         if s.block_size as usize != bs || Some(s.token_ids.len()) != n.checked_mul(bs) {
@@ -208,6 +227,7 @@ impl PrefixIndex {
                 *pairs += 1;
                 state.pairs += 1;
             }
+            on_stored(own);
         });
     }
 
