@@ -1,6 +1,6 @@
 //! Approximate prefix tracking for workers that publish no KV events.
 
-use std::collections::hash_map::Entry;
+use std::collections::hash_map::{Entry, OccupiedEntry};
 use std::collections::{HashMap, VecDeque};
 
 use smallvec::SmallVec;
@@ -56,7 +56,7 @@ pub struct ApproxStats {
 pub struct ApproxIndex {
     capacity: usize,
     max_age_ms: u64,
-    blocks: Map<u64, SmallVec<[Touch; 2]>>,
+    blocks: Map<u64, Touches>,
     endpoints: Slots<ApproxEndpoint>,
     tick: u64,
     pairs: usize,
@@ -147,16 +147,8 @@ impl ApproxIndex {
         let Some(slot) = self.endpoints.slot(ep) else {
             return;
         };
-        let Entry::Occupied(mut touches) = self.blocks.entry(h) else {
+        if !take_touch(&mut self.blocks, h, |t| t.slot == slot) {
             return;
-        };
-        let ts = touches.get_mut();
-        let Some(pos) = ts.iter().position(|t| t.slot == slot) else {
-            return;
-        };
-        ts.remove(pos);
-        if ts.is_empty() {
-            touches.remove();
         }
         self.pairs -= 1;
         if let Some(state) = self.endpoints.get_mut(slot) {
@@ -191,11 +183,11 @@ impl ApproxIndex {
         while let Some(&(h, tick)) = state.lru.front() {
             // One lookup per entry: the block's touches are read and, if the entry goes,
             // updated through the same entry.
-            let Entry::Occupied(mut touches) = blocks.entry(h) else {
+            let Entry::Occupied(touches) = blocks.entry(h) else {
                 state.lru.pop_front(); // stale: the block is no longer held at all
                 continue;
             };
-            let ts = touches.get_mut();
+            let ts = touches.get();
             let Some(pos) = ts.iter().position(|t| t.slot == slot && t.tick == tick) else {
                 state.lru.pop_front(); // stale: the block was touched again later
                 continue;
@@ -207,10 +199,7 @@ impl ApproxIndex {
                 break;
             }
             state.lru.pop_front();
-            ts.remove(pos);
-            if ts.is_empty() {
-                touches.remove();
-            }
+            remove_touch(touches, pos);
             state.held -= 1;
             *pairs -= 1;
             if too_old {
@@ -243,11 +232,8 @@ impl ApproxIndex {
             return;
         };
         for (h, tick) in std::mem::take(&mut state.lru) {
-            let live = blocks
-                .get(&h)
-                .is_some_and(|ts| ts.iter().any(|t| t.slot == slot && t.tick == tick));
-            if live {
-                drop_touch(blocks, h, slot);
+            // Only the live entry of a block (its latest touch) removes it.
+            if take_touch(blocks, h, |t| t.slot == slot && t.tick == tick) {
                 *pairs -= 1;
             }
         }
@@ -360,7 +346,7 @@ impl ApproxIndex {
 
     /// Estimated heap bytes held by the index.
     pub fn memory_bytes(&self) -> usize {
-        let entry = std::mem::size_of::<(u64, SmallVec<[Touch; 2]>)>();
+        let entry = std::mem::size_of::<(u64, Touches)>();
         let spilled: usize = self
             .blocks
             .values()
@@ -380,13 +366,28 @@ impl ApproxIndex {
     }
 }
 
-fn drop_touch(blocks: &mut Map<u64, SmallVec<[Touch; 2]>>, h: u64, slot: u32) {
-    if let Some(ts) = blocks.get_mut(&h) {
-        ts.retain(|t| t.slot != slot);
-        if ts.is_empty() {
-            blocks.remove(&h);
-        }
+type Touches = SmallVec<[Touch; 2]>;
+
+/// Removes the touch at `pos` of a block's touches, and the block when none is left.
+fn remove_touch(mut touches: OccupiedEntry<'_, u64, Touches>, pos: usize) {
+    let ts = touches.get_mut();
+    ts.remove(pos);
+    if ts.is_empty() {
+        touches.remove();
     }
+}
+
+/// Removes block `h`'s first touch that `which` selects (with one table lookup); returns
+/// whether there was one.
+fn take_touch(blocks: &mut Map<u64, Touches>, h: u64, which: impl Fn(&Touch) -> bool) -> bool {
+    let Entry::Occupied(touches) = blocks.entry(h) else {
+        return false;
+    };
+    let Some(pos) = touches.get().iter().position(which) else {
+        return false;
+    };
+    remove_touch(touches, pos);
+    true
 }
 
 #[cfg(test)]

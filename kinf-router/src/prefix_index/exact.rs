@@ -150,9 +150,7 @@ impl PrefixIndex {
 
     /// Applies every event of a batch, in order.
     pub fn apply_all(&mut self, ep: EndpointId, events: &[KvEvent]) {
-        for e in events {
-            self.apply(ep, e);
-        }
+        self.apply_all_with(ep, events, |_| {});
     }
 
     /// Like [`apply_all`](Self::apply_all), with [`apply_with`](Self::apply_with)'s
