@@ -73,6 +73,16 @@ struct Job {
     cfg: SimConfig,
 }
 
+/// A capacity run: a closed loop of `c` clients for 900 s, the first 120 s unmeasured.
+fn capacity_run(w: WorkloadKind, r: RouterKind, c: usize, seed: u64) -> SimConfig {
+    let mut cfg = SimConfig::new(w, r);
+    cfg.seed = seed;
+    cfg.load = LoadSpec::Concurrency(c);
+    cfg.duration_s = 900.0;
+    cfg.warmup_s = 120.0;
+    cfg
+}
+
 fn plan(args: &ReportArgs) -> Vec<Job> {
     let mut jobs = Vec::new();
     for w in WorkloadKind::ALL {
@@ -93,11 +103,7 @@ fn plan(args: &ReportArgs) -> Vec<Job> {
             }
             for c in CONCURRENCY {
                 for seed in 1..=args.seeds.max(1) {
-                    let mut cfg = SimConfig::new(w, r);
-                    cfg.seed = seed;
-                    cfg.load = LoadSpec::Concurrency(c);
-                    cfg.duration_s = 900.0;
-                    cfg.warmup_s = 120.0;
+                    let mut cfg = capacity_run(w, r, c, seed);
                     cfg.trace_every = if seed == 1 && r == RouterKind::Kinference {
                         50
                     } else {
@@ -115,12 +121,8 @@ fn plan(args: &ReportArgs) -> Vec<Job> {
     for w in FLEET_WORKLOADS {
         for r in RouterKind::ALL {
             for seed in 1..=args.seeds.max(1) {
-                let mut cfg = SimConfig::new(w, r);
-                cfg.seed = seed;
+                let mut cfg = capacity_run(w, r, FLEET_CONCURRENCY, seed);
                 cfg.workers = FLEET_WORKERS;
-                cfg.load = LoadSpec::Concurrency(FLEET_CONCURRENCY);
-                cfg.duration_s = 900.0;
-                cfg.warmup_s = 120.0;
                 jobs.push(Job {
                     file: fleet_file(w.name(), r.name(), seed),
                     cfg,
@@ -291,6 +293,11 @@ fn cap_file(w: &str, r: &str, c: usize, seed: u64) -> String {
     }
 }
 
+/// The runs of one configuration, seed 1, 2, … up to the first seed without a `file`.
+fn seed_runs(all: &BTreeMap<String, Value>, file: impl Fn(u64) -> String) -> Vec<&Value> {
+    (1..).map_while(|seed| all.get(&file(seed))).collect()
+}
+
 /// Figures of a capacity point that the report averages over seeds.
 const CAP_MEANS: [&str; 5] = [
     "goodput_rpm",
@@ -305,9 +312,7 @@ const CAP_MEANS: [&str; 5] = [
 /// the number of runs. A single seed's goodput varies by several percent (which prefixes the
 /// clients draw), more than the margins between the cache-aware routers.
 fn cap(all: &BTreeMap<String, Value>, w: &str, r: &str, c: usize) -> Option<Value> {
-    let runs: Vec<&Value> = (1..)
-        .map_while(|seed| all.get(&cap_file(w, r, c, seed)))
-        .collect();
+    let runs = seed_runs(all, |seed| cap_file(w, r, c, seed));
     if runs.is_empty() {
         return None;
     }
@@ -574,11 +579,7 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
     }
 
     // Eight workers.
-    let fleet_runs = |w: &str, r: &str| -> Vec<&Value> {
-        (1..)
-            .map_while(|seed| all.get(&fleet_file(w, r, seed)))
-            .collect()
-    };
+    let fleet_runs = |w: &str, r: &str| seed_runs(all, |seed| fleet_file(w, r, seed));
     if FLEET_WORKLOADS
         .iter()
         .any(|w| !fleet_runs(w.name(), "kinference").is_empty())
