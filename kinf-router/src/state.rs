@@ -300,6 +300,11 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
         };
         assert_eq!(depth(&st), 2);
 
+        // A cached count beyond the prompt (a caller's mistake) claims nothing.
+        st.record_routed("default", "w", "a:1", &prompt, 10_000, 0);
+        let ws = st.worker_sets.get("default/w").unwrap_or_else(|| panic!());
+        assert_eq!(ws.routed.stats().pairs, 0);
+
         // Routed with 32 tokens cached: blocks 2 and 3 are claimed, not the reported ones.
         st.record_routed("default", "w", "a:1", &prompt, 32, 0);
         let ws = st.worker_sets.get("default/w").unwrap_or_else(|| panic!());
