@@ -10,6 +10,8 @@ export CARGO_TERM_COLOR=never
 # Build outputs live outside the checkout so that clean clones reuse them.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kinference/target}"
 mkdir -p "$CARGO_TARGET_DIR"
+# One-shot builds: incremental caches would only grow in the shared target directory.
+export CARGO_INCREMENTAL=0
 
 if ! command -v cargo >/dev/null; then
   echo "error: cargo not found; install Rust with rustup first" >&2
