@@ -91,7 +91,7 @@ pub struct KvEventsConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub replay_port: Option<u32>,
-    /// ZMQ topic. Default `kv-events`.
+    /// ZMQ topic. Default `""` (vLLM's default: every message of the publisher).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic: Option<String>,
 }
