@@ -155,6 +155,40 @@ pub fn parse_report(report: &Value) -> Result<(Vec<Record>, f64), String> {
     Ok((records, wall))
 }
 
+/// How well GuideLLM kept its arrival schedule, from each request's `info.timings`
+/// (`request_start` against `targeted_start`, wall seconds): the span of the targeted starts
+/// and the median and largest lag. A client that falls behind its Poisson schedule sends the
+/// late requests in a burst, which compresses the run and biases it against the router under
+/// test. `None` when the report has no such timings (older GuideLLM).
+pub fn schedule_of(report: &Value) -> Option<Value> {
+    let b = report["benchmarks"].get(0)?;
+    let mut targeted = Vec::new();
+    let mut lags = Vec::new();
+    for kind in ["successful", "errored", "incomplete"] {
+        for q in b["requests"][kind].as_array().into_iter().flatten() {
+            let t = &q["info"]["timings"];
+            if let (Some(target), Some(start)) =
+                (t["targeted_start"].as_f64(), t["request_start"].as_f64())
+            {
+                targeted.push(target);
+                lags.push(start - target);
+            }
+        }
+    }
+    if lags.is_empty() {
+        return None;
+    }
+    lags.sort_by(f64::total_cmp);
+    let span = targeted.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+        - targeted.iter().copied().fold(f64::INFINITY, f64::min);
+    let r4 = |x: f64| (x * 10_000.0).round() / 10_000.0;
+    Some(json!({
+        "targeted_span_s": r4(span),
+        "lag_p50_s": r4(lags[lags.len() / 2]),
+        "lag_max_s": r4(lags[lags.len() - 1]),
+    }))
+}
+
 /// Runs GuideLLM and reads its report.
 pub async fn run(r: &GuidellmRun<'_>) -> Result<GuidellmResult, String> {
     if !r.bin.exists() {
@@ -203,6 +237,7 @@ pub async fn run(r: &GuidellmRun<'_>) -> Result<GuidellmResult, String> {
         std::fs::read_to_string(&report).map_err(|e| format!("{}: {e}", report.display()))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("GuideLLM report: {e}"))?;
     let (records, wall_s) = parse_report(&v)?;
+    let schedule = schedule_of(&v);
     let version = Command::new(r.bin.with_file_name("python"))
         .args([
             "-c",
@@ -218,7 +253,8 @@ pub async fn run(r: &GuidellmRun<'_>) -> Result<GuidellmResult, String> {
         records,
         wall_s,
         info: json!({"program": "guidellm", "version": version, "argv": argv,
-                     "process_wall_s": (ran_s * 1000.0).round() / 1000.0}),
+                     "process_wall_s": (ran_s * 1000.0).round() / 1000.0,
+                     "schedule": schedule}),
     })
 }
 
@@ -254,6 +290,24 @@ mod tests {
         assert!(r[0].error.is_none());
         assert_eq!(r[2].error.as_deref(), Some("HTTP 503"));
         assert!(parse_report(&json!({"benchmarks": []})).is_err());
+    }
+
+    #[test]
+    fn schedule_lag_is_read_from_the_request_timings() {
+        let req = |target: f64, start: f64| json!({"info": {"timings": {"targeted_start": target, "request_start": start}}});
+        // On schedule, except one request sent 2.5 s late (a client that fell behind).
+        let report = json!({"benchmarks": [{"requests": {
+            "successful": [req(10.0, 10.01), req(11.0, 11.02), req(12.0, 14.5)],
+            "errored": [req(13.0, 13.03)],
+            "incomplete": [],
+        }}]});
+        let s = schedule_of(&report).unwrap();
+        assert_eq!(s["targeted_span_s"], json!(3.0));
+        assert_eq!(s["lag_p50_s"], json!(0.03));
+        assert_eq!(s["lag_max_s"], json!(2.5));
+        // Without timings (older GuideLLM), nothing is claimed.
+        let old = json!({"benchmarks": [{"requests": {"successful": [{"info": {}}]}}]});
+        assert!(schedule_of(&old).is_none());
     }
 
     #[test]

@@ -699,9 +699,12 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
             m,
             "\n\"run s\" is the run's simulated duration. Poisson runs of one workload, client, load \
              and seed send on the same schedule, so their durations agree; † marks a run more than \
-             {:.0} % shorter than the median of its group: the client fell behind its schedule and \
-             sent the late requests at once (GuideLLM does this now and then on a 2-vCPU VM), so \
-             its latencies are not comparable. Rerun it.\n",
+             {:.0} % shorter than the median of its group, or whose client recorded a request sent \
+             more than {MAX_SCHEDULE_LAG_S} s (wall) after its scheduled start (GuideLLM's \
+             `client_info.schedule.lag_max_s`): the client fell behind its schedule and sent the \
+             late requests at once (GuideLLM does this now and then on a 2-vCPU VM), so its \
+             latencies are not comparable. Rerun it (`scripts/bench/live.sh` reruns such GuideLLM \
+             runs by itself).\n",
             100.0 * (1.0 - COMPRESSED_BELOW)
         );
     }
@@ -715,8 +718,13 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
 /// compressed schedule.
 const COMPRESSED_BELOW: f64 = 0.93;
 
+/// A client that sent a request later than this after its scheduled start (wall seconds) fell
+/// behind its schedule. `scripts/bench/live.sh` uses the same limit (`LIVE_MAX_LAG`).
+const MAX_SCHEDULE_LAG_S: f64 = 1.0;
+
 /// The live Poisson runs whose duration is below [`COMPRESSED_BELOW`] × the median of the runs
-/// with the same workload, client, load and seed (groups of three runs or more).
+/// with the same workload, client, load and seed (groups of three runs or more), and the runs
+/// whose client recorded a schedule lag above [`MAX_SCHEDULE_LAG_S`].
 fn compressed_schedules<'a>(live: &[(&'a String, &Value)]) -> Vec<&'a str> {
     let key = |v: &Value| -> Option<String> {
         let load = s(v, "load");
@@ -745,11 +753,17 @@ fn compressed_schedules<'a>(live: &[(&'a String, &Value)]) -> Vec<&'a str> {
             (k, median)
         })
         .collect();
+    let lagged = |v: &Value| {
+        v.pointer("/client_info/schedule/lag_max_s")
+            .and_then(Value::as_f64)
+            .is_some_and(|lag| lag > MAX_SCHEDULE_LAG_S)
+    };
     live.iter()
         .filter(|(_, v)| {
-            key(v)
-                .and_then(|k| medians.get(&k))
-                .is_some_and(|m| f(v, "duration_s") < COMPRESSED_BELOW * m)
+            lagged(v)
+                || key(v)
+                    .and_then(|k| medians.get(&k))
+                    .is_some_and(|m| f(v, "duration_s") < COMPRESSED_BELOW * m)
         })
         .map(|(k, _)| k.as_str())
         .collect()
@@ -875,5 +889,15 @@ mod tests {
         ];
         let live: Vec<(&String, &Value)> = runs.iter().map(|(k, v)| (k, v)).collect();
         assert_eq!(compressed_schedules(&live), vec!["a"]);
+
+        // GuideLLM's own record of its lag marks a run that no group can judge.
+        let lag = |lag_max: f64| {
+            let mut v = run("kinference", "guidellm", "poisson:3.6", 29.0);
+            v["client_info"] = json!({"schedule": {"lag_max_s": lag_max}});
+            v
+        };
+        let runs: Vec<(String, Value)> = vec![("m".into(), lag(2.5)), ("n".into(), lag(0.12))];
+        let live: Vec<(&String, &Value)> = runs.iter().map(|(k, v)| (k, v)).collect();
+        assert_eq!(compressed_schedules(&live), vec!["m"]);
     }
 }
