@@ -63,6 +63,11 @@ enum Cmd {
         /// `summary` (rules, tiers and picks, as the gateway decides).
         #[arg(long, value_enum, default_value_t)]
         trace: TraceArg,
+        /// The request carries its prompt's block hashes, computed before timing, as the
+        /// gateway computes them outside its state lock: what is timed is the decision's work
+        /// under the lock.
+        #[arg(long)]
+        hashed: bool,
         #[arg(long, value_enum, default_value_t)]
         format: Format,
     },
@@ -170,18 +175,24 @@ fn main() {
             prompt_tokens,
             iterations,
             trace,
+            hashed,
             format,
         } => {
             let detail = match trace {
                 TraceArg::Full => kinf_router::TraceDetail::Full,
                 TraceArg::Summary => kinf_router::TraceDetail::Summary,
             };
-            let Some((policy, req, state)) =
+            let Some((policy, mut req, state)) =
                 kinf_router::synthetic::decide_scenario(endpoints, prompt_tokens)
             else {
                 eprintln!("error: scenario did not compile");
                 std::process::exit(2);
             };
+            if hashed && let Some(tokens) = &req.token_ids {
+                let bs = kinf_router::synthetic::BLOCK_SIZE;
+                let h = kinf_router::prefix_index::block_hashes(tokens, bs);
+                req.block_hashes = Some((bs as u32, std::sync::Arc::from(h.as_slice())));
+            }
             for _ in 0..iterations / 10 {
                 black_box(kinf_router::Decider::decide_with(
                     &policy, &req, &state, detail,
@@ -204,6 +215,7 @@ fn main() {
                     "endpoints": endpoints,
                     "prompt_tokens": prompt_tokens,
                     "trace": format!("{trace:?}").to_lowercase(),
+                    "hashed": hashed,
                 }),
                 ns,
                 format,

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use kinf_policy::Qos;
 use smallvec::SmallVec;
 
+use crate::prefix_index::{RequestHashes, block_hashes};
+
 /// What the engine knows about one inference request.
 #[derive(Clone, Debug)]
 pub struct Request {
@@ -24,8 +26,10 @@ pub struct Request {
     /// The prompt's token ids, when the model's tokenizer is known (precise prefix matching).
     pub token_ids: Option<Arc<[u32]>>,
     /// Prefix block hashes computed by the caller (Kinference's own chained hash,
-    /// [`crate::prefix_index::block_hashes`]) and their block size, for callers that hash
-    /// tokens themselves. Used when `token_ids` is absent and the block size matches.
+    /// [`crate::prefix_index::block_hashes`]) and their block size. Used instead of hashing
+    /// `token_ids` wherever the block size matches a worker set's, so that a caller can hash
+    /// the prompt once, outside any lock; when both are set they must be the hashes of
+    /// `token_ids`. Ignored where the block size differs (`token_ids` are hashed then).
     pub block_hashes: Option<(u32, Arc<[u64]>)>,
     /// `max_tokens` (or the default used for estimates).
     pub max_tokens: u32,
@@ -56,6 +60,16 @@ impl Request {
         }
     }
 
+    /// The prompt's block hashes for `block_size`: the caller's [`block_hashes`](Self::block_hashes)
+    /// when their block size matches, else computed from `token_ids`; empty without either.
+    pub fn prompt_hashes(&self, block_size: usize) -> PromptHashes<'_> {
+        match (&self.block_hashes, &self.token_ids) {
+            (Some((bs, h)), _) if *bs as usize == block_size => PromptHashes::Given(h),
+            (_, Some(tokens)) => PromptHashes::Computed(block_hashes(tokens, block_size)),
+            _ => PromptHashes::Given(&[]),
+        }
+    }
+
     /// Whether the request carries `tag`.
     pub fn has_tag(&self, tag: &str) -> bool {
         self.tags.iter().any(|t| &**t == tag)
@@ -67,5 +81,48 @@ impl Request {
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| &**v)
+    }
+}
+
+/// A request's block hashes for one block size ([`Request::prompt_hashes`]): the caller's, or
+/// computed from its token ids.
+#[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)] // lives on the stack for one call; boxing would allocate
+pub enum PromptHashes<'a> {
+    /// [`Request::block_hashes`], whose block size matched.
+    Given(&'a [u64]),
+    /// Hashed from [`Request::token_ids`].
+    Computed(RequestHashes),
+}
+
+impl std::ops::Deref for PromptHashes<'_> {
+    type Target = [u64];
+
+    fn deref(&self) -> &[u64] {
+        match self {
+            Self::Given(h) => h,
+            Self::Computed(h) => h,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caller_hashes_are_used_only_for_their_block_size() {
+        let tokens: Vec<u32> = (0..64).collect();
+        let mut req = Request::new("m", 64);
+        assert!(req.prompt_hashes(16).is_empty(), "no tokens, no hashes");
+        req.token_ids = Some(tokens.clone().into());
+        let computed = block_hashes(&tokens, 16);
+        assert_eq!(&*req.prompt_hashes(16), &computed[..]);
+        // The caller's hashes win where the size matches (here deliberately not the tokens'
+        // hashes, to see which are used), and are ignored where it does not.
+        req.block_hashes = Some((16, Arc::from(vec![7u64, 8, 9, 10])));
+        assert_eq!(&*req.prompt_hashes(16), &[7, 8, 9, 10]);
+        assert_eq!(&*req.prompt_hashes(32), &block_hashes(&tokens, 32)[..]);
+        assert!(matches!(req.prompt_hashes(16), PromptHashes::Given(_)));
     }
 }

@@ -16,7 +16,8 @@ use kinf_lang::check::DEFAULT_WINDOW;
 
 use crate::kv_events::KvEvent;
 use crate::predictor::TtftModel;
-use crate::prefix_index::{ApproxIndex, EndpointId, PrefixIndex, block_hashes};
+use crate::prefix_index::{ApproxIndex, EndpointId, PrefixIndex};
+use crate::request::Request;
 
 /// How long load samples are kept.
 pub const SAMPLE_RETENTION: Duration = Duration::from_secs(300);
@@ -151,6 +152,7 @@ impl LoadWindow {
 #[allow(clippy::panic)]
 mod tests {
     use super::*;
+    use crate::prefix_index::block_hashes;
 
     #[test]
     fn window_average_equals_a_direct_mean() {
@@ -277,6 +279,8 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
         let mut st = ClusterState::from_policy(&p, 16);
         let prompt: Vec<u32> = (0..64).collect();
         let hashes = block_hashes(&prompt, 16);
+        let mut req = Request::new("m", 64);
+        req.token_ids = Some(prompt.clone().into());
         let ws = st
             .worker_sets
             .get_mut("default/w")
@@ -301,12 +305,12 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
         assert_eq!(depth(&st), 2);
 
         // A cached count beyond the prompt (a caller's mistake) claims nothing.
-        st.record_routed("default", "w", "a:1", &prompt, 10_000, 0);
+        st.record_routed("default", "w", "a:1", &req, 10_000, 0);
         let ws = st.worker_sets.get("default/w").unwrap_or_else(|| panic!());
         assert_eq!(ws.routed.stats().pairs, 0);
 
         // Routed with 32 tokens cached: blocks 2 and 3 are claimed, not the reported ones.
-        st.record_routed("default", "w", "a:1", &prompt, 32, 0);
+        st.record_routed("default", "w", "a:1", &req, 32, 0);
         let ws = st.worker_sets.get("default/w").unwrap_or_else(|| panic!());
         assert_eq!(ws.routed.stats().pairs, 2);
         assert_eq!(depth(&st), 4, "the claims continue the reported prefix");
@@ -338,6 +342,33 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
             .unwrap_or_else(|| panic!())
             .apply_kv_events("a:1", &[removed]);
         assert_eq!(depth(&st), 1);
+    }
+
+    #[test]
+    fn a_request_hashed_by_its_caller_claims_the_same_blocks() {
+        let p = policy("  blockSize: 16", r#""a:1""#);
+        let prompt: Vec<u32> = (0..64).collect();
+        let claimed = |req: &Request| {
+            let mut st = ClusterState::from_policy(&p, 16);
+            st.record_routed("default", "w", "a:1", req, 16, 0);
+            let ws = st.worker_sets.get("default/w").unwrap_or_else(|| panic!());
+            let mut depth = vec![0u32; 1];
+            ws.routed
+                .extend_matches(&block_hashes(&prompt, 16), 1_000, &mut depth);
+            (ws.routed.stats().pairs, depth[0])
+        };
+        let mut tokens = Request::new("m", 64);
+        tokens.token_ids = Some(prompt.clone().into());
+        // Blocks 1–3 are claimed (block 0 is cached); with nothing reported the match stops
+        // at block 0, the claims do not start a prefix.
+        assert_eq!(claimed(&tokens), (3, 0));
+        // Hashes only, of the worker set's block size: the same claims.
+        let mut hashed = Request::new("m", 64);
+        hashed.block_hashes = Some((16, block_hashes(&prompt, 16).to_vec().into()));
+        assert_eq!(claimed(&hashed), (3, 0));
+        // Hashes of another block size and no tokens: nothing to claim.
+        hashed.block_hashes = Some((32, block_hashes(&prompt, 32).to_vec().into()));
+        assert_eq!(claimed(&hashed).0, 0);
     }
 
     #[test]
@@ -747,11 +778,14 @@ impl ClusterState {
         }
     }
 
-    /// Records that a request was routed to an endpoint: the endpoint will hold the prompt's
+    /// Records that `req` was routed to an endpoint: the endpoint will hold the prompt's
     /// blocks. Approximate tracking learns it for good (until capacity or age evicts it); exact
     /// tracking claims, for [`SPECULATIVE_MAX_AGE`] ([`WorkerSetState::routed`]), the blocks
     /// after the first `cached_tokens` (the decision's [`Route::cached_tokens`]: those the
     /// endpoint already holds or has been claimed for), until KV events have reported them.
+    /// The blocks are the request's [`block_hashes`](Request::block_hashes) when their block
+    /// size is the worker set's, else hashed from its token ids; without either nothing is
+    /// recorded.
     ///
     /// [`Route::cached_tokens`]: crate::Route::cached_tokens
     pub fn record_routed(
@@ -759,7 +793,7 @@ impl ClusterState {
         namespace: &str,
         worker_set: &str,
         address: &str,
-        token_ids: &[u32],
+        req: &Request,
         cached_tokens: u32,
         now_ms: u64,
     ) {
@@ -772,7 +806,7 @@ impl ClusterState {
         let Some(id) = ws.index_id(address) else {
             return;
         };
-        let hashes = block_hashes(token_ids, ws.block_size);
+        let hashes = req.prompt_hashes(ws.block_size);
         match &mut ws.prefix {
             PrefixTracking::Approximate(index) => index.record(id, &hashes, now_ms),
             PrefixTracking::Exact(_) => {

@@ -287,7 +287,7 @@ fn approximate_tracking_sends_a_repeat_where_the_prompt_went() {
     let mut req = Request::new("m", 4096);
     req.token_ids = Some(tokens.clone());
     // Cold: ties go to the first endpoint; record that the prompt went to the second instead.
-    st.record_routed("default", "plain", "10.1.0.2:8000", &tokens, 0, 1_000);
+    st.record_routed("default", "plain", "10.1.0.2:8000", &req, 0, 1_000);
     st.now_ms = 2_000;
     let d = Decider::decide(&policy, &req, &st);
     let route = d.route().expect("routed");

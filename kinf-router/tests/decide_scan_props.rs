@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use kinf_lang::CompiledPolicy;
+use kinf_router::prefix_index::block_hashes;
 use kinf_router::state::LoadSample;
 use kinf_router::{ClusterState, Decider, Decision, Request, TraceDetail};
 use proptest::prelude::*;
@@ -137,7 +138,9 @@ fn state_for(
         let addr = format!("10.0.0.{i}:8000");
         if e.routed_blocks > 0 {
             let n = (e.routed_blocks * 16).min(prompt.len());
-            st.record_routed(&ns, &name, &addr, &prompt[..n], 0, 9_000);
+            let mut routed = Request::new("m", n as u32);
+            routed.token_ids = Some(prompt[..n].into());
+            st.record_routed(&ns, &name, &addr, &routed, 0, 9_000);
         }
         for _ in 0..e.inflight {
             st.begin_request(&ns, &name, &addr, e.inflight_tokens);
@@ -205,7 +208,7 @@ proptest! {
         let prompt: Vec<u32> = (0..(prompt_blocks * 16 + tail) as u32).map(|t| t * 7 + 3).collect();
         let st = state_for(&policy, &eps, &prompt, &learn, providers);
         let mut req = Request::new("m", prompt.len() as u32);
-        req.token_ids = Some(prompt.into());
+        req.token_ids = Some(prompt.clone().into());
         req.max_tokens = max_tokens;
         let tags = [(pii, "pii-detected"), (cheap, "cheap"), (kv, "kv")];
         req.tags = tags.iter().filter(|(on, _)| *on).map(|(_, t)| Arc::from(*t)).collect();
@@ -219,5 +222,16 @@ proptest! {
             ..full
         };
         prop_assert_eq!(&summary, &expected);
+
+        // A caller that hashed the prompt itself (the gateway does, outside its state lock)
+        // gets the same decision; hashes of another block size are ignored.
+        let mut hashed = req.clone();
+        hashed.block_hashes = Some((16, block_hashes(&prompt, 16).to_vec().into()));
+        prop_assert_eq!(&Decider::decide_with(&policy, &hashed, &st, TraceDetail::Summary), &summary);
+        hashed.token_ids = None;
+        prop_assert_eq!(&Decider::decide_with(&policy, &hashed, &st, TraceDetail::Summary), &summary);
+        let mut other = req.clone();
+        other.block_hashes = Some((32, Arc::from(vec![1u64, 2, 3])));
+        prop_assert_eq!(&Decider::decide_with(&policy, &other, &st, TraceDetail::Summary), &summary);
     }
 }

@@ -229,7 +229,7 @@ fn exact_tracking_counts_a_prompt_routed_before_its_kv_events_arrive() {
         &r1.namespace,
         &r1.destination,
         &r1.endpoint,
-        &prompt(1),
+        &first,
         r1.cached_tokens,
         1_000,
     );

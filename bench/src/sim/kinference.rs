@@ -6,6 +6,8 @@
 //! - `/metrics` samples (`num_requests_waiting`, `num_requests_running`,
 //!   `kv_cache_usage_perc`) every `metrics.interval` (1 s) of simulated time, pushed into each
 //!   endpoint's `LoadWindow` (as `kinf-handler/src/live/scraper.rs` does);
+//! - the prompt's block hashes computed once, before the decision (`Request::block_hashes`),
+//!   and used by the decision and by `record_routed` (as the gateway's `forward.rs` does);
 //! - `ClusterState::set_now` before a decision whose millisecond differs from the last one,
 //!   `record_routed` and `begin_request` after it (as `kinf-handler/src/gateway/forward.rs::decide`
 //!   does), `first_token` at the first token and `end_request` when the request finishes (as
@@ -116,6 +118,9 @@ pub struct Kinference {
     state: ClusterState,
     addr: Vec<Arc<str>>,
     by_addr: HashMap<Arc<str>, usize>,
+    /// The engines' block size: prompts are hashed once per request, before the decision, as
+    /// the gateway does.
+    block: usize,
     pending: HashMap<u64, Pending>,
     last_ms: Option<u64>,
     trace_every: u64,
@@ -146,6 +151,7 @@ impl Kinference {
             state,
             addr,
             by_addr,
+            block,
             pending: HashMap::new(),
             last_ms: None,
             trace_every,
@@ -208,6 +214,10 @@ impl SimRouter for Kinference {
         }
         let mut r = kinf_router::Request::new(MODEL, req.prompt.len() as u32);
         r.token_ids = Some(req.prompt.clone());
+        if self.block > 0 {
+            let hashes = kinf_router::prefix_index::block_hashes(&req.prompt, self.block);
+            r.block_hashes = Some((self.block as u32, Arc::from(hashes.as_slice())));
+        }
         r.max_tokens = req.max_tokens;
         r.tenant = req.meta.tenant.clone();
         r.qos = req.meta.qos;
@@ -235,14 +245,8 @@ impl SimRouter for Kinference {
             .get(&route.endpoint)
             .copied()
             .unwrap_or(usize::MAX);
-        self.state.record_routed(
-            NS,
-            WS,
-            &route.endpoint,
-            &req.prompt,
-            route.cached_tokens,
-            now_ms,
-        );
+        self.state
+            .record_routed(NS, WS, &route.endpoint, &r, route.cached_tokens, now_ms);
         let prediction = route.prediction.unwrap_or_default();
         self.state
             .begin_request(NS, WS, &route.endpoint, prediction.uncached_tokens);

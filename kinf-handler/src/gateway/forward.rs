@@ -682,12 +682,11 @@ pub fn plan_with(
     excluded_providers: &[Arc<str>],
 ) -> Result<Chosen, ApiError> {
     let decide_start = Instant::now();
-    let token_ids = a
-        .request
-        .token_ids
-        .clone()
-        .unwrap_or_else(|| Arc::from(Vec::new()));
-    let (decision, chosen) = decide(gw, &a.policy, &a.request, &token_ids, excluded_providers);
+    // The prompt is hashed here, outside the state lock, for the block size the last local
+    // decision used; a decision under another block size hashes the token ids itself.
+    let hashed = with_block_hashes(&a.request, gw.state.block_size_hint());
+    let req = hashed.as_ref().unwrap_or(&a.request);
+    let (decision, chosen) = decide(gw, &a.policy, req, excluded_providers);
     gw.metrics
         .observe_decision_seconds(decide_start.elapsed().as_secs_f64());
     match (decision.outcome, chosen) {
@@ -970,12 +969,25 @@ fn mark_unready(gw: &Gateway, c: &Chosen) {
     });
 }
 
+/// A copy of `req` carrying its prompt's block hashes for `block_size`, when it has token ids
+/// for at least one block and no hashes yet (`None` otherwise, or when `block_size` is 0:
+/// unknown).
+fn with_block_hashes(req: &kinf_router::Request, block_size: u32) -> Option<kinf_router::Request> {
+    let tokens = req.token_ids.as_ref()?;
+    if block_size == 0 || req.block_hashes.is_some() || tokens.len() < block_size as usize {
+        return None;
+    }
+    let hashes = kinf_router::prefix_index::block_hashes(tokens, block_size as usize);
+    let mut hashed = req.clone();
+    hashed.block_hashes = Some((block_size, Arc::from(hashes.as_slice())));
+    Some(hashed)
+}
+
 /// Decides under the state lock and notes what the prediction was based on.
 fn decide(
     gw: &Gateway,
     policy: &kinf_lang::CompiledPolicy,
     req: &kinf_router::Request,
-    token_ids: &[u32],
     excluded_providers: &[Arc<str>],
 ) -> (Decision, Option<Chosen>) {
     let now = gw.state.now_ms();
@@ -1003,10 +1015,13 @@ fn decide(
                     &r.namespace,
                     &r.destination,
                     &r.endpoint,
-                    token_ids,
+                    req,
                     r.cached_tokens,
                     now,
                 );
+                if let Some(ws) = st.worker_set(&r.namespace, &r.destination) {
+                    gw.state.note_block_size(ws.block_size);
+                }
                 st.begin_request(&r.namespace, &r.destination, &r.endpoint, uncached_tokens);
                 Some(Arc::new(InFlightTicket {
                     state: gw.state.clone(),
@@ -1294,4 +1309,44 @@ fn buffered_stream(
             Err(e) => Err(std::io::Error::other(e.to_string())),
         }
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_are_hashed_before_the_lock_once_the_block_size_is_known() {
+        let tokens: Arc<[u32]> = (0..100u32).collect();
+        let mut req = kinf_router::Request::new("m", 100);
+        req.token_ids = Some(tokens.clone());
+        // No local decision yet: the block size is unknown, the decision hashes.
+        assert!(with_block_hashes(&req, 0).is_none());
+        // Three full blocks of 32 (the trailing partial block is never cached).
+        let hashed = with_block_hashes(&req, 32).unwrap();
+        let (bs, h) = hashed.block_hashes.clone().unwrap();
+        assert_eq!(bs, 32);
+        assert_eq!(
+            &h[..],
+            &kinf_router::prefix_index::block_hashes(&tokens, 32)[..]
+        );
+        assert_eq!(h.len(), 3);
+        assert_eq!(hashed.token_ids, req.token_ids, "the token ids stay");
+        // Hashed already, shorter than a block, or no token ids: nothing to do.
+        assert!(with_block_hashes(&hashed, 32).is_none());
+        assert!(with_block_hashes(&req, 128).is_none());
+        req.token_ids = None;
+        assert!(with_block_hashes(&req, 32).is_none());
+    }
+
+    #[test]
+    fn the_block_size_hint_follows_the_last_local_decision() {
+        let st = crate::live::SharedState::new(kinf_router::ClusterState::default());
+        assert_eq!(st.block_size_hint(), 0);
+        st.note_block_size(16);
+        assert_eq!(st.block_size_hint(), 16);
+        st.note_block_size(usize::MAX);
+        assert_eq!(st.block_size_hint(), 0, "a size no u32 holds is unknown");
+    }
 }

@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 use crate::decision::PredictionInputs;
 use crate::decision::*;
 use crate::predictor::{TtftModel, TtftParts};
-use crate::prefix_index::{EndpointId, block_hashes};
+use crate::prefix_index::EndpointId;
 use crate::request::Request;
 use crate::state::{ClusterState, EndpointState, Load, WorkerSetState};
 
@@ -667,18 +667,12 @@ impl<'a> Ctx<'a> {
         out
     }
 
-    /// Cached blocks of the request per endpoint id (dense; empty without token ids).
+    /// Cached blocks of the request per endpoint id (dense; empty without token ids or
+    /// matching block hashes).
     fn prefix_matches(&self, ws: &WorkerSetState) -> Vec<u32> {
         let mut dense = vec![0u32; ws.endpoints.len()];
-        let computed;
-        let hashes: &[u64] = match (&self.req.token_ids, &self.req.block_hashes) {
-            (Some(tokens), _) => {
-                computed = block_hashes(tokens, ws.block_size);
-                &computed
-            }
-            (None, Some((bs, h))) if *bs as usize == ws.block_size => h,
-            _ => &[],
-        };
+        let hashes = self.req.prompt_hashes(ws.block_size);
+        let hashes: &[u64] = &hashes;
         if !hashes.is_empty() {
             let mut found: Vec<(EndpointId, u32)> = Vec::with_capacity(ws.endpoints.len());
             ws.prefix
