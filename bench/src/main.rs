@@ -188,10 +188,8 @@ fn main() {
                 eprintln!("error: scenario did not compile");
                 std::process::exit(2);
             };
-            if hashed && let Some(tokens) = &req.token_ids {
-                let bs = kinf_router::synthetic::BLOCK_SIZE;
-                let h = kinf_router::prefix_index::block_hashes(tokens, bs);
-                req.block_hashes = Some((bs as u32, std::sync::Arc::from(h.as_slice())));
+            if hashed {
+                req.hash_prompt(kinf_router::synthetic::BLOCK_SIZE);
             }
             for _ in 0..iterations / 10 {
                 black_box(kinf_router::Decider::decide_with(

@@ -70,6 +70,17 @@ impl Request {
         }
     }
 
+    /// Sets [`block_hashes`](Self::block_hashes) to the hashes of `token_ids` for
+    /// `block_size` (nothing without token ids), so that later matching and
+    /// [`ClusterState::record_routed`](crate::ClusterState::record_routed) need not hash them.
+    pub fn hash_prompt(&mut self, block_size: usize) {
+        let (Some(tokens), Ok(bs)) = (&self.token_ids, u32::try_from(block_size)) else {
+            return;
+        };
+        let hashes = block_hashes(tokens, block_size);
+        self.block_hashes = Some((bs, Arc::from(hashes.as_slice())));
+    }
+
     /// Whether the request carries `tag`.
     pub fn has_tag(&self, tag: &str) -> bool {
         self.tags.iter().any(|t| &**t == tag)
@@ -124,5 +135,10 @@ mod tests {
         assert_eq!(&*req.prompt_hashes(16), &[7, 8, 9, 10]);
         assert_eq!(&*req.prompt_hashes(32), &block_hashes(&tokens, 32)[..]);
         assert!(matches!(req.prompt_hashes(16), PromptHashes::Given(_)));
+        // Hashing the prompt in place gives the computed hashes for that size.
+        req.hash_prompt(32);
+        assert_eq!(req.block_hashes.as_ref().map(|(bs, _)| *bs), Some(32));
+        assert_eq!(&*req.prompt_hashes(32), &block_hashes(&tokens, 32)[..]);
+        assert!(matches!(req.prompt_hashes(32), PromptHashes::Given(_)));
     }
 }

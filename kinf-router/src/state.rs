@@ -350,7 +350,11 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
         let prompt: Vec<u32> = (0..64).collect();
         let claimed = |req: &Request| {
             let mut st = ClusterState::from_policy(&p, 16);
-            st.record_routed("default", "w", "a:1", req, 16, 0);
+            assert_eq!(
+                st.record_routed("default", "w", "a:1", req, 16, 0),
+                Some(16)
+            );
+            assert_eq!(st.record_routed("default", "w", "b:1", req, 16, 0), None);
             let ws = st.worker_sets.get("default/w").unwrap_or_else(|| panic!());
             let mut depth = vec![0u32; 1];
             ws.routed
@@ -785,7 +789,8 @@ impl ClusterState {
     /// endpoint already holds or has been claimed for), until KV events have reported them.
     /// The blocks are the request's [`block_hashes`](Request::block_hashes) when their block
     /// size is the worker set's, else hashed from its token ids; without either nothing is
-    /// recorded.
+    /// recorded. Returns the worker set's block size (`None`: no such worker set or endpoint),
+    /// for a caller that hashes the next prompt before taking its lock.
     ///
     /// [`Route::cached_tokens`]: crate::Route::cached_tokens
     pub fn record_routed(
@@ -796,16 +801,11 @@ impl ClusterState {
         req: &Request,
         cached_tokens: u32,
         now_ms: u64,
-    ) {
-        let Some(ws) = self
+    ) -> Option<usize> {
+        let ws = self
             .worker_sets
-            .get_mut(format!("{namespace}/{worker_set}").as_str())
-        else {
-            return;
-        };
-        let Some(id) = ws.index_id(address) else {
-            return;
-        };
+            .get_mut(format!("{namespace}/{worker_set}").as_str())?;
+        let id = ws.index_id(address)?;
         let hashes = req.prompt_hashes(ws.block_size);
         match &mut ws.prefix {
             PrefixTracking::Approximate(index) => index.record(id, &hashes, now_ms),
@@ -817,6 +817,7 @@ impl ClusterState {
                     .claim(id, hashes.get(from..).unwrap_or(&[]), now_ms);
             }
         }
+        Some(ws.block_size)
     }
 
     fn endpoint_mut(

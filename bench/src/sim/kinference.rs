@@ -214,10 +214,7 @@ impl SimRouter for Kinference {
         }
         let mut r = kinf_router::Request::new(MODEL, req.prompt.len() as u32);
         r.token_ids = Some(req.prompt.clone());
-        if self.block > 0 {
-            let hashes = kinf_router::prefix_index::block_hashes(&req.prompt, self.block);
-            r.block_hashes = Some((self.block as u32, Arc::from(hashes.as_slice())));
-        }
+        r.hash_prompt(self.block);
         r.max_tokens = req.max_tokens;
         r.tenant = req.meta.tenant.clone();
         r.qos = req.meta.qos;

@@ -977,9 +977,8 @@ fn with_block_hashes(req: &kinf_router::Request, block_size: u32) -> Option<kinf
     if block_size == 0 || req.block_hashes.is_some() || tokens.len() < block_size as usize {
         return None;
     }
-    let hashes = kinf_router::prefix_index::block_hashes(tokens, block_size as usize);
     let mut hashed = req.clone();
-    hashed.block_hashes = Some((block_size, Arc::from(hashes.as_slice())));
+    hashed.hash_prompt(block_size as usize);
     Some(hashed)
 }
 
@@ -1011,7 +1010,7 @@ fn decide(
             let uncached_tokens = req.prompt_tokens.saturating_sub(r.cached_tokens);
             let prediction = r.prediction.filter(|_| local);
             let inflight = if local {
-                st.record_routed(
+                let block_size = st.record_routed(
                     &r.namespace,
                     &r.destination,
                     &r.endpoint,
@@ -1019,8 +1018,8 @@ fn decide(
                     r.cached_tokens,
                     now,
                 );
-                if let Some(ws) = st.worker_set(&r.namespace, &r.destination) {
-                    gw.state.note_block_size(ws.block_size);
+                if let Some(bs) = block_size {
+                    gw.state.note_block_size(bs);
                 }
                 st.begin_request(&r.namespace, &r.destination, &r.endpoint, uncached_tokens);
                 Some(Arc::new(InFlightTicket {
