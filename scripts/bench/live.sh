@@ -35,6 +35,10 @@ CLIENTS=${LIVE_CLIENTS:-"builtin guidellm"}
 GUIDELLM_ROUTERS=${LIVE_GUIDELLM_ROUTERS:-"kinference vllm-cache-aware sglang-cache-aware random"}
 MAX_LAG=${LIVE_MAX_LAG:-1.0}
 RETRIES=${LIVE_RETRIES:-2}
+python3 -c 'import sys; float(sys.argv[1]) >= 0 or sys.exit(1)' "$MAX_LAG" 2>/dev/null \
+  || { echo "error: LIVE_MAX_LAG must be a number of seconds ≥ 0, got '$MAX_LAG'" >&2; exit 2; }
+[[ "$RETRIES" =~ ^[0-9]+$ ]] \
+  || { echo "error: LIVE_RETRIES must be a whole number ≥ 0, got '$RETRIES'" >&2; exit 2; }
 
 if [ -n "${LIVE_BIN:-}" ]; then
   BIN=$LIVE_BIN # a directory with kinf-bench, kinference and kinf-sim
