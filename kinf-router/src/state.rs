@@ -656,8 +656,13 @@ impl WorkerSetState {
         if let PrefixTracking::Exact(index) = &mut self.prefix {
             // A block the engine reported is no longer a claim: the index holds it now (and
             // forgets it when the engine evicts it, which a claim would not).
-            let routed = &mut self.routed;
-            index.apply_all_with(id, events, |own| routed.release(id, own));
+            // The claims' endpoint is looked up once per batch, not per stored block.
+            let mut claims = self.routed.releaser(id);
+            index.apply_all_with(id, events, |own| {
+                if let Some(c) = claims.as_mut() {
+                    c.release(own);
+                }
+            });
         }
         true
     }

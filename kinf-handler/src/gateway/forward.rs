@@ -683,8 +683,12 @@ pub fn plan_with(
 ) -> Result<Chosen, ApiError> {
     let decide_start = Instant::now();
     // The prompt is hashed here, outside the state lock, for the block size the last local
-    // decision used; a decision under another block size hashes the token ids itself.
-    let hashed = with_block_hashes(&a.request, gw.state.block_size_hint());
+    // decision for the same pool and model used; a decision under another block size hashes
+    // the token ids itself.
+    let hint = gw
+        .state
+        .block_size_hint(a.request.pool.as_ref(), &a.request.model);
+    let hashed = with_block_hashes(&a.request, hint);
     let req = hashed.as_ref().unwrap_or(&a.request);
     let (decision, chosen) = decide(gw, &a.policy, req, excluded_providers);
     gw.metrics
@@ -1019,7 +1023,7 @@ fn decide(
                     now,
                 );
                 if let Some(bs) = block_size {
-                    gw.state.note_block_size(bs);
+                    gw.state.note_block_size(req.pool.as_ref(), &req.model, bs);
                 }
                 st.begin_request(&r.namespace, &r.destination, &r.endpoint, uncached_tokens);
                 Some(Arc::new(InFlightTicket {
@@ -1340,12 +1344,38 @@ mod tests {
     }
 
     #[test]
-    fn the_block_size_hint_follows_the_last_local_decision() {
+    fn the_block_size_hint_follows_the_last_local_decision_per_pool_and_model() {
         let st = crate::live::SharedState::new(kinf_router::ClusterState::default());
-        assert_eq!(st.block_size_hint(), 0);
-        st.note_block_size(16);
-        assert_eq!(st.block_size_hint(), 16);
-        st.note_block_size(usize::MAX);
-        assert_eq!(st.block_size_hint(), 0, "a size no u32 holds is unknown");
+        let (a, b): (Arc<str>, Arc<str>) = ("model-a".into(), "model-b".into());
+        let pool: Arc<str> = "team/pool".into();
+        assert_eq!(st.block_size_hint(None, &a), 0);
+        st.note_block_size(None, &a, 16);
+        st.note_block_size(None, &b, 32);
+        st.note_block_size(Some(&pool), &a, 64);
+        assert_eq!(st.block_size_hint(None, &a), 16);
+        assert_eq!(
+            st.block_size_hint(None, &b),
+            32,
+            "another model keeps its own"
+        );
+        assert_eq!(
+            st.block_size_hint(Some(&pool), &a),
+            64,
+            "another pool keeps its own"
+        );
+        st.note_block_size(None, &a, 32);
+        assert_eq!(st.block_size_hint(None, &a), 32, "the last decision wins");
+        st.note_block_size(None, &a, usize::MAX);
+        assert_eq!(
+            st.block_size_hint(None, &a),
+            0,
+            "a size no u32 holds is unknown"
+        );
+        // Bounded: past the limit the hints start over.
+        for i in 0..crate::live::MAX_BLOCK_SIZE_HINTS {
+            st.note_block_size(None, &Arc::from(format!("m{i}")), 16);
+        }
+        assert_eq!(st.block_size_hint(None, &b), 0, "the full map started over");
+        assert_eq!(st.block_size_hint(None, &Arc::from("m4095")), 16);
     }
 }

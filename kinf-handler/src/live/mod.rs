@@ -15,25 +15,35 @@ pub mod status;
 pub mod supervisor;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
+
+use ahash::AHashMap;
 
 pub use config::LiveConfig;
 pub use status::{EndpointStatus, KvStatus, ScrapeStatus};
 pub use supervisor::{EndpointSpec, LiveIngest};
 
 use kinf_router::ClusterState;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 /// The cluster state shared by the gateway and its ingestion tasks.
 #[derive(Debug)]
 pub struct SharedState {
     state: Mutex<ClusterState>,
     epoch: Instant,
-    /// The block size of the worker set the last local decision routed to (0: none yet), read
-    /// without the lock to hash the next prompt before taking it.
-    block_size_hint: AtomicU32,
+    /// Per front door and requested model, the block size of the worker set the last local
+    /// decision for them routed to; read without the state lock to hash the next such prompt
+    /// before taking it.
+    block_size_hints: RwLock<AHashMap<HintKey, u32>>,
 }
+
+/// What a block-size hint is kept per: the request's pool (`None`: the policy's only one) and
+/// its requested model. Requests that share both are decided by the same rules, so they
+/// usually go to worker sets with the same block size.
+type HintKey = (Option<Arc<str>>, Arc<str>);
+
+/// The most block-size hints kept ([`SharedState::note_block_size`]).
+pub const MAX_BLOCK_SIZE_HINTS: usize = 4096;
 
 impl SharedState {
     /// Wraps a state.
@@ -41,7 +51,7 @@ impl SharedState {
         Arc::new(SharedState {
             state: Mutex::new(state),
             epoch: Instant::now(),
-            block_size_hint: AtomicU32::new(0),
+            block_size_hints: RwLock::new(AHashMap::new()),
         })
     }
 
@@ -50,17 +60,30 @@ impl SharedState {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// The block size to hash the next prompt with before deciding (outside the lock): the
-    /// one the last local decision used; 0 until one was made.
-    pub fn block_size_hint(&self) -> u32 {
-        self.block_size_hint.load(Ordering::Relaxed)
+    /// The block size to hash a prompt for `pool` and `model` with before deciding (outside
+    /// the state lock): the one the last local decision for the same pool and model used; 0
+    /// until one was made.
+    pub fn block_size_hint(&self, pool: Option<&Arc<str>>, model: &Arc<str>) -> u32 {
+        let key = (pool.cloned(), model.clone());
+        self.block_size_hints.read().get(&key).copied().unwrap_or(0)
     }
 
-    /// Notes the block size of the worker set a request was routed to
-    /// ([`block_size_hint`](Self::block_size_hint)).
-    pub fn note_block_size(&self, block_size: usize) {
+    /// Notes the block size of the worker set a request for `pool` and `model` was routed to
+    /// ([`block_size_hint`](Self::block_size_hint)). A size no `u32` holds is noted as
+    /// unknown (0). Takes the write lock only when the hint changes. The hints are bounded
+    /// ([`MAX_BLOCK_SIZE_HINTS`]): a rule may route any requested model name, so clients could
+    /// otherwise grow them without limit; when full they start over (a missing hint only
+    /// moves the hashing back under the lock).
+    pub fn note_block_size(&self, pool: Option<&Arc<str>>, model: &Arc<str>, block_size: usize) {
         let b = u32::try_from(block_size).unwrap_or(0);
-        self.block_size_hint.store(b, Ordering::Relaxed);
+        if self.block_size_hint(pool, model) == b {
+            return;
+        }
+        let mut hints = self.block_size_hints.write();
+        if hints.len() >= MAX_BLOCK_SIZE_HINTS {
+            hints.clear();
+        }
+        hints.insert((pool.cloned(), model.clone()), b);
     }
 
     /// Runs `f` with exclusive access to the state.

@@ -144,16 +144,16 @@ impl ApproxIndex {
     /// Forgets that `ep` holds block `h` (something else now accounts for it); its queue
     /// entry is dropped later, as a stale one.
     pub fn release(&mut self, ep: EndpointId, h: u64) {
-        let Some(slot) = self.endpoints.slot(ep) else {
-            return;
-        };
-        if !take_touch(&mut self.blocks, h, |t| t.slot == slot) {
-            return;
+        if let Some(mut r) = self.releaser(ep) {
+            r.release(h);
         }
-        self.pairs -= 1;
-        if let Some(state) = self.endpoints.get_mut(slot) {
-            state.held = state.held.saturating_sub(1);
-        }
+    }
+
+    /// A handle that forgets blocks of `ep` one by one ([`release`](Self::release)) with the
+    /// endpoint looked up once, for a batch; `None` when `ep` holds nothing here.
+    pub fn releaser(&mut self, ep: EndpointId) -> Option<Releaser<'_>> {
+        let slot = self.endpoints.slot(ep)?;
+        Some(Releaser { index: self, slot })
     }
 
     /// Drops, on every endpoint, the entries older than the maximum age at `now_ms`.
@@ -374,6 +374,27 @@ fn remove_touch(mut touches: OccupiedEntry<'_, u64, Touches>, pos: usize) {
     ts.remove(pos);
     if ts.is_empty() {
         touches.remove();
+    }
+}
+
+/// Forgets blocks of one endpoint of an [`ApproxIndex`] ([`ApproxIndex::releaser`]).
+pub struct Releaser<'a> {
+    index: &'a mut ApproxIndex,
+    slot: u32,
+}
+
+impl Releaser<'_> {
+    /// Forgets that the endpoint holds block `h`, as [`ApproxIndex::release`] does.
+    pub fn release(&mut self, h: u64) {
+        let slot = self.slot;
+        let index = &mut *self.index;
+        if !take_touch(&mut index.blocks, h, |t| t.slot == slot) {
+            return;
+        }
+        index.pairs -= 1;
+        if let Some(state) = index.endpoints.get_mut(slot) {
+            state.held = state.held.saturating_sub(1);
+        }
     }
 }
 
