@@ -44,6 +44,13 @@ KINFCTL="$CARGO_TARGET_DIR/debug/kinfctl"
 for d in testdata/policies/*/; do
   "$KINFCTL" lint --deny-warnings "$d" >/dev/null
 done
+echo "== the benchmark experiments still apply (bench/experiments)"
+for p in bench/experiments/*.patch; do
+  git apply --check "$p" || {
+    echo "$p no longer applies to this tree: refresh it (bench/experiments/README.md)"
+    exit 1
+  }
+done
 echo "== Prometheus rules and Grafana dashboards"
 bash scripts/e2e/prometheus_check.sh
 echo "== doc tests"
