@@ -151,7 +151,7 @@ impl ApproxIndex {
 
     /// A handle that forgets blocks of `ep` one by one ([`release`](Self::release)) with the
     /// endpoint looked up once, for a batch; `None` when `ep` holds nothing here.
-    pub fn releaser(&mut self, ep: EndpointId) -> Option<Releaser<'_>> {
+    pub(crate) fn releaser(&mut self, ep: EndpointId) -> Option<Releaser<'_>> {
         let slot = self.endpoints.slot(ep)?;
         Some(Releaser { index: self, slot })
     }
@@ -378,14 +378,14 @@ fn remove_touch(mut touches: OccupiedEntry<'_, u64, Touches>, pos: usize) {
 }
 
 /// Forgets blocks of one endpoint of an [`ApproxIndex`] ([`ApproxIndex::releaser`]).
-pub struct Releaser<'a> {
+pub(crate) struct Releaser<'a> {
     index: &'a mut ApproxIndex,
     slot: u32,
 }
 
 impl Releaser<'_> {
     /// Forgets that the endpoint holds block `h`, as [`ApproxIndex::release`] does.
-    pub fn release(&mut self, h: u64) {
+    pub(crate) fn release(&mut self, h: u64) {
         let slot = self.slot;
         let index = &mut *self.index;
         if !take_touch(&mut index.blocks, h, |t| t.slot == slot) {

@@ -22,7 +22,7 @@ mod slots;
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64_with_seed};
 
-pub use approx::{ApproxIndex, ApproxStats, Releaser};
+pub use approx::{ApproxIndex, ApproxStats};
 pub use exact::{IndexStats, PrefixIndex};
 
 /// Identifies an endpoint (one vLLM engine / data-parallel rank); assigned by the caller.
