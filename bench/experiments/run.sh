@@ -15,10 +15,39 @@
 # concurrency 4-32 (peak of the means over seeds 1-3, goodput req/min) and of shared-prefix
 # on 8 workers at concurrency 85.
 set -euo pipefail
+# The patched build reads an unknown KINF_EXPERIMENT as unset (main's decisions): refuse it
+# here, so that a typo cannot print main's figures under a variant's name.
+case ${KINF_EXPERIMENT:-} in
+  "" | hot-prefix | second-copy | credit | credit-second-copy) ;;
+  cold-tiebreak=*)
+    [[ ${KINF_EXPERIMENT#cold-tiebreak=} =~ ^[0-9]+([.][0-9]+)?$ ]] || {
+      echo "KINF_EXPERIMENT=$KINF_EXPERIMENT: K must be a number, e.g. cold-tiebreak=0.5" >&2
+      exit 2
+    } ;;
+  *)
+    echo "KINF_EXPERIMENT=$KINF_EXPERIMENT is not a variant: hot-prefix, second-copy, credit, credit-second-copy or cold-tiebreak=K (bench/experiments/README.md)" >&2
+    exit 2 ;;
+esac
+[[ ${KINF_EXPERIMENT_MIN_REUSE:-0} =~ ^[0-9]+([.][0-9]+)?$ ]] || {
+  echo "KINF_EXPERIMENT_MIN_REUSE=$KINF_EXPERIMENT_MIN_REUSE: must be a number" >&2
+  exit 2
+}
 bin=${1:-target/release/kinf-bench}
 shift || true
 cells=("$@")
 [ ${#cells[@]} -gt 0 ] || cells=(w3 w30-steady w100-steady w30-cold w100-cold)
+for c in "${cells[@]}"; do
+  case $c in
+    w3 | w30-steady | w100-steady | w300-steady | w30-cold | w100-cold | w1000-cold | light | capacity) ;;
+    *) echo "unknown cell: $c (w3 w30-steady w100-steady w300-steady w30-cold w100-cold w1000-cold light capacity)" >&2; exit 2 ;;
+  esac
+done
+[ -x "$bin" ] || { echo "$bin: no such executable (cargo build --release -p kinf-bench)" >&2; exit 2; }
+# An unpatched build ignores KINF_EXPERIMENT and would print main's figures.
+if [ -n "${KINF_EXPERIMENT:-}" ] && ! grep -qa KINF_EXPERIMENT "$bin"; then
+  echo "$bin was not built with bench/experiments/hot-prefix.patch applied" >&2
+  exit 2
+fi
 run() { # label workers duration warmup
   "$bin" sim --workload chat --router kinference --workers "$2" --profile h100-llama70b \
     --load "poisson:$(( $2 * 10 ))" --duration "$3" --warmup "$4" --seed 1 --format json |
@@ -45,7 +74,7 @@ runs = [json.loads(l) for l in sys.stdin.read().replace("}\n{", "}\x00{").split(
 print(sum(r["goodput_rpm"] for r in runs) / len(runs))'
   done | python3 -c 'import sys; v = [float(l) for l in sys.stdin]; print("| %s | peak goodput %.1f req/min |" % (sys.argv[1], max(v)))' "$label"
 }
-echo "variant: ${KINF_EXPERIMENT:-main}"
+echo "variant: ${KINF_EXPERIMENT:-main}${KINF_EXPERIMENT_MIN_REUSE:+, min reuse $KINF_EXPERIMENT_MIN_REUSE}"
 for c in "${cells[@]}"; do
   case $c in
     w3) run "3 workers, 600 s" 3 600 0 ;;
@@ -60,6 +89,5 @@ for c in "${cells[@]}"; do
       goodput "hotspot, 3 workers" hotspot 3 4 8 16 24 32
       goodput "mixed-tenants, 3 workers" mixed-tenants 3 4 8 16 24 32
       goodput "shared-prefix, 8 workers, c=85" shared-prefix 8 85 ;;
-    *) echo "unknown cell: $c" >&2; exit 2 ;;
   esac
 done
