@@ -58,7 +58,7 @@ light() { # workload
     "$bin" sim --workload "$1" --router kinference --seed "$seed" --format json
   done | python3 -c '
 import json, sys
-runs = [json.loads(l) for l in sys.stdin.read().replace("}\n{", "}\x00{").split("\x00")]
+runs = [json.loads(l) for l in sys.stdin if l.strip()]  # one JSON object per run and line
 m = lambda k: sum(r[k] for r in runs) / len(runs)
 print("| %s, light load | %.3f / %.3f, %.1f %%, busiest %.2f |" % (sys.argv[1], m("ttft_p50_s"), m("ttft_p90_s"), 100 * m("cache_hit_rate"), m("load_imbalance")))' "$1"
 }
@@ -70,7 +70,7 @@ goodput() { # label workload workers concurrency...; prints the best mean goodpu
         --duration 900 --warmup 120 --seed "$seed" --format json
     done | python3 -c '
 import json, sys
-runs = [json.loads(l) for l in sys.stdin.read().replace("}\n{", "}\x00{").split("\x00")]
+runs = [json.loads(l) for l in sys.stdin if l.strip()]  # one JSON object per run and line
 print(sum(r["goodput_rpm"] for r in runs) / len(runs))'
   done | python3 -c 'import sys; v = [float(l) for l in sys.stdin]; print("| %s | peak goodput %.1f req/min |" % (sys.argv[1], max(v)))' "$label"
 }
