@@ -2,7 +2,9 @@
 //! by 64) of every workload under every router, in a debug build in seconds.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use kinf_bench::sim::{LoadSpec, RouterKind, SimConfig, SimResult, WorkloadKind, run};
+use kinf_bench::sim::{
+    LoadSpec, RouterKind, SimConfig, SimResult, WallBreakdown, WorkloadKind, run,
+};
 use proptest::prelude::*;
 
 fn tiny(w: WorkloadKind, r: RouterKind, seed: u64) -> SimConfig {
@@ -27,6 +29,7 @@ fn simulated(r: &SimResult) -> SimResult {
     r.decision_us_mean = 0.0;
     r.decision_us_p50 = 0.0;
     r.decision_us_p99 = 0.0;
+    r.wall_breakdown = WallBreakdown::default();
     r
 }
 
@@ -63,6 +66,48 @@ fn closed_loop_keeps_the_clients_busy_and_measures_goodput() {
     assert!(r.requests > 20, "{}", r.requests);
     assert_eq!(r.concurrency, Some(4));
     assert!(r.goodput_rpm > 0.0 && r.goodput_rpm <= r.throughput_rpm + 1e-9);
+}
+
+#[test]
+fn the_wall_breakdown_accounts_for_the_run_and_names_where_it_went() {
+    let r = run(&tiny(WorkloadKind::SharedPrefix, RouterKind::Kinference, 1)).unwrap();
+    let b = r.wall_breakdown;
+    let parts = [
+        b.setup_s,
+        b.engine_s,
+        b.decide_s,
+        b.observe_s,
+        b.scrape_s,
+        b.workload_s,
+        b.other_s,
+    ];
+    assert!(parts.iter().all(|p| *p >= 0.0 && p.is_finite()), "{b:?}");
+    // Every part that this run exercises took some time: engines stepped, decisions were
+    // made, KV events were observed, metrics scraped, prompts generated.
+    for (name, p) in [
+        ("engine", b.engine_s),
+        ("decide", b.decide_s),
+        ("observe", b.observe_s),
+        ("scrape", b.scrape_s),
+        ("workload", b.workload_s),
+    ] {
+        assert!(p > 0.0, "{name}: {b:?}");
+    }
+    // The decision part is the sum the decision statistics come from.
+    let from_mean = r.decision_us_mean * r.submitted as f64 / 1e6;
+    assert!(
+        (b.decide_s - from_mean).abs() <= 1e-3 + 0.01 * b.decide_s,
+        "{} s vs {from_mean} s",
+        b.decide_s
+    );
+    // The measured parts do not overlap: with the remainder they add up to the run's wall
+    // time (a part counted twice would exceed it, and `other_s` is clamped at zero).
+    let sum: f64 = parts.iter().sum();
+    assert!(
+        (sum - r.wall_s).abs() <= 1e-6 * r.wall_s + 1e-9,
+        "{sum} vs {}",
+        r.wall_s
+    );
 }
 
 #[test]

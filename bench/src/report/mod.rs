@@ -638,7 +638,7 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
                 v.get("workers").and_then(Value::as_u64),
             )
         });
-        for v in rows {
+        for v in &rows {
             let _ = writeln!(
                 m,
                 "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:.3} | {:.1} % | {:.1} % | {:.2} | {:.1} | {:.1} | {:.1} |",
@@ -658,6 +658,7 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
             );
         }
         let _ = writeln!(m);
+        scale_wall_table(&mut m, &rows);
     }
 
     // Live.
@@ -712,6 +713,55 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
         let _ = writeln!(m, "{analysis}");
     }
     m
+}
+
+/// The scale runs' wall time per request, by part (`wall_breakdown`), against the budget of
+/// the scale target. Runs without a breakdown (older results) are left out.
+fn scale_wall_table(m: &mut String, rows: &[&&Value]) {
+    use std::fmt::Write as _;
+    const PARTS: [&str; 6] = [
+        "engine_s",
+        "decide_s",
+        "observe_s",
+        "workload_s",
+        "setup_s",
+        "other_s",
+    ];
+    let with: Vec<&&&Value> = rows
+        .iter()
+        .filter(|v| v.get("wall_breakdown").is_some_and(Value::is_object))
+        .collect();
+    if with.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        m,
+        "Where the wall time goes, µs per request sent (`wall_breakdown` ÷ `submitted`): the \
+         simulated engines, the router's decisions (`route`), the router taking in engine \
+         outputs (`observe`: KV events, first tokens, completions), generating prompts, \
+         building the fleet, and the rest. The scale target (10,000 req/s for 600 simulated \
+         seconds in ≤ 60 s) allows **10 µs per request for all of it**.\n\n\
+         | router | workers | engine | decide | observe | workload | setup | other | total |\n\
+         |---|---|---|---|---|---|---|---|---|"
+    );
+    for v in with {
+        let n = f(v, "submitted");
+        let b = v.get("wall_breakdown");
+        let us = |k: &str| {
+            1e6 * b
+                .and_then(|b| b.get(k))
+                .and_then(Value::as_f64)
+                .unwrap_or(f64::NAN)
+                / n
+        };
+        let mut row = format!("| {} | {} |", s(v, "router"), f(v, "workers"));
+        for k in PARTS {
+            let _ = write!(row, " {:.1} |", us(k));
+        }
+        let _ = write!(row, " {:.1} |", 1e6 * f(v, "wall_s") / n);
+        let _ = writeln!(m, "{row}");
+    }
+    let _ = writeln!(m);
 }
 
 /// A live Poisson run shorter than this share of its group's median duration sent on a
@@ -899,5 +949,26 @@ mod tests {
         let runs: Vec<(String, Value)> = vec![("m".into(), lag(2.5)), ("n".into(), lag(0.12))];
         let live: Vec<(&String, &Value)> = runs.iter().map(|(k, v)| (k, v)).collect();
         assert_eq!(compressed_schedules(&live), vec!["m"]);
+    }
+
+    #[test]
+    fn the_scale_wall_table_gives_microseconds_per_request_and_skips_runs_without_a_breakdown() {
+        let with = json!({"router": "kinference", "workers": 1000, "submitted": 100_000,
+            "wall_s": 9.0, "wall_breakdown": {"engine_s": 2.5, "decide_s": 3.0,
+            "observe_s": 1.25, "workload_s": 0.5, "setup_s": 0.25, "scrape_s": 0.0,
+            "other_s": 1.5}});
+        let without = json!({"router": "epp", "workers": 1000, "submitted": 6_000_000,
+            "wall_s": 700.0});
+        let mut m = String::new();
+        scale_wall_table(&mut m, &[&&with, &&without]);
+        assert!(
+            m.contains("| kinference | 1000 | 25.0 | 30.0 | 12.5 | 5.0 | 2.5 | 15.0 | 90.0 |"),
+            "{m}"
+        );
+        assert!(!m.contains("| epp |"), "{m}");
+        // No run with a breakdown: no table at all.
+        let mut m = String::new();
+        scale_wall_table(&mut m, &[&&without]);
+        assert!(m.is_empty(), "{m}");
     }
 }

@@ -300,12 +300,37 @@ pub struct SimResult {
     pub sim_end_s: f64,
     /// Wall time of the run, seconds (a shared 2-core box: indicative only).
     pub wall_s: f64,
+    /// Where `wall_s` went.
+    pub wall_breakdown: WallBreakdown,
     /// TTFT quantiles (`cdf_points` evenly spaced), for CDF plots.
     pub ttft_cdf: Vec<f64>,
     /// Kinference only: decisions per rule.
     pub rules: Option<HashMap<String, u64>>,
     /// Kinference only: sampled decision traces.
     pub traces: Option<Vec<kinference::TraceSample>>,
+}
+
+/// Where a simulation's wall time went, seconds: each part is the time spent inside one kind
+/// of call, measured around the call (`Instant`, about 25 ns a reading; a few per request).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct WallBreakdown {
+    /// Building the fleet (every engine's block pool), the router and the workload.
+    pub setup_s: f64,
+    /// The simulated engines: stepping (scheduling, the KV cache, producing KV events) and
+    /// accepting requests.
+    pub engine_s: f64,
+    /// The router's decisions (`route`: for `kinference` the prompt's hashing, the decision and
+    /// the state updates that go with it, `record_routed` and `begin_request`).
+    pub decide_s: f64,
+    /// The router taking in engine outputs (`observe`: for `kinference` KV events into the
+    /// prefix index, first tokens into the TTFT model, completions).
+    pub observe_s: f64,
+    /// The router's metrics scrapes.
+    pub scrape_s: f64,
+    /// Generating sessions and turns (prompts).
+    pub workload_s: f64,
+    /// The rest: the event loop, per-request bookkeeping and the final statistics.
+    pub other_s: f64,
 }
 
 /// Builds the router.
@@ -367,6 +392,12 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
     let mut fleet = Fleet::new(&profile, opts, cfg.workers).map_err(|e| e.to_string())?;
     let mut router = make_router(cfg, block)?;
     let mut generator = Generator::new(cfg.workload, cfg.seed, vocab, cfg.scale, cfg.workers);
+    let mut wb = WallBreakdown {
+        setup_s: started.elapsed().as_secs_f64(),
+        ..WallBreakdown::default()
+    };
+    // Adds the time since `t0` to a part of `wb`.
+    let spent = |part: &mut f64, t0: Instant| *part += t0.elapsed().as_secs_f64();
     let mut arrivals_rng = Rng::new(cfg.seed ^ 0x6172_7269_7661_6c73);
     let closed = matches!(cfg.load, LoadSpec::Concurrency(_));
 
@@ -378,6 +409,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
     let mut next_poisson = f64::INFINITY;
     match cfg.load {
         LoadSpec::Concurrency(c) => {
+            let t0 = Instant::now();
             for i in 0..c {
                 clients.push(Some(Client {
                     session: generator.session(),
@@ -386,6 +418,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
                 sends.push(Reverse((key(0.0), seq, i)));
                 seq += 1;
             }
+            spent(&mut wb.workload_s, t0);
         }
         LoadSpec::Poisson(rate) => next_poisson = arrivals_rng.exp(rate),
     }
@@ -431,9 +464,13 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
         }
         if te <= ta && te <= next_scrape {
             outs.clear();
+            let t0 = Instant::now();
             fleet.advance_to(te, &mut |i, o| outs.push((i, o)));
+            spent(&mut wb.engine_s, t0);
             for (i, o) in outs.drain(..) {
+                let t0 = Instant::now();
                 router.observe(te, i, &o);
+                spent(&mut wb.observe_s, t0);
                 let (id, fin) = match &o {
                     Output::Finished(f) => (f.id, Some(f.stats)),
                     Output::Rejected(r) => (r.id, None),
@@ -470,7 +507,9 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
                 c.previous = fin.map(|s| (id, s.output_tokens));
                 if c.session.is_done() {
                     if closed {
+                        let t0 = Instant::now();
                         c.session = generator.session();
+                        spent(&mut wb.workload_s, t0);
                         c.previous = None;
                     } else {
                         if let Some(slot) = clients.get_mut(l.client) {
@@ -487,11 +526,14 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
             continue;
         }
         if next_scrape <= ta {
+            let t0 = Instant::now();
             router.scrape(next_scrape, fleet.engines());
+            spent(&mut wb.scrape_s, t0);
             next_scrape += scrape_every.unwrap_or(f64::INFINITY);
             continue;
         }
         // An arrival.
+        let t0 = Instant::now();
         let (t, client) = if tp <= ta_heap {
             let i = clients.len();
             clients.push(Some(Client {
@@ -511,7 +553,9 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
         let Some(Some(c)) = clients.get_mut(client) else {
             continue;
         };
-        let Some(turn) = c.session.next_turn(c.previous, vocab) else {
+        let turn = c.session.next_turn(c.previous, vocab);
+        spent(&mut wb.workload_s, t0);
+        let Some(turn) = turn else {
             continue;
         };
         let id = next_id;
@@ -526,7 +570,9 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
         // reads state as of now.
         let d0 = Instant::now();
         let w = router.route(t, &req, fleet.engines());
-        let dt = d0.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32;
+        let elapsed = d0.elapsed();
+        wb.decide_s += elapsed.as_secs_f64();
+        let dt = elapsed.as_nanos().min(u128::from(u32::MAX)) as u32;
         decision_ns.push(dt);
         submitted += 1;
         if let Some(c) = per_worker.get_mut(w) {
@@ -541,10 +587,14 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
         );
         let ereq = Request::new(id, req.prompt, req.max_tokens);
         outs.clear();
+        let t0 = Instant::now();
         fleet.submit_to(w, ereq, t, &mut |i, o| outs.push((i, o)));
+        spent(&mut wb.engine_s, t0);
         // A refusal: account for it like an engine output.
         for (i, o) in std::mem::take(&mut outs) {
+            let t0 = Instant::now();
             router.observe(t, i, &o);
+            spent(&mut wb.observe_s, t0);
             if let Output::Rejected(r) = &o
                 && let Some(l) = live.remove(&r.id)
             {
@@ -561,7 +611,9 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
                         continue;
                     }
                     if c.session.is_done() {
+                        let t0 = Instant::now();
                         c.session = generator.session();
+                        spent(&mut wb.workload_s, t0);
                     }
                     // Retry-free client: the next request after a short pause.
                     if t + 1.0 < cfg.duration_s {
@@ -660,6 +712,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
         steps: fleet.total_counters().steps,
         sim_end_s: fleet.now(),
         wall_s: 0.0,
+        wall_breakdown: wb,
         ttft_cdf: cdf,
         rules: None,
         traces: None,
@@ -669,5 +722,14 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
         result.traces = Some(d.traces);
     }
     result.wall_s = started.elapsed().as_secs_f64();
+    let b = &mut result.wall_breakdown;
+    b.other_s = (result.wall_s
+        - b.setup_s
+        - b.engine_s
+        - b.decide_s
+        - b.observe_s
+        - b.scrape_s
+        - b.workload_s)
+        .max(0.0);
     Ok(result)
 }

@@ -264,12 +264,15 @@ impl Generator {
     }
 
     fn with_unique(&mut self, prefix: &[u32], unique: usize) -> Arc<[u32]> {
-        let mut p = Vec::with_capacity(prefix.len() + unique);
-        p.extend_from_slice(prefix);
-        for _ in 0..unique {
-            p.push(self.rng.below(u64::from(self.vocab.max(1))) as u32);
-        }
-        Arc::from(p)
+        // Collected straight into the `Arc` (both parts have an exact length): one
+        // allocation and one copy of the prefix, not a `Vec` copied again.
+        let vocab = u64::from(self.vocab.max(1));
+        let rng = &mut self.rng;
+        prefix
+            .iter()
+            .copied()
+            .chain((0..unique).map(|_| rng.below(vocab) as u32))
+            .collect()
     }
 
     /// The next session.
