@@ -741,8 +741,8 @@ fn scale_wall_table(m: &mut String, rows: &[&&Value]) {
          outputs (`observe`: KV events, first tokens, completions), generating prompts, \
          building the fleet, and the rest. The scale target (10,000 req/s for 600 simulated \
          seconds in ≤ 60 s) allows **10 µs per request for all of it**.\n\n\
-         | router | workers | engine | decide | observe | workload | setup | other | total |\n\
-         |---|---|---|---|---|---|---|---|---|"
+         | router | workers | simulated s | engine | decide | observe | workload | setup | other | total |\n\
+         |---|---|---|---|---|---|---|---|---|---|"
     );
     for v in with {
         let n = f(v, "submitted");
@@ -754,7 +754,12 @@ fn scale_wall_table(m: &mut String, rows: &[&&Value]) {
                 .unwrap_or(f64::NAN)
                 / n
         };
-        let mut row = format!("| {} | {} |", s(v, "router"), f(v, "workers"));
+        let mut row = format!(
+            "| {} | {} | {:.0} |",
+            s(v, "router"),
+            f(v, "workers"),
+            f(v, "duration_s")
+        );
         for k in PARTS {
             let _ = write!(row, " {:.1} |", us(k));
         }
@@ -954,7 +959,7 @@ mod tests {
     #[test]
     fn the_scale_wall_table_gives_microseconds_per_request_and_skips_runs_without_a_breakdown() {
         let with = json!({"router": "kinference", "workers": 1000, "submitted": 100_000,
-            "wall_s": 9.0, "wall_breakdown": {"engine_s": 2.5, "decide_s": 3.0,
+            "duration_s": 10.0, "wall_s": 9.0, "wall_breakdown": {"engine_s": 2.5, "decide_s": 3.0,
             "observe_s": 1.25, "workload_s": 0.5, "setup_s": 0.25, "scrape_s": 0.0,
             "other_s": 1.5}});
         let without = json!({"router": "epp", "workers": 1000, "submitted": 6_000_000,
@@ -962,7 +967,7 @@ mod tests {
         let mut m = String::new();
         scale_wall_table(&mut m, &[&&with, &&without]);
         assert!(
-            m.contains("| kinference | 1000 | 25.0 | 30.0 | 12.5 | 5.0 | 2.5 | 15.0 | 90.0 |"),
+            m.contains("| kinference | 1000 | 10 | 25.0 | 30.0 | 12.5 | 5.0 | 2.5 | 15.0 | 90.0 |"),
             "{m}"
         );
         assert!(!m.contains("| epp |"), "{m}");
