@@ -719,10 +719,11 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
 /// the scale target. Runs without a breakdown (older results) are left out.
 fn scale_wall_table(m: &mut String, rows: &[&&Value]) {
     use std::fmt::Write as _;
-    const PARTS: [&str; 6] = [
+    const PARTS: [&str; 7] = [
         "engine_s",
         "decide_s",
         "observe_s",
+        "scrape_s",
         "workload_s",
         "setup_s",
         "other_s",
@@ -738,11 +739,11 @@ fn scale_wall_table(m: &mut String, rows: &[&&Value]) {
         m,
         "Where the wall time goes, µs per request sent (`wall_breakdown` ÷ `submitted`): the \
          simulated engines, the router's decisions (`route`), the router taking in engine \
-         outputs (`observe`: KV events, first tokens, completions), generating prompts, \
-         building the fleet, and the rest. The scale target (10,000 req/s for 600 simulated \
+         outputs (`observe`: KV events, first tokens, completions), metrics scrapes, \
+         generating prompts, building the fleet, and the rest. The scale target (10,000 req/s for 600 simulated \
          seconds in ≤ 60 s) allows **10 µs per request for all of it**.\n\n\
-         | router | workers | simulated s | engine | decide | observe | workload | setup | other | total |\n\
-         |---|---|---|---|---|---|---|---|---|---|"
+         | router | workers | simulated s | engine | decide | observe | scrape | workload | setup | other | total |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|"
     );
     for v in with {
         let n = f(v, "submitted");
@@ -967,7 +968,9 @@ mod tests {
         let mut m = String::new();
         scale_wall_table(&mut m, &[&&with, &&without]);
         assert!(
-            m.contains("| kinference | 1000 | 10 | 25.0 | 30.0 | 12.5 | 5.0 | 2.5 | 15.0 | 90.0 |"),
+            m.contains(
+                "| kinference | 1000 | 10 | 25.0 | 30.0 | 12.5 | 0.0 | 5.0 | 2.5 | 15.0 | 90.0 |"
+            ),
             "{m}"
         );
         assert!(!m.contains("| epp |"), "{m}");

@@ -405,7 +405,10 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
     let mut sends: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
     let mut seq = 0u64;
     let key = |t: f64| t.max(0.0).to_bits();
+    // Open-loop clients come and go (one per session, 6 million in the scale target run): a
+    // finished one's slot is reused, so the table stays as large as the sessions in flight.
     let mut clients: Vec<Option<Client>> = Vec::new();
+    let mut free_clients: Vec<usize> = Vec::new();
     let mut next_poisson = f64::INFINITY;
     match cfg.load {
         LoadSpec::Concurrency(c) => {
@@ -514,6 +517,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
                     } else {
                         if let Some(slot) = clients.get_mut(l.client) {
                             *slot = None;
+                            free_clients.push(l.client);
                         }
                         continue;
                     }
@@ -533,13 +537,26 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
             continue;
         }
         // An arrival.
-        let t0 = Instant::now();
         let (t, client) = if tp <= ta_heap {
-            let i = clients.len();
-            clients.push(Some(Client {
-                session: generator.session(),
+            let t0 = Instant::now();
+            let session = generator.session();
+            spent(&mut wb.workload_s, t0);
+            let client = Some(Client {
+                session,
                 previous: None,
-            }));
+            });
+            let i = match free_clients.pop() {
+                Some(i) => {
+                    if let Some(slot) = clients.get_mut(i) {
+                        *slot = client;
+                    }
+                    i
+                }
+                None => {
+                    clients.push(client);
+                    clients.len() - 1
+                }
+            };
             if let LoadSpec::Poisson(rate) = cfg.load {
                 next_poisson += arrivals_rng.exp(rate);
             }
@@ -553,6 +570,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
         let Some(Some(c)) = clients.get_mut(client) else {
             continue;
         };
+        let t0 = Instant::now();
         let turn = c.session.next_turn(c.previous, vocab);
         spent(&mut wb.workload_s, t0);
         let Some(turn) = turn else {
@@ -607,6 +625,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
                     if c.session.is_done() && !closed {
                         if let Some(slot) = clients.get_mut(l.client) {
                             *slot = None;
+                            free_clients.push(l.client);
                         }
                         continue;
                     }
