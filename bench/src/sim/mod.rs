@@ -369,6 +369,46 @@ struct Client {
     previous: Option<(u64, u32)>,
 }
 
+/// The clients by index (the index is what pending sends and requests refer to). Open-loop
+/// clients come and go, one per session (6 million in the scale target run): a retired
+/// client's slot goes to the next one, so the table stays as large as the sessions in flight.
+#[derive(Default)]
+struct Clients {
+    slots: Vec<Option<Client>>,
+    free: Vec<usize>,
+}
+
+impl Clients {
+    /// Adds a client; returns its index.
+    fn add(&mut self, c: Client) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                if let Some(slot) = self.slots.get_mut(i) {
+                    *slot = Some(c);
+                }
+                i
+            }
+            None => {
+                self.slots.push(Some(c));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut Client> {
+        self.slots.get_mut(i).and_then(Option::as_mut)
+    }
+
+    /// Removes a client whose session is over (nothing refers to its index any more).
+    fn retire(&mut self, i: usize) {
+        if let Some(slot) = self.slots.get_mut(i)
+            && slot.take().is_some()
+        {
+            self.free.push(i);
+        }
+    }
+}
+
 /// Per-request bookkeeping until it finishes.
 struct Live {
     client: usize,
@@ -405,19 +445,16 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
     let mut sends: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
     let mut seq = 0u64;
     let key = |t: f64| t.max(0.0).to_bits();
-    // Open-loop clients come and go (one per session, 6 million in the scale target run): a
-    // finished one's slot is reused, so the table stays as large as the sessions in flight.
-    let mut clients: Vec<Option<Client>> = Vec::new();
-    let mut free_clients: Vec<usize> = Vec::new();
+    let mut clients = Clients::default();
     let mut next_poisson = f64::INFINITY;
     match cfg.load {
         LoadSpec::Concurrency(c) => {
             let t0 = Instant::now();
-            for i in 0..c {
-                clients.push(Some(Client {
+            for _ in 0..c {
+                let i = clients.add(Client {
                     session: generator.session(),
                     previous: None,
-                }));
+                });
                 sends.push(Reverse((key(0.0), seq, i)));
                 seq += 1;
             }
@@ -504,7 +541,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
                 }
                 // The client sends its next request now (closed loop, or the next turn of a
                 // conversation), while the sending period lasts.
-                let Some(Some(c)) = clients.get_mut(l.client) else {
+                let Some(c) = clients.get_mut(l.client) else {
                     continue;
                 };
                 c.previous = fin.map(|s| (id, s.output_tokens));
@@ -515,10 +552,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
                         spent(&mut wb.workload_s, t0);
                         c.previous = None;
                     } else {
-                        if let Some(slot) = clients.get_mut(l.client) {
-                            *slot = None;
-                            free_clients.push(l.client);
-                        }
+                        clients.retire(l.client);
                         continue;
                     }
                 }
@@ -541,22 +575,10 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
             let t0 = Instant::now();
             let session = generator.session();
             spent(&mut wb.workload_s, t0);
-            let client = Some(Client {
+            let i = clients.add(Client {
                 session,
                 previous: None,
             });
-            let i = match free_clients.pop() {
-                Some(i) => {
-                    if let Some(slot) = clients.get_mut(i) {
-                        *slot = client;
-                    }
-                    i
-                }
-                None => {
-                    clients.push(client);
-                    clients.len() - 1
-                }
-            };
             if let LoadSpec::Poisson(rate) = cfg.load {
                 next_poisson += arrivals_rng.exp(rate);
             }
@@ -567,7 +589,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
             };
             (ta_heap, c)
         };
-        let Some(Some(c)) = clients.get_mut(client) else {
+        let Some(c) = clients.get_mut(client) else {
             continue;
         };
         let t0 = Instant::now();
@@ -588,9 +610,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
         // reads state as of now.
         let d0 = Instant::now();
         let w = router.route(t, &req, fleet.engines());
-        let elapsed = d0.elapsed();
-        wb.decide_s += elapsed.as_secs_f64();
-        let dt = elapsed.as_nanos().min(u128::from(u32::MAX)) as u32;
+        let dt = d0.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32;
         decision_ns.push(dt);
         submitted += 1;
         if let Some(c) = per_worker.get_mut(w) {
@@ -620,13 +640,10 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
                     measured += 1;
                     rejected += 1;
                 }
-                if let Some(Some(c)) = clients.get_mut(l.client) {
+                if let Some(c) = clients.get_mut(l.client) {
                     c.previous = None;
                     if c.session.is_done() && !closed {
-                        if let Some(slot) = clients.get_mut(l.client) {
-                            *slot = None;
-                            free_clients.push(l.client);
-                        }
+                        clients.retire(l.client);
                         continue;
                     }
                     if c.session.is_done() {
@@ -742,6 +759,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
     }
     result.wall_s = started.elapsed().as_secs_f64();
     let b = &mut result.wall_breakdown;
+    b.decide_s = decision_ns.iter().map(|&x| u64::from(x)).sum::<u64>() as f64 / 1e9;
     b.other_s = (result.wall_s
         - b.setup_s
         - b.engine_s
