@@ -131,6 +131,11 @@ impl<'a> Checker<'a> {
         self.diags.push(d);
     }
 
+    /// The resource label (`Kind/ns/name`) of document `doc`, when it is known.
+    pub(crate) fn resource_label(&self, doc: usize) -> Option<String> {
+        self.labels.get(&doc).cloned()
+    }
+
     pub(crate) fn push(&mut self, d: Diagnostic) {
         self.diags.push(d);
     }

@@ -110,6 +110,14 @@ impl Diagnostic {
         self
     }
 
+    /// Sets the resource label when one is given.
+    pub fn with_resource_opt(mut self, resource: Option<String>) -> Self {
+        if resource.is_some() {
+            self.resource = resource;
+        }
+        self
+    }
+
     /// Sort key: file, position, then code.
     pub fn sort_key(&self) -> (u32, usize, Code) {
         match &self.primary {

@@ -8,7 +8,6 @@ use crate::codes::Code;
 use crate::diagnostic::Diagnostic;
 use crate::path::FieldPath;
 use crate::source::Span;
-use crate::yaml::Style;
 
 /// Parses and type-checks `text` (the value at `path` of document `doc`) in `env`.
 /// Reports every error; returns the typed expression when there is none.
@@ -21,20 +20,35 @@ pub(crate) fn check(
     scope: &Scope,
 ) -> Option<TypedExpr> {
     let node = ck.bundle.node(doc, path);
-    // Offsets inside the expression map onto the file only for single-line plain or quoted
-    // scalars without escapes; otherwise the whole value is labelled.
-    let base = node.and_then(|n| {
-        let exact = match n.style {
-            Style::Plain => true,
-            Style::Quoted => n.span.len() == text.len() + 2,
-            Style::Block => false,
-        };
-        exact.then(|| (n.span.file, n.content_start()))
+    // Offsets inside the expression map onto the file wherever the scalar's source can be
+    // aligned with its value (plain, quoted, block scalars; escapes other than `\"`, `\\`
+    // and `''` are not followed); otherwise the whole value is labelled, without its trailing
+    // line breaks.
+    let raw = node.and_then(|n| {
+        let file = ck.sources.get(n.span.file)?;
+        Some((n.span, file.text.get(n.span.start..n.span.end)?))
     });
-    let whole = node.map(|n| n.span);
+    let offsets = raw.and_then(|(span, raw)| {
+        let map = align(raw, text)?;
+        Some((span, map))
+    });
+    let whole = raw.map(|(span, raw)| {
+        let kept = raw.trim_end_matches([' ', '\t', '\r', '\n']).len().max(1);
+        Span::new(span.file, span.start, span.start + kept.min(span.len()))
+    });
+    let label = ck.resource_label(doc);
     let span_of = |start: usize, end: usize| -> Option<Span> {
-        match base {
-            Some((file, s)) => Some(Span::new(file, s + start, s + end.max(start + 1))),
+        match &offsets {
+            Some((span, map)) => {
+                let end = end.clamp(start + 1, text.len().max(start + 1));
+                let from = *map.get(start.min(text.len()))?;
+                let to = *map.get(end)?;
+                Some(Span::new(
+                    span.file,
+                    span.start + from,
+                    span.start + to.max(from + 1),
+                ))
+            }
             None => whole,
         }
     };
@@ -46,7 +60,8 @@ pub(crate) fn check(
                 format!("invalid `when` expression: {}", e.message),
             )
             .with_path(path.clone())
-            .with_help_opt(e.help.clone());
+            .with_help_opt(e.help.clone().or_else(|| operator_help(text, e.span.start)))
+            .with_resource_opt(label.clone());
             if let Some(s) = span_of(e.span.start, e.span.end) {
                 d = d.at(s, "here");
             }
@@ -67,7 +82,8 @@ pub(crate) fn check(
                 &tag,
                 known.iter().copied(),
                 "tags produced",
-            ));
+            ))
+            .with_resource_opt(label.clone());
             if let Some(s) = span_of(start, end) {
                 d = d.at(s, "never set");
             }
@@ -84,7 +100,8 @@ pub(crate) fn check(
                     format!("`when` expression does not type-check: {}", e.message),
                 )
                 .with_path(path.clone())
-                .with_help_opt(help);
+                .with_help_opt(help)
+                .with_resource_opt(label.clone());
                 if let Some(s) = span_of(e.span.start, e.span.end) {
                     d = d.at(s, "here");
                 }
@@ -136,4 +153,116 @@ fn tag_literals(expr: &kinf_grammar::Expr) -> Vec<(String, usize, usize)> {
     }
     out.sort_by_key(|t| t.1);
     out
+}
+
+/// Maps each byte offset of a scalar's `value` (and its end) to a byte offset in `raw`, the
+/// scalar's source text, by walking both: a value character matches the same character in the
+/// source, and the source may skip what YAML removes on the way to the value: the quotes, a
+/// block scalar's header (`|`, `>`, chomping and indentation indicators, before its first
+/// line break), indentation and line breaks (a folded line break becomes a space), and an
+/// escape's backslash. `None` when the two cannot be aligned that way (another escape).
+fn align(raw: &str, value: &str) -> Option<Vec<usize>> {
+    let mut map = Vec::with_capacity(value.len() + 1);
+    let mut chars = raw.char_indices().peekable();
+    let mut in_header = true;
+    let mut last_end = 0;
+    for c in value.chars() {
+        loop {
+            let (at, r) = chars.next()?;
+            if r == c {
+                map.extend((0..c.len_utf8()).map(|k| at + k));
+                last_end = at + r.len_utf8();
+                in_header = false;
+                break;
+            }
+            let header = in_header && matches!(r, '|' | '>' | '+' | '-' | '0'..='9');
+            if r == '\n' {
+                in_header = false;
+            }
+            if !(header || matches!(r, ' ' | '\t' | '\r' | '\n' | '\\' | '"' | '\'')) {
+                return None;
+            }
+        }
+    }
+    // What is left of the source is layout: trailing line breaks, indentation, the quote.
+    if chars.any(|(_, r)| !matches!(r, ' ' | '\t' | '\r' | '\n' | '"' | '\'')) {
+        return None;
+    }
+    map.push(last_end);
+    Some(map)
+}
+
+/// Help for a parse error at `at` that is a doubled or reversed comparison operator
+/// (`>>`, `><`, `=<`, `=>`, `<<`, `!!`), which the grammar reports as an unexpected token.
+fn operator_help(text: &str, at: usize) -> Option<String> {
+    let around = |k: usize| text.get(at.saturating_sub(k)..(at + 2 - k).min(text.len()));
+    let pairs: [(&str, &str); 6] = [
+        (">>", "`>` or `>=`"),
+        ("<<", "`<` or `<=`"),
+        ("><", "`>`, `<` or `!=`"),
+        ("<>", "`!=`"),
+        ("=>", "`>=`"),
+        ("=<", "`<=`"),
+    ];
+    (0..=1).find_map(|k| {
+        let op = around(k)?;
+        pairs
+            .iter()
+            .find(|(p, _)| *p == op)
+            .map(|(p, fix)| format!("`{p}` is not an operator: write {fix}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{align, operator_help};
+
+    /// The source text each value byte range maps to.
+    fn at<'r>(raw: &'r str, value: &str, from: usize, to: usize) -> Option<&'r str> {
+        let map = align(raw, value)?;
+        raw.get(*map.get(from)?..*map.get(to)?)
+    }
+
+    #[test]
+    fn values_align_with_their_source_through_layout_and_simple_escapes() {
+        // Folded block: the line break between the lines became a space.
+        let raw = ">\n    a > 1 &&\n    b >> 3\n  ";
+        let value = "a > 1 && b >> 3\n";
+        assert_eq!(at(raw, value, 11, 13), Some(">>"));
+        // Literal block with a chomping and an indentation indicator.
+        assert_eq!(
+            at("|2-\n    x\n     && y", "  x\n   && y", 7, 9),
+            Some("&&")
+        );
+        // Escaped quotes and backslashes, and `''` in a single-quoted string.
+        assert_eq!(
+            at(r#""t == \"a\" && z""#, r#"t == "a" && z"#, 9, 11),
+            Some("&&")
+        );
+        assert_eq!(at(r#""a\\b c""#, r"a\b c", 4, 5), Some("c"));
+        assert_eq!(at("'it''s' x", "it's' x", 6, 7), Some("x"));
+        // Multi-byte characters keep their bytes together.
+        assert_eq!(at("'é > x'", "é > x", 5, 6), Some("x"));
+    }
+
+    #[test]
+    fn values_that_need_another_escape_do_not_align() {
+        assert!(align(r#""a\tb""#, "a\tb").is_none());
+        assert!(align(r#""\u00e9""#, "é").is_none());
+        // Source left over that is not layout.
+        assert!(align("'ab' c", "ab").is_none());
+    }
+
+    #[test]
+    fn doubled_and_reversed_operators_get_a_fix() {
+        assert_eq!(
+            operator_help("a >> 3", 3).as_deref(),
+            Some("`>>` is not an operator: write `>` or `>=`")
+        );
+        assert_eq!(
+            operator_help("a => 3", 3).as_deref(),
+            Some("`=>` is not an operator: write `>=`")
+        );
+        assert_eq!(operator_help("a > > 3", 4), None);
+    }
 }

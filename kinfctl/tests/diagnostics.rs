@@ -277,3 +277,81 @@ fn lint_json_lists_related_places() {
     assert_eq!(related[0]["line"], 22);
     assert_eq!(related[0]["message"], "first used here");
 }
+
+#[test]
+fn when_errors_point_at_the_fault_in_block_and_escaped_scalars_and_name_their_resource() {
+    // The same kind of fault written four ways: a folded block, a literal block, a
+    // double-quoted string with escaped quotes, and (not followed: `\t` is another escape) a
+    // double-quoted string with a tab escape, which labels the whole value.
+    let text = r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: { name: w }
+spec:
+  endpoints: ["10.0.0.1:8000"]
+  models:
+  - name: m
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: { name: p }
+spec:
+  destinations:
+  - { kind: InferenceWorkerSet, name: w }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: { name: positions }
+spec:
+  rules:
+  - name: folded
+    matches:
+    - when: >
+        promptTokens > 8000 &&
+        promptTokens >> 3
+  - name: literal
+    matches:
+    - when: |
+        tenant == "a"
+          && promptToken > 3
+  - name: escaped
+    matches:
+    - when: "tenant == \"a\" && promptTokens >< 3"
+  - name: tab
+    matches:
+    - when: "tenant == \"a\t\" &&& true"
+"#;
+    let mut sources = Sources::new();
+    sources.add("positions.yaml", text);
+    let c = kinf_lang::compile(&sources);
+    let places: Vec<(usize, usize, &str)> = c
+        .diagnostics
+        .iter()
+        .map(|d| {
+            let (span, _) = d.primary.as_ref().expect("span");
+            let (_, line, column) = sources.locate(*span).expect("located");
+            let end = sources
+                .get(span.file)
+                .map(|f| &f.text[span.start..span.end])
+                .unwrap_or_default();
+            assert_eq!(
+                d.resource.as_deref(),
+                Some("InferencePolicy/default/positions"),
+                "{}",
+                d.render_plain(&sources)
+            );
+            (line, column, end)
+        })
+        .collect();
+    assert_eq!(
+        places,
+        vec![
+            (25, 23, ">"),
+            (30, 14, "promptToken"),
+            (33, 47, "<"),
+            (36, 13, r#""tenant == \"a\t\" &&& true""#),
+        ],
+        "{}",
+        render(&sources, &c)
+    );
+    insta::assert_snapshot!(render(&sources, &c));
+}
