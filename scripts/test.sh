@@ -41,7 +41,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== kinfctl on the shipped examples"
 cargo build --locked -q -p kinfctl
 KINFCTL="$CARGO_TARGET_DIR/debug/kinfctl"
-for d in testdata/policies/*/; do
+for d in testdata/policies/*/ deploy/quickstart/; do
   "$KINFCTL" lint --deny-warnings "$d" >/dev/null
 done
 echo "== the benchmark experiments still apply (bench/experiments)"

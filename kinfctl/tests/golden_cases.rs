@@ -37,6 +37,24 @@ fn every_seed_case_passes() {
 }
 
 #[test]
+fn every_quickstart_case_passes() {
+    // The configuration scripts/demo.sh serves, with its own cases: among them, that a PII
+    // prompt for `standard-model` never reaches the GLM workers its comment keeps PII from.
+    std::env::set_current_dir(root()).unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = kinfctl::test_cmd::run(
+        &[PathBuf::from("deploy/quickstart")],
+        &[PathBuf::from("testdata/cases/quickstart")],
+        kinfctl::cli::Format::Human,
+        &mut out,
+        &mut err,
+    );
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(code, 0, "{out}\n{}", String::from_utf8_lossy(&err));
+    assert_eq!(out.lines().last(), Some("4 passed, 0 failed"), "{out}");
+}
+
+#[test]
 fn a_wrong_expectation_fails_with_a_diff() {
     std::env::set_current_dir(root()).unwrap();
     let dir = std::env::temp_dir().join(format!("kinfctl-case-{}", std::process::id()));
