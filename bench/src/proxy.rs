@@ -42,7 +42,8 @@ pub struct ProxyArgs {
     /// Timed requests of the ≈16k-token case, per target and run.
     #[arg(long, default_value_t = 100)]
     pub long_requests: usize,
-    /// Untimed requests sent before each run.
+    /// Untimed requests sent to each target before its first round, and a quarter as many
+    /// before each later round (the long case: W/10, at least 5).
     #[arg(long, default_value_t = 200)]
     pub warmup: usize,
     /// Rounds: each target's requests are split into this many runs, taken in turn.

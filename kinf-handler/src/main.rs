@@ -56,7 +56,8 @@ struct ServeArgs {
     /// Client-facing address (`/v1/*`, `/healthz`, `/readyz`, `/metrics`). Port 0 picks one.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Admin address (`/admin/status`, `/metrics`). Absent: admin routes are on `--listen`.
+    /// Admin address (`/admin/status`, `/metrics`, `/healthz`, `/readyz`). With it, `/metrics`
+    /// and `/admin/status` are not served on `--listen`. Absent: they are on `--listen`.
     #[arg(long)]
     admin_listen: Option<SocketAddr>,
     /// gRPC address: the `kinference.handler.v1.Handler` decision service and Envoy's
@@ -76,9 +77,9 @@ struct ServeArgs {
     /// When Redis is unreachable: `open` admits (and counts it), `closed` refuses with 503.
     #[arg(long, default_value = "closed", value_parser = ["open", "closed"])]
     limiter_fail_mode: String,
-    /// Prefix of the limiter's Redis keys.
-    #[arg(long)]
-    limiter_key_prefix: Option<String>,
+    /// Prefix of the limiter's Redis keys (several gateways can share one Redis).
+    #[arg(long, default_value = "kinf:rl:")]
+    limiter_key_prefix: String,
     /// YAML file of service objectives whose attainment is exported (docs/reference/metrics.md).
     #[arg(long)]
     slo_file: Option<PathBuf>,
@@ -132,7 +133,7 @@ impl ServeArgs {
             } else {
                 kinf_handler::tenants::FailMode::Closed
             },
-            limiter_key_prefix: self.limiter_key_prefix.clone(),
+            limiter_key_prefix: Some(self.limiter_key_prefix.clone()),
             slo_file: self.slo_file.clone(),
             http_limits: kinf_handler::listen::HttpLimits {
                 max_header_bytes: self.max_header_bytes,

@@ -96,7 +96,7 @@ pub enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
         /// The request (YAML): `model`, and optionally `tenant`, `tags`, `qos`, `promptTokens`,
-        /// `maxTokens`, `headers`, `prompt`, `pool`.
+        /// `maxTokens`, `stream`, `headers`, `prompt`, `pool`.
         #[arg(long)]
         request: PathBuf,
         /// The cluster state (YAML): `endpoints` and `providers`. Absent: everything ready,

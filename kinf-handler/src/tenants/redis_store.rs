@@ -38,12 +38,12 @@ pub struct RedisConfig {
 }
 
 impl RedisConfig {
-    /// Defaults for `url`: prefix `kinf:rl:`, fail-open, 250 ms timeout, 15 min lease, 2 min TTL.
+    /// Defaults for `url`: prefix `kinf:rl:`, fail-closed, 250 ms timeout, 15 min lease, 2 min TTL.
     pub fn new(url: impl Into<String>) -> Self {
         RedisConfig {
             url: url.into(),
             key_prefix: "kinf:rl:".into(),
-            fail_mode: FailMode::Open,
+            fail_mode: FailMode::Closed,
             timeout: Duration::from_millis(250),
             lease: Duration::from_secs(15 * 60),
             key_ttl: Duration::from_secs(120),

@@ -12,10 +12,11 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FailMode {
     /// Admit it unlimited, and count it (`fail_open_admits`).
-    #[default]
     Open,
     /// Refuse it with [`LimitError::Unavailable`](super::LimitError::Unavailable) (HTTP 503), and
-    /// count it (`fail_closed_rejects`).
+    /// count it (`fail_closed_rejects`). The default, as for `kinference --limiter-fail-mode`:
+    /// an outage of the limiter's store does not lift every tenant's limits.
+    #[default]
     Closed,
 }
 

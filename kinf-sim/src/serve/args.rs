@@ -26,7 +26,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub kv_events_port: Option<u16>,
     /// Serve KV-event replay on a ZMQ ROUTER socket bound to this port (0: any free port).
-    #[arg(long)]
+    /// Needs `--kv-events-port`: replay serves the events published there.
+    #[arg(long, requires = "kv_events_port")]
     pub replay_port: Option<u16>,
     /// ZMQ topic of the KV-event messages (vLLM's default: empty).
     #[arg(long, default_value = "")]
@@ -80,5 +81,28 @@ impl ServeArgs {
         } else {
             self.served_model_name.clone()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ServeArgs;
+
+    #[test]
+    fn a_replay_port_without_a_kv_events_port_is_refused_naming_both_flags() {
+        let err = ServeArgs::from_args(["--model", "m", "--replay-port", "0"])
+            .expect_err("replay needs the KV-event socket it replays");
+        assert!(err.contains("--replay-port"), "{err}");
+        assert!(err.contains("--kv-events-port"), "{err}");
+        let ok = ServeArgs::from_args([
+            "--model",
+            "m",
+            "--kv-events-port",
+            "0",
+            "--replay-port",
+            "0",
+        ])
+        .expect("both flags together are accepted");
+        assert_eq!((ok.kv_events_port, ok.replay_port), (Some(0), Some(0)));
     }
 }
