@@ -166,6 +166,20 @@ pub fn validate(kind: ResourceKind, root: &Node) -> Vec<Diagnostic> {
         let path = FieldPath::from_json_pointer(err.instance_path().as_str());
         map_error(&ks.schema, root, &path, err.kind(), &mut out);
     }
+    // A value of a field with allowed names (`onEmpty: 3`) fails both the schema's `type` and
+    // its `enum`: one problem, reported once, by the diagnostic that lists the allowed names
+    // (the wrong-type help, "quote the value", would not fix it).
+    let enum_paths: Vec<FieldPath> = out
+        .iter()
+        .filter(|d| d.code == Code::UnknownEnumValue)
+        .filter_map(|d| d.field_path.clone())
+        .collect();
+    out.retain(|d| {
+        d.code != Code::WrongType
+            || d.field_path
+                .as_ref()
+                .is_none_or(|p| !enum_paths.contains(p))
+    });
     out
 }
 

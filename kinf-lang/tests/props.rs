@@ -145,3 +145,21 @@ fn reports_every_error_at_once() {
     assert!(codes.contains(&"KINF0103"), "{codes:?}");
     assert!(codes.contains(&"KINF0101"), "{codes:?}");
 }
+
+#[test]
+fn a_non_string_for_a_field_with_allowed_names_is_one_error_listing_them() {
+    let text = "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: { name: p }\nspec:\n  rules:\n  - name: a\n    route:\n      select: [ { type: Local, minimize: PredictedTTFT } ]\n      onEmpty: 3\n";
+    let c = compile(text);
+    let on_empty: Vec<(&str, Option<&str>)> = c
+        .diagnostics
+        .iter()
+        .filter(|d| d.message.contains("onEmpty"))
+        .map(|d| (d.code.as_str(), d.help.as_deref()))
+        .collect();
+    assert_eq!(
+        on_empty,
+        vec![("KINF0103", Some("allowed values: `Reject`, `NextRule`"))],
+        "{:?}",
+        c.diagnostics
+    );
+}
