@@ -261,6 +261,21 @@ async fn plain_json_shapes_match_captures() {
             .unwrap()
             .contains("maximum context length")
     );
+    // A count near 2^64 must not wrap around the context check (it made the worker generate
+    // for hours).
+    for huge in ["18446744073709551615", "18446744073709551600"] {
+        let body = format!(r#"{{"model":"tiny-llama","prompt":"x","max_tokens":{huge}}}"#);
+        let e = http(&server, "POST", "/v1/completions", Some(&body)).await;
+        assert_eq!(e.status, 400, "{huge}: {}", e.body);
+        assert!(
+            e.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("maximum context length"),
+            "{}",
+            e.body
+        );
+    }
     server.stop();
 }
 

@@ -93,13 +93,14 @@ impl AppState {
         match requested {
             None => Ok((max - prompt_len) as u32),
             Some(0) => Err("max_tokens must be at least 1, got 0.".into()),
-            Some(n) if prompt_len as u64 + n > max as u64 => Err(format!(
+            // Compared without adding, so that a huge `n` cannot wrap around and pass.
+            Some(n) if n > (max - prompt_len) as u64 => Err(format!(
                 "This model's maximum context length is {max} tokens. However, you requested \
                  {} tokens ({prompt_len} in the messages, {n} in the completion). Please reduce \
                  the length of the messages or completion.",
-                prompt_len as u64 + n
+                (prompt_len as u128) + u128::from(n)
             )),
-            Some(n) => Ok(n as u32),
+            Some(n) => u32::try_from(n).map_err(|_| format!("max_tokens {n} is too large")),
         }
     }
 
