@@ -85,6 +85,7 @@ impl ServeArgs {
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used)]
 mod tests {
     use super::ServeArgs;
 
