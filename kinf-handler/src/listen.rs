@@ -150,20 +150,30 @@ async fn header_limits(State(limits): State<HttpLimits>, req: Request, next: Nex
     next.run(req).await
 }
 
-/// The hyper connection builder for `limits`: header count and size enforced by hyper at
-/// twice the configured limits (a backstop: within it, [`check_headers`] answers in the
-/// caller's shape), the head deadline, HTTP/2 header lists bounded the same way.
-fn builder(limits: &HttpLimits) -> auto::Builder<TokioExecutor> {
-    let mut b = auto::Builder::new(TokioExecutor::new());
-    let backstop = limits
+/// The HTTP/1 read buffer (hence the largest head hyper buffers) for `limits`: twice
+/// `max_header_bytes` plus 16 KiB for the request line and per-line overhead, and at least
+/// hyper's minimum of 8 KiB. Bodies stream through this buffer in reads of at most its size.
+fn head_backstop(limits: &HttpLimits) -> usize {
+    limits
         .max_header_bytes
         .saturating_mul(2)
-        .saturating_add(16 << 10);
+        .saturating_add(16 << 10)
+        .max(8 << 10)
+}
+
+/// The hyper connection builder for `limits`: header count and size enforced by hyper at
+/// twice the configured limits (a backstop: within it, [`check_headers`] answers in the
+/// caller's shape; past it hyper answers a bare 431 and closes the connection, having
+/// buffered no more than [`head_backstop`]), the head deadline, HTTP/2 header lists bounded
+/// the same way.
+fn builder(limits: &HttpLimits) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    let backstop = head_backstop(limits);
     b.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .max_headers(limits.max_headers.saturating_mul(2).max(16))
-        .max_buf_size(backstop.max(400 << 10));
+        .max_buf_size(backstop);
     b.http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(backstop).unwrap_or(u32::MAX));
@@ -272,6 +282,22 @@ mod tests {
             HeaderValue::from_str(&"y".repeat(200)).unwrap_or(HeaderValue::from_static("")),
         );
         assert!(check_headers("/v1/chat/completions", &h, &limits).is_some());
+    }
+
+    #[test]
+    fn the_head_backstop_is_twice_the_limit_plus_16_kib() {
+        assert_eq!(head_backstop(&HttpLimits::default()), 144 << 10);
+        let tiny = HttpLimits {
+            max_header_bytes: 0,
+            ..HttpLimits::default()
+        };
+        // hyper's floor for its read buffer is 8 KiB; 16 KiB of slack is always above it.
+        assert_eq!(head_backstop(&tiny), 16 << 10);
+        let huge = HttpLimits {
+            max_header_bytes: usize::MAX,
+            ..HttpLimits::default()
+        };
+        assert_eq!(head_backstop(&huge), usize::MAX);
     }
 
     #[test]

@@ -439,3 +439,236 @@ async fn rejections_are_accounted_per_model_and_histograms_and_capacity_are_on_m
         assert!(v.parse::<f64>().is_ok(), "{line}");
     }
 }
+
+/// An upstream answering chat requests by their `user`: `slow` is reported on `received` and
+/// answered after a minute, `bad` gets vLLM's 400 (no usage), others the captured response.
+async fn scripted_upstream(received: tokio::sync::mpsc::UnboundedSender<()>) -> SocketAddr {
+    async fn chat(
+        axum::extract::State(received): axum::extract::State<
+            tokio::sync::mpsc::UnboundedSender<()>,
+        >,
+        body: Bytes,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse as _;
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        match v["user"].as_str() {
+            Some("slow") => {
+                let _ = received.send(());
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            }
+            Some("bad") => {
+                let e = r#"{"object":"error","message":"max_tokens must be at least 1, got 0.","type":"BadRequestError","param":null,"code":400}"#;
+                return (
+                    StatusCode::BAD_REQUEST,
+                    [("content-type", "application/json")],
+                    e,
+                )
+                    .into_response();
+            }
+            _ => {}
+        }
+        ([("content-type", "application/json")], CHAT).into_response()
+    }
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", axum::routing::post(chat))
+        .with_state(received);
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
+/// [`config`] with one request in flight at a time (a concurrency limit) and 100,000 tokens per
+/// minute.
+fn config_one_at_a_time(endpoint: SocketAddr) -> String {
+    format!(
+        r#"{}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {{ name: limits, namespace: test }}
+spec:
+  limits:
+  - name: one-at-a-time
+    concurrentRequests: 1
+  - name: tokens
+    tokensPerMinute: 100000
+"#,
+        config(endpoint).trim_end()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_a_non_streamed_response_is_accounted_once() {
+    let (tx, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let up = scripted_upstream(tx).await;
+    let dir = temp_dir("gone");
+    std::fs::write(dir.join("c.yaml"), config_one_at_a_time(up)).unwrap();
+    let (gw, addr) = start_gateway(&dir).await;
+
+    let body = r#"{"model":"small-model","user":"slow","max_tokens":50000,"messages":[{"role":"user","content":"Hello there, a long answer please"}]}"#;
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut client, req.as_bytes())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), received.recv())
+        .await
+        .expect("the upstream never got the request");
+    // The client goes away while the upstream generates.
+    drop(client);
+
+    let gone = [
+        ("api", "chat"),
+        ("status", "499"),
+        ("code", "client_closed_request"),
+    ];
+    assert!(
+        support::eventually(Duration::from_secs(5), || {
+            gw.metrics.value("kinference_requests_total", &gone) == Some(1.0)
+        })
+        .await,
+        "the request is counted once with status 499"
+    );
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_requests_total",
+            "anonymous",
+            &[("outcome", "incomplete"), ("code", "client_closed_request")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_responses_total",
+            &[
+                ("destination", "tiny"),
+                ("status", "499"),
+                ("outcome", "incomplete")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_request_duration_seconds_count",
+            &[("api", "chat")]
+        ),
+        Some(1.0)
+    );
+    // Usage is estimated as for a stream cut short: the prompt, and no output was seen.
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_usage_estimated_total",
+            "anonymous",
+            &[]
+        ),
+        Some(1.0)
+    );
+    let prompt = tenant_value(
+        &gw,
+        "kinference_tenant_tokens_total",
+        "anonymous",
+        &[("kind", "uncached_prompt")],
+    )
+    .unwrap_or(0.0)
+        + tenant_value(
+            &gw,
+            "kinference_tenant_tokens_total",
+            "anonymous",
+            &[("kind", "cached_prompt")],
+        )
+        .unwrap_or(0.0);
+    assert!(prompt > 0.0, "the prompt is accounted");
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_tokens_total",
+            "anonymous",
+            &[("kind", "output")]
+        ),
+        Some(0.0)
+    );
+
+    // The concurrency slot was released: the next request is admitted and served. The token
+    // reservation (prompt + 50,000) stays charged: how much was generated is unknown.
+    let (status, headers, body) = support::post_json(
+        addr,
+        "/v1/chat/completions",
+        &serde_json::from_str(HELLO).unwrap(),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let remaining: f64 = headers["x-ratelimit-remaining-tokens"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        remaining < 60_000.0,
+        "the abandoned request's estimate was given back: {remaining} left"
+    );
+    assert_eq!(
+        gw.metrics.value("kinference_requests_total", &gone),
+        Some(1.0),
+        "counted once"
+    );
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_requests_total",
+            &[("api", "chat"), ("status", "200"), ("code", "ok")]
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_error_without_usage_counts_zero_tokens_not_an_estimate() {
+    let (tx, _received) = tokio::sync::mpsc::unbounded_channel();
+    let up = scripted_upstream(tx).await;
+    let dir = temp_dir("bad");
+    std::fs::write(dir.join("c.yaml"), config(up)).unwrap();
+    let (gw, addr) = start_gateway(&dir).await;
+    let (status, body) = call(
+        addr,
+        "/v1/chat/completions",
+        r#"{"model":"small-model","user":"bad","messages":[{"role":"user","content":"Hi"}],"max_tokens":5}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("BadRequestError"), "passed through: {body}");
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_requests_total",
+            "anonymous",
+            &[("outcome", "upstream_error"), ("code", "400")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_usage_estimated_total",
+            "anonymous",
+            &[]
+        ),
+        None,
+        "an error response used nothing: nothing is estimated"
+    );
+    assert_eq!(
+        tenant_value(
+            &gw,
+            "kinference_tenant_tokens_total",
+            "anonymous",
+            &[("kind", "uncached_prompt")]
+        ),
+        Some(0.0)
+    );
+}

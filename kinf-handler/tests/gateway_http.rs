@@ -414,3 +414,164 @@ async fn a_broken_bundle_is_refused_and_the_last_good_policy_stays() {
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 }
+
+/// `method path` with `body` and exactly `headers` (no default content type).
+async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut b = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = client
+        .request(b.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn the_upstream_gets_json_whatever_content_type_the_client_declared() {
+    let (up, seen) = start_upstream(false).await;
+    let dir = temp_dir("ctype");
+    std::fs::write(dir.join("c.yaml"), config(&[up.to_string()], "64Ki")).unwrap();
+    let (_gw, addr) = start_gateway(&dir).await;
+    let declared: [&[(&str, &str)]; 4] = [
+        &[("content-type", "text/plain")],
+        &[("content-type", "application/x-www-form-urlencoded")],
+        &[("content-type", "application/json; charset=utf-8")],
+        &[],
+    ];
+    for (i, headers) in declared.iter().enumerate() {
+        let r = request(addr, "POST", "/v1/chat/completions", HELLO, headers).await;
+        assert_eq!(r.status, StatusCode::OK, "{headers:?}: {}", r.body);
+        let seen_types: Vec<String> = seen.lock().headers[i]
+            .get_all("content-type")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(seen_types, ["application/json"], "client sent {headers:?}");
+    }
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods_answer_in_the_callers_shape() {
+    let (up, _) = start_upstream(false).await;
+    let dir = temp_dir("notfound");
+    std::fs::write(dir.join("c.yaml"), config(&[up.to_string()], "64Ki")).unwrap();
+    let (_gw, addr) = start_gateway(&dir).await;
+
+    // Wrong method: 405 with `allow`, OpenAI shape...
+    let r = request(addr, "GET", "/v1/chat/completions", "", &[]).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{}", r.body);
+    assert_eq!(r.headers["allow"], "POST");
+    assert_eq!(r.headers["content-type"], "application/json");
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "method_not_allowed", "{e}");
+    assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    assert_eq!(e["error"]["param"], Value::Null, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("GET"));
+    let r = request(addr, "POST", "/v1/models", "{}", &[]).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(r.json()["error"]["code"], "method_not_allowed");
+    // ... Anthropic's under /v1/messages.
+    let r = request(addr, "GET", "/v1/messages", "", &[]).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(r.headers["allow"], "POST");
+    let e = r.json();
+    assert_eq!(e["type"], "error", "{e}");
+    assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+
+    // Unknown path: 404 in the caller's shape.
+    for (method, path) in [("GET", "/v1/foo"), ("POST", "/v1/embeddings"), ("GET", "/")] {
+        let r = request(addr, method, path, "", &[]).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{method} {path}");
+        let e = r.json();
+        assert_eq!(e["error"]["code"], "not_found", "{e}");
+        assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(path),
+            "{e}"
+        );
+    }
+    let r = request(addr, "POST", "/v1/messages/batches", "{}", &[]).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let e = r.json();
+    assert_eq!(e["type"], "error", "{e}");
+    assert_eq!(e["error"]["type"], "not_found_error", "{e}");
+
+    // `GET /v1/models/{id}`: every name `/v1/models` lists, and nothing else.
+    let listed = call(addr, "/v1/models", "", &[]).await.json();
+    for m in listed["data"].as_array().unwrap() {
+        let id = m["id"].as_str().unwrap();
+        let r = request(addr, "GET", &format!("/v1/models/{id}"), "", &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "{id}: {}", r.body);
+        let got = r.json();
+        assert_eq!(got["id"], id);
+        assert_eq!(got["object"], "model");
+        assert_eq!(got["owned_by"], m["owned_by"]);
+    }
+    let r = request(addr, "GET", "/v1/models/nope", "", &[]).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "model_not_found", "{e}");
+    assert_eq!(e["error"]["param"], "model", "{e}");
+    assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    let r = request(addr, "GET", "/v1/models/org/tiny", "", &[]).await;
+    assert_eq!(
+        r.status,
+        StatusCode::NOT_FOUND,
+        "a name with a slash is looked up whole"
+    );
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+}
+
+#[tokio::test]
+async fn a_bundle_without_a_pool_says_so() {
+    let (up, _) = start_upstream(false).await;
+    let dir = temp_dir("nopool");
+    std::fs::write(
+        dir.join("c.yaml"),
+        format!(
+            r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: tiny, namespace: test }}
+spec:
+  endpoints: ["{up}"]
+  models: [ {{ name: tiny-llama }} ]
+"#
+        ),
+    )
+    .unwrap();
+    let (_gw, addr) = start_gateway(&dir).await;
+    let r = call(
+        addr,
+        "/v1/chat/completions",
+        r#"{"model":"tiny-llama","messages":[{"role":"user","content":"Hi"}]}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "unknown_pool", "{e}");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("no InferencePool is configured"),
+        "{message}"
+    );
+    assert!(!message.contains("<unspecified>"), "{message}");
+}

@@ -111,6 +111,14 @@ const LIMITS: HttpLimits = HttpLimits {
 };
 
 async fn start(dir: &Path, upstream: SocketAddr) -> (Arc<Gateway>, SocketAddr) {
+    start_with(dir, upstream, LIMITS).await
+}
+
+async fn start_with(
+    dir: &Path,
+    upstream: SocketAddr,
+    limits: HttpLimits,
+) -> (Arc<Gateway>, SocketAddr) {
     std::fs::write(dir.join("keys.txt"), "acme: sk-acme\nglobex: sk-globex\n").unwrap();
     std::fs::write(dir.join("bundle.yaml"), config(upstream)).unwrap();
     let gw = Gateway::new(GatewayOptions {
@@ -125,7 +133,7 @@ async fn start(dir: &Path, upstream: SocketAddr) -> (Arc<Gateway>, SocketAddr) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let app = gw.router_with_admin();
-    tokio::spawn(serve_http(l, app, LIMITS, None, std::future::pending()));
+    tokio::spawn(serve_http(l, app, limits, None, std::future::pending()));
     (gw, addr)
 }
 
@@ -178,12 +186,33 @@ async fn body_size_gets_413_in_each_api_shape() {
     let big = "x".repeat(5000);
     let (s, h, b) = post_json(addr, "/v1/chat/completions", &chat(1, &big), &[KEY]).await;
     assert_eq!(s, 413, "{b}");
-    assert_eq!(b["error"]["code"], "body_too_large");
-    assert!(b["error"]["message"].as_str().unwrap().contains("4096"));
+    assert_openai(
+        &b,
+        "body_too_large",
+        "body",
+        "4096 bytes (limits.maxBodyBytes)",
+    );
     assert_eq!(h["connection"], "close");
     let (s, _, b) = post_json(addr, "/v1/messages", &anthropic(&big), &[KEY]).await;
     assert_eq!(s, 413, "{b}");
-    assert_anthropic(&b, "request_too_large", "4096");
+    assert_anthropic(&b, "request_too_large", "4096 bytes (limits.maxBodyBytes)");
+    // A chunked body (no declared length) that grows past the limit: the same 413.
+    let chunk = format!("{:x}\r\n{big}\r\n", big.len());
+    let (resp, closed) = raw(
+        addr,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer sk-acme\r\ntransfer-encoding: chunked\r\n\r\n",
+        chunk.as_bytes(),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+    assert!(closed);
+    assert_openai(
+        &json_body(&resp),
+        "body_too_large",
+        "body",
+        "limits.maxBodyBytes",
+    );
     // Just under the limit passes the size check.
     let (s, _, b) = post_json(addr, "/v1/chat/completions", &chat(1, "ok"), &[KEY]).await;
     assert_eq!(s, 200, "{b}");
@@ -397,4 +426,136 @@ async fn concurrent_streams_per_tenant_get_429_and_are_given_back() {
         "in flight after every stream ended: {}",
         gw.streams.total()
     );
+}
+
+/// The JSON body of a raw HTTP/1.1 response.
+fn json_body(resp: &str) -> Value {
+    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {resp}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_length_over_the_limit_is_refused_before_the_body_is_read() {
+    let (_gw, addr, _open) = setup("lim-declared").await;
+    for (path, anthropic) in [("/v1/chat/completions", false), ("/v1/messages", true)] {
+        // Nothing of the body is sent: the answer cannot wait for it (the body deadline here is
+        // 500 ms; a 408 would come after it).
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer sk-acme\r\ncontent-length: 99999999999\r\n\r\n"
+        );
+        let started = std::time::Instant::now();
+        let (resp, closed) = raw(addr, &head, b"", Duration::from_secs(5)).await;
+        assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+        assert!(
+            resp.to_ascii_lowercase()
+                .contains("\r\nconnection: close\r\n"),
+            "{resp}"
+        );
+        assert!(closed, "the connection is closed after the 413");
+        assert!(
+            started.elapsed() < Duration::from_millis(450),
+            "answered at once, not after the body deadline: {:?}",
+            started.elapsed()
+        );
+        let body = json_body(&resp);
+        if anthropic {
+            assert_anthropic(&body, "request_too_large", "limits.maxBodyBytes");
+        } else {
+            assert_openai(&body, "body_too_large", "body", "limits.maxBodyBytes");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_body_gets_400_naming_the_body_not_413() {
+    let (_gw, addr, _open) = setup("lim-chunked").await;
+    for (path, anthropic) in [("/v1/chat/completions", false), ("/v1/messages", true)] {
+        // `zz` is not a chunk size.
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer sk-acme\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        let (resp, _) = raw(addr, &head, b"zz\r\n", Duration::from_secs(5)).await;
+        assert!(resp.starts_with("HTTP/1.1 400"), "{resp}");
+        let body = json_body(&resp);
+        if anthropic {
+            assert_anthropic(&body, "invalid_request_error", "could not be read");
+        } else {
+            assert_openai(&body, "invalid_request", "body", "could not be read");
+        }
+    }
+}
+
+/// Writes `head` on a fresh connection, ignoring write errors (the server may close it before
+/// the head is all sent), then reads until the server closes it or `wait` passes: what came
+/// back and whether the connection was closed.
+async fn raw_lossy(addr: SocketAddr, head: &[u8], wait: Duration) -> (String, bool) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = s.write_all(head).await;
+    let mut out = Vec::new();
+    let closed = tokio::time::timeout(wait, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (String::from_utf8_lossy(&out).into_owned(), closed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_over_twice_the_header_limit_is_refused_without_being_buffered() {
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let upstream = gated_upstream(gate).await;
+    // The default limits: 64 KiB of headers, so hyper buffers at most 2 × 64 KiB + 16 KiB.
+    let dir = temp_dir("lim-backstop");
+    let (gw, addr) = start_with(&dir, upstream, HttpLimits::default()).await;
+    let head = |size: usize| {
+        format!(
+            "GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+            "y".repeat(size)
+        )
+    };
+    // Over the limit, within the backstop: the 431 in the caller's shape.
+    // (Kept alive after it: wait for the response only.)
+    let (resp, _) = raw_lossy(addr, head(100 << 10).as_bytes(), Duration::from_secs(1)).await;
+    assert!(resp.starts_with("HTTP/1.1 431"), "{resp}");
+    assert_openai(
+        &json_body(&resp),
+        "headers_too_large",
+        "headers",
+        "--max-header-bytes",
+    );
+    // 200 KB: past the backstop. hyper refuses it (a bare 431, or a reset) without reading
+    // it all; it never reaches the check that measures it.
+    let (resp, closed) = raw_lossy(addr, head(200_000).as_bytes(), Duration::from_secs(5)).await;
+    assert!(closed, "the connection is closed");
+    assert!(
+        resp.is_empty() || resp.starts_with("HTTP/1.1 431"),
+        "a bare 431 or nothing: {resp}"
+    );
+    assert!(
+        !resp.contains("headers_too_large"),
+        "the whole head was buffered and measured: {resp}"
+    );
+    // Bodies are not bound by that buffer: 1 MiB (7 times it) streams through.
+    std::fs::write(
+        dir.join("bundle.yaml"),
+        config(upstream).replace("maxBodyBytes: 4096", "maxBodyBytes: 2Mi"),
+    )
+    .unwrap();
+    let noop: kinf_handler::serve::OnApplied = Arc::new(|_, _| {});
+    reload(&gw, &dir, Some(0), &noop);
+    let (s, _, b) = post_json(
+        addr,
+        "/v1/chat/completions",
+        &chat(1, &"x".repeat(1 << 20)),
+        &[KEY],
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    drop(open);
 }

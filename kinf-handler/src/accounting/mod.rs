@@ -70,21 +70,31 @@ pub fn tenant_label(tenant: Option<&str>) -> &str {
     }
 }
 
+/// The status counted for a request whose client went away before its response started
+/// (nginx's "client closed request"; nothing is sent).
+pub const CLIENT_CLOSED_STATUS: u16 = 499;
+
+/// The code of a request whose client went away before its response started.
+pub const CLIENT_CLOSED: &str = "client_closed_request";
+
 /// Codes of [`crate::gateway::forward`]'s `count_request` for requests whose response was
 /// passed through (accounted later by [`account_response`]).
 const PASSED_THROUGH: [&str; 3] = ["ok", "upstream_status", "routed"];
 
 /// Accounts a request that ended without a response from an upstream: `rejected` when it was
 /// not routed (admission or policy), `upstream_error` when it was (the upstream could not be
-/// reached or did not answer in time). Codes of passed-through responses are ignored (they are
-/// accounted by [`account_response`]).
+/// reached or did not answer in time), `incomplete` when the client went away first
+/// ([`CLIENT_CLOSED`]). Codes of passed-through responses are ignored (they are accounted by
+/// [`account_response`]).
 pub fn account_refusal(m: &Metrics, who: &Who, code: &str) {
     if PASSED_THROUGH.contains(&code) {
         return;
     }
     let tenant = tenant_label(who.tenant.as_deref());
     let model = who.model.as_deref().unwrap_or("");
+    let client_closed = code == CLIENT_CLOSED;
     let (outcome, destination) = match &who.destination {
+        _ if client_closed => ("incomplete", who.destination.as_deref().unwrap_or("")),
         Some(d) => ("upstream_error", &**d),
         None => ("rejected", ""),
     };
@@ -97,7 +107,7 @@ pub fn account_refusal(m: &Metrics, who: &Who, code: &str) {
             code: code.into(),
         })
         .inc();
-    if who.destination.is_some() {
+    if who.destination.is_some() && !client_closed {
         // The upstream failed the request: it counts against latency objectives.
         let slos = m.slos();
         let now = m.now_s();
@@ -159,14 +169,15 @@ impl Served<'_> {
 
 /// Estimates what a response used when the upstream did not say: the prompt as the gateway
 /// tokenized it (split by the predicted cache hit) and one output token per token-carrying
-/// event seen. Responses with an error status used nothing.
+/// event seen. Responses with an error status used nothing; a request whose client went away
+/// while the upstream had it ([`CLIENT_CLOSED_STATUS`]) is estimated like a 2xx.
 pub fn estimate_usage(
     status: u16,
     prompt_tokens: u64,
     uncached_prompt_tokens: u64,
     token_events: u64,
 ) -> TokenUsage {
-    if !(200..300).contains(&status) {
+    if !usage_is_estimated(status) {
         return TokenUsage::default();
     }
     let uncached = uncached_prompt_tokens.min(prompt_tokens);
@@ -177,6 +188,14 @@ pub fn estimate_usage(
     }
 }
 
+/// Whether a response with `status` and no reported usage is estimated
+/// ([`estimate_usage`]): 2xx responses and requests whose client went away while the upstream
+/// had them. Error responses without usage used nothing: they count zero tokens, not an
+/// estimate.
+pub fn usage_is_estimated(status: u16) -> bool {
+    (200..300).contains(&status) || status == CLIENT_CLOSED_STATUS
+}
+
 /// Accounts one response passed through: request outcome, tokens and cost per tenant, golden
 /// signals, service objectives, per-endpoint work.
 pub fn account_response(m: &Metrics, s: &Served<'_>) {
@@ -184,6 +203,8 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
     let model = s.requested_model;
     let ok = (200..300).contains(&s.status);
     let (outcome, code) = match (ok, s.completed) {
+        // The client went away while the upstream had the request: no response was sent.
+        _ if s.status == CLIENT_CLOSED_STATUS => ("incomplete", CLIENT_CLOSED.to_string()),
         (false, _) => ("upstream_error", s.status.to_string()),
         (true, true) => ("completed", s.status.to_string()),
         (true, false) => ("incomplete", s.status.to_string()),
@@ -467,5 +488,34 @@ mod tests {
             (70, 30, 7)
         );
         assert_eq!(estimate_usage(500, 100, 30, 7), TokenUsage::default());
+        // A client gone while the upstream had the request: estimated like a 2xx.
+        assert_eq!(
+            estimate_usage(CLIENT_CLOSED_STATUS, 100, 30, 0).prompt_tokens(),
+            100
+        );
+        assert!(!usage_is_estimated(400));
+    }
+
+    #[test]
+    fn a_client_gone_before_routing_is_incomplete_not_rejected() {
+        let m = Metrics::new();
+        let who = Who {
+            model: Some("small".into()),
+            ..Who::default()
+        };
+        account_refusal(&m, &who, CLIENT_CLOSED);
+        assert_eq!(
+            m.value(
+                "kinference_tenant_requests_total",
+                &[
+                    ("tenant", "anonymous"),
+                    ("model", "small"),
+                    ("destination", ""),
+                    ("outcome", "incomplete"),
+                    ("code", CLIENT_CLOSED)
+                ]
+            ),
+            Some(1.0)
+        );
     }
 }

@@ -87,7 +87,7 @@ impl ApiError {
     /// The OpenAI `error.type` for this status.
     fn openai_type(&self) -> &'static str {
         match self.status.as_u16() {
-            400 | 404 | 408 | 413 | 422 | 431 => "invalid_request_error",
+            400 | 404 | 405 | 408 | 413 | 422 | 431 => "invalid_request_error",
             401 => "authentication_error",
             403 => "permission_error",
             429 => "rate_limit_error",
@@ -99,7 +99,7 @@ impl ApiError {
     /// The Anthropic `error.type` for this status.
     fn anthropic_type(&self) -> &'static str {
         match self.status.as_u16() {
-            400 | 408 | 422 | 431 => "invalid_request_error",
+            400 | 405 | 408 | 422 | 431 => "invalid_request_error",
             401 => "authentication_error",
             403 => "permission_error",
             404 => "not_found_error",

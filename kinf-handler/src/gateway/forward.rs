@@ -51,9 +51,10 @@ impl Default for UpstreamClient {
 }
 
 /// Request headers passed on to the upstream (everything else is dropped: the client's
-/// credentials are for Kinference, not for the worker).
-const FORWARDED_HEADERS: [HeaderName; 3] =
-    [header::ACCEPT, header::USER_AGENT, header::CONTENT_TYPE];
+/// credentials are for Kinference, not for the worker). `content-type` is always
+/// `application/json`: the body sent is the gateway's own serialisation, whatever the client
+/// declared.
+const FORWARDED_HEADERS: [HeaderName; 2] = [header::ACCEPT, header::USER_AGENT];
 
 /// The chosen route, with what its prediction was based on (for learning from the outcome).
 #[derive(Clone, Debug)]
@@ -233,9 +234,11 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
             .to_string(),
         })
         .inc();
-    // Usage the upstream did not report (a stream cut short) is estimated: nothing is lost.
+    // Usage the upstream did not report (a stream cut short, a client gone) is estimated:
+    // nothing is lost. An error response without usage used nothing: zero, not an estimate.
     let (usage, estimated) = match o.usage {
         Some(u) => (u, false),
+        None if !crate::accounting::usage_is_estimated(o.status) => (TokenUsage::default(), false),
         None => (
             crate::accounting::estimate_usage(
                 o.status,
@@ -293,14 +296,72 @@ fn settle(reservation: Option<crate::tenants::Reservation>, c: &Chosen, o: &Resp
 
 /// Serves one inference request end to end.
 pub async fn handle(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Response {
-    let started = Instant::now();
-    let mut who = crate::accounting::Who::default();
-    match admit_and_forward(&gw, api, &headers, body, started, &mut who).await {
+    let mut pending = Unanswered {
+        gw: gw.clone(),
+        api,
+        started: Instant::now(),
+        who: crate::accounting::Who::default(),
+        forwarding: None,
+        reservation: None,
+        answered: false,
+    };
+    let resp = match admit_and_forward(&gw, api, &headers, body, &mut pending).await {
         Ok(r) => r,
         Err(e) => {
-            count_request(&gw, api, e.status.as_u16(), e.code, &who);
+            count_request(&gw, api, e.status.as_u16(), e.code, &pending.who);
             e.into_response_for(api)
         }
+    };
+    // Counted (by the response head or just above): nothing left for the drop guard.
+    pending.answered = true;
+    resp
+}
+
+/// A request between arrival and its response, accounted when dropped unanswered: hyper drops
+/// the handler's future when the client goes away, before a response (or an error) was made.
+/// Such a request is counted once in `kinference_requests_total` (status 499, code
+/// `client_closed_request`) and per tenant (outcome `incomplete`). One the upstream already
+/// had is reported like a response cut short (usage estimated from the prompt; no output was
+/// seen) and its upstream request is cancelled with the dropped future. Its rate-limit
+/// reservation is dropped: concurrency is released and the whole estimate stays charged (how
+/// much the worker generated is unknown, and disconnecting must not lift a token limit).
+struct Unanswered {
+    gw: Arc<Gateway>,
+    api: Api,
+    started: Instant,
+    /// What is known of the request (tenant and model once admitted, destination once routed).
+    who: crate::accounting::Who,
+    /// The route the request was sent to, while its answer is awaited.
+    forwarding: Option<Chosen>,
+    /// The rate-limit reservation, until the response takes it.
+    reservation: Option<crate::tenants::Reservation>,
+    /// A response (or an error) was made: it is accounted elsewhere.
+    answered: bool,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        use crate::accounting::{CLIENT_CLOSED, CLIENT_CLOSED_STATUS};
+        let gw = &self.gw;
+        gw.metrics
+            .count_request(self.api.label(), CLIENT_CLOSED_STATUS, CLIENT_CLOSED);
+        match self.forwarding.take() {
+            Some(c) => {
+                let obs = ResponseObservation {
+                    status: CLIENT_CLOSED_STATUS,
+                    completed: false,
+                    duration_s: self.started.elapsed().as_secs_f64(),
+                    ..ResponseObservation::default()
+                };
+                report(gw, self.api, &c, &obs);
+            }
+            None => crate::accounting::account_refusal(&gw.metrics, &self.who, CLIENT_CLOSED),
+        }
+        // Dropped, not completed: see the type's documentation.
+        drop(self.reservation.take());
     }
 }
 
@@ -577,13 +638,63 @@ pub fn complete(
     })
 }
 
+/// Reads a request body of at most `limit` bytes within `timeout`: a declared
+/// `Content-Length` over the limit is refused at once (nothing of the body is read), a body
+/// that grows past it when it does (413); a body not received in time is a 408, one that cannot
+/// be read (malformed chunked encoding, connection reset) a 400 naming `body`.
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large(limit));
+    }
+    match tokio::time::timeout(timeout, http_body_util::Limited::new(body, limit).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large(limit)),
+        Ok(Err(e)) => Err(body_unreadable(&*e)),
+        Err(_) => Err(body_timeout(timeout)),
+    }
+}
+
+/// The 413 for a body over `limits.maxBodyBytes`; the connection is closed (the rest of the
+/// body is not read).
 fn too_large(limit: usize) -> ApiError {
     let mut e = ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body_too_large",
-        format!("the request body is larger than the limit of {limit} bytes"),
+        format!("the request body is larger than the limit of {limit} bytes (limits.maxBodyBytes)"),
     );
+    e.param = Some("body".into());
     // The rest of the body is not read: the connection cannot be reused, say so.
+    e.extra = Some(Box::new(super::errors::ErrorExtra {
+        headers: vec![("connection", "close".into())],
+        openai_type: None,
+    }));
+    e
+}
+
+/// The 400 for a body that could not be read (not its size: malformed chunked encoding, a
+/// connection reset); the connection is closed.
+fn body_unreadable(err: &(dyn std::error::Error + 'static)) -> ApiError {
+    // The chain of causes, each said once (wrappers repeat their inner error's message).
+    let mut causes: Vec<String> = vec![err.to_string()];
+    let mut source = err.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if causes.last() != Some(&s_text) {
+            causes.push(s_text);
+        }
+        source = s.source();
+    }
+    let message = format!("the request body could not be read: {}", causes.join(": "));
+    let mut e = ApiError::invalid("body", message);
     e.extra = Some(Box::new(super::errors::ErrorExtra {
         headers: vec![("connection", "close".into())],
         openai_type: None,
@@ -766,29 +877,21 @@ async fn admit_and_forward(
     api: Api,
     headers: &HeaderMap,
     body: Body,
-    started: Instant,
-    who: &mut crate::accounting::Who,
+    pending: &mut Unanswered,
 ) -> Result<Response, ApiError> {
     crate::busy_poll::touch();
+    let started = pending.started;
     let _admitting = Admitting::enter(&gw.admitting);
     let Some(rt) = gw.runtime() else {
         return Ok(not_ready(api));
     };
     let door = rt.door(host(headers));
     let limit = door.max_body_bytes;
-    let bytes = match tokio::time::timeout(
-        gw.options.body_read_timeout,
-        axum::body::to_bytes(body, limit),
-    )
-    .await
-    {
-        Ok(r) => r.map_err(|_| too_large(limit))?,
-        Err(_) => return Err(body_timeout(gw.options.body_read_timeout)),
-    };
+    let bytes = read_body(headers, body, limit, gw.options.body_read_timeout).await?;
     // Tokenizing a long prompt takes milliseconds: `admit_async` keeps it off the async
     // workers.
     let mut admitted = admit_async(gw, &rt, api, headers, bytes).await?;
-    who.admitted(&admitted.request);
+    pending.who.admitted(&admitted.request);
     // Held by the response body: given back when the body is dropped (stream over, client
     // gone, upstream failed) or when this function returns an error.
     let stream_slot = match (&admitted.request.tenant, admitted.parsed.stream) {
@@ -801,7 +904,6 @@ async fn admit_and_forward(
         }
         _ => None,
     };
-    let mut reservation = None;
     if let Some(l) = admitted.limiter.clone() {
         let mut skipped: SmallVec<[Arc<str>; 2]> = SmallVec::new();
         loop {
@@ -811,7 +913,7 @@ async fn admit_and_forward(
                 .await
             {
                 Ok(r) => {
-                    reservation = Some(r);
+                    pending.reservation = Some(r);
                     break;
                 }
                 Err(crate::tenants::LimitError::Exceeded(x))
@@ -843,10 +945,12 @@ async fn admit_and_forward(
     let mut failed_providers: SmallVec<[Arc<str>; 2]> = SmallVec::new();
     loop {
         let chosen = plan_with(gw, &admitted, &failed_providers)?;
-        who.routed(&chosen);
+        pending.who.routed(&chosen);
+        // From here until its answer, a client that goes away is accounted against this route.
+        pending.forwarding = Some(chosen.clone());
         if let Some(key) = chosen.provider.clone() {
             let pool = gw.providers.load_full();
-            match pool
+            let forwarded = pool
                 .forward(
                     &key,
                     api,
@@ -855,11 +959,19 @@ async fn admit_and_forward(
                     admitted.parsed.stream,
                     !admitted.inject_usage,
                 )
-                .await
-            {
+                .await;
+            pending.forwarding = None;
+            match forwarded {
                 Ok(resp) => {
                     return Ok(hold(
-                        respond_provider(gw, api, chosen, resp, started, reservation.take()),
+                        respond_provider(
+                            gw,
+                            api,
+                            chosen,
+                            resp,
+                            started,
+                            pending.reservation.take(),
+                        ),
                         stream_slot,
                     ));
                 }
@@ -873,7 +985,9 @@ async fn admit_and_forward(
             }
         }
         let body = upstream_body(&admitted, &chosen);
-        match send(gw, api, headers, &chosen, body).await {
+        let sent = send(gw, api, headers, &chosen, body).await;
+        pending.forwarding = None;
+        match sent {
             Ok(upstream) => {
                 return Ok(hold(
                     respond(
@@ -883,7 +997,7 @@ async fn admit_and_forward(
                         upstream,
                         admitted.inject_usage,
                         started,
-                        reservation.take(),
+                        pending.reservation.take(),
                     ),
                     stream_slot,
                 ));
@@ -1086,9 +1200,7 @@ async fn send(
             b = b.header(h, v);
         }
     }
-    if !headers.contains_key(header::CONTENT_TYPE) {
-        b = b.header(header::CONTENT_TYPE, "application/json");
-    }
+    b = b.header(header::CONTENT_TYPE, "application/json");
     for key in ["anthropic-version", "anthropic-beta", "x-request-id"] {
         if let Some(v) = headers.get(key) {
             b = b.header(key, v);

@@ -263,13 +263,20 @@ impl Gateway {
         (outcome, diagnostics)
     }
 
-    /// The client-facing routes (`/v1/*`, `/healthz` (also as vLLM's `/health`), `/readyz`).
+    /// The client-facing routes (`/v1/*`, `/healthz` (also as vLLM's `/health`), `/readyz`);
+    /// unknown paths and methods get a 404 or 405 in the caller's shape.
     pub fn router(self: &Arc<Self>) -> Router {
+        with_error_fallbacks(self.client_routes())
+    }
+
+    fn client_routes(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat))
             .route("/v1/completions", post(completions))
             .route("/v1/messages", post(messages))
             .route("/v1/models", get(models))
+            // Model names may contain `/` (`meta-llama/Llama-3.1-8B`): the rest of the path.
+            .route("/v1/models/{*id}", get(model))
             .route("/healthz", get(healthz))
             // vLLM's liveness path, which clients such as GuideLLM probe before a run.
             .route("/health", get(healthz))
@@ -281,23 +288,66 @@ impl Gateway {
     /// listener is used). With an admin listener, `/metrics` (which carries every tenant's
     /// usage and cost) is served there only, so that clients cannot read other tenants' usage.
     pub fn router_with_admin(self: &Arc<Self>) -> Router {
-        self.router().merge(
-            Router::new()
-                .route("/admin/status", get(admin_status))
-                .route("/metrics", get(metrics))
-                .with_state(self.clone()),
+        with_error_fallbacks(
+            self.client_routes().merge(
+                Router::new()
+                    .route("/admin/status", get(admin_status))
+                    .route("/metrics", get(metrics))
+                    .with_state(self.clone()),
+            ),
         )
     }
 
     /// The admin routes (`/admin/status`, plus `/healthz`, `/readyz`, `/metrics`).
     pub fn admin_router(self: &Arc<Self>) -> Router {
-        Router::new()
-            .route("/admin/status", get(admin_status))
-            .route("/healthz", get(healthz))
-            .route("/readyz", get(readyz))
-            .route("/metrics", get(metrics))
-            .with_state(self.clone())
+        with_error_fallbacks(
+            Router::new()
+                .route("/admin/status", get(admin_status))
+                .route("/healthz", get(healthz))
+                .route("/readyz", get(readyz))
+                .route("/metrics", get(metrics))
+                .with_state(self.clone()),
+        )
     }
+}
+
+/// `router` with a 404 for unknown paths and a 405 (axum adds `Allow`) for unsupported
+/// methods, each with an error body in the caller's shape. Added last: the 405 fallback
+/// applies to the routes registered before it.
+fn with_error_fallbacks(router: Router) -> Router {
+    router
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+/// The error shape for a path no handler answered: Anthropic under `/v1/messages`, else
+/// OpenAI.
+fn shape_of(path: &str) -> Api {
+    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        Api::Messages
+    } else {
+        Api::Chat
+    }
+}
+
+async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no such endpoint: {method} {path}"),
+    )
+    .into_response_for(shape_of(path))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{path} does not accept {method}; the `allow` header lists what it accepts"),
+    )
+    .into_response_for(shape_of(path))
 }
 
 async fn chat(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -> Response {
@@ -312,13 +362,10 @@ async fn messages(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body
     forward::handle(gw, Api::Messages, headers, body).await
 }
 
-/// `GET /v1/models`: every client-facing name (model names and aliases) of the front door's
-/// pool, sorted.
-async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let Some(rt) = gw.runtime() else {
-        return not_ready(Api::Chat);
-    };
-    let door = rt.door(host(&headers));
+/// Every client-facing name (model names and aliases) of the front door's pool (of every
+/// pool when the front door has none), sorted, without duplicates.
+fn model_names<'a>(rt: &'a Runtime, headers: &HeaderMap) -> Vec<&'a str> {
+    let door = rt.door(host(headers));
     let policy = &rt.applied.policy;
     let pool = match &door.pool {
         Some(p) => p.split_once('/').and_then(|(ns, n)| policy.pool(ns, n)),
@@ -330,14 +377,63 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
     };
     names.sort_unstable();
     names.dedup();
+    names
+}
+
+/// The OpenAI model object of `name`.
+fn model_object(name: &str) -> serde_json::Value {
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let data: Vec<_> = names
-        .iter()
-        .map(|n| json!({"id": n, "object": "model", "created": created, "owned_by": "kinference"}))
+    json!({"id": name, "object": "model", "created": created, "owned_by": "kinference"})
+}
+
+/// `GET /v1/models`: every client-facing name (model names and aliases) of the front door's
+/// pool, sorted.
+async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let Some(rt) = gw.runtime() else {
+        return not_ready(Api::Chat);
+    };
+    let data: Vec<_> = model_names(&rt, &headers)
+        .into_iter()
+        .map(model_object)
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}` (OpenAI `models.retrieve`): the model object of a name `/v1/models`
+/// lists, else 404 `model_not_found`.
+async fn model(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    id: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+) -> Response {
+    let Some(rt) = gw.runtime() else {
+        return not_ready(Api::Chat);
+    };
+    let id = match id {
+        Ok(axum::extract::Path(id)) => id,
+        Err(e) => {
+            return ApiError::invalid("model", format!("the model id in the path is invalid: {e}"))
+                .into_response_for(Api::Chat);
+        }
+    };
+    let names = model_names(&rt, &headers);
+    if names.binary_search(&id.as_str()).is_ok() {
+        return axum::Json(model_object(&id)).into_response();
+    }
+    let mut shown = names;
+    shown.truncate(20);
+    let mut e = ApiError::new(
+        StatusCode::NOT_FOUND,
+        "model_not_found",
+        format!(
+            "the model `{id}` does not exist; available: {}",
+            shown.join(", ")
+        ),
+    );
+    e.param = Some("model".into());
+    e.into_response_for(Api::Chat)
 }
 
 async fn healthz() -> &'static str {
