@@ -166,16 +166,18 @@ impl Decider {
                 .iter()
                 .map(|p| format!("{}/{}", p.namespace, p.name))
                 .collect();
-            return reject_only(
-                404,
-                "unknown_pool",
-                format!(
-                    "no pool `{}` (pools: {})",
-                    req.pool.as_deref().unwrap_or("<unspecified>"),
+            let message = match (req.pool.as_deref(), names.len()) {
+                (_, 0) => "no InferencePool is configured, so no model is served; add an \
+                           InferencePool to the bundle"
+                    .to_string(),
+                (Some(p), _) => format!("no pool `{p}` (pools: {})", names.join(", ")),
+                (None, n) => format!(
+                    "the request names no pool and there are {n} InferencePools ({}): \
+                     a GatewayBackend's `pool` chooses one",
                     names.join(", ")
                 ),
-                String::new(),
-            );
+            };
+            return reject_only(404, "unknown_pool", message, String::new());
         };
         let pool_name = format!("{}/{}", pool.namespace, pool.name);
         if !pool.models.contains_key(&req.model) {
