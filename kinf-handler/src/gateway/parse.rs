@@ -98,6 +98,7 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<Parsed, ApiError> {
         }
     };
     let max_tokens = max_tokens(&body, api)?;
+    sampling(&body, api)?;
     let prompt = match api {
         Api::Chat => Prompt::Chat(chat_messages(&body)?),
         Api::Completions => completion_prompt(&body)?,
@@ -192,6 +193,88 @@ fn max_tokens(body: &Map<String, Value>, api: Api) -> Result<Option<u32>, ApiErr
         return Err(ApiError::invalid("max_tokens", "`max_tokens` is required"));
     }
     Ok(None)
+}
+
+/// What a sampling parameter must be.
+#[derive(Clone, Copy)]
+enum Want {
+    /// A number in `[min, max]`.
+    Number(f64, f64),
+    /// An integer in `[min, max]`.
+    Integer(i64, i64),
+    /// A string, or a list of strings.
+    Strings,
+    /// A list of strings.
+    StringList,
+}
+
+/// The sampling parameters of the OpenAI APIs whose type (and, where the API fixes one,
+/// range) the gateway checks, so that a wrong value is refused in the caller's shape naming
+/// the field rather than by the worker in its own. The bounds are the widest OpenAI and vLLM
+/// accept (vLLM takes temperatures above OpenAI's 2, and `top_k` -1 for "all"). Parameters not
+/// listed pass through unchecked.
+const OPENAI_SAMPLING: &[(&str, Want)] = &[
+    ("temperature", Want::Number(0.0, f64::MAX)),
+    ("top_p", Want::Number(0.0, 1.0)),
+    ("frequency_penalty", Want::Number(-2.0, 2.0)),
+    ("presence_penalty", Want::Number(-2.0, 2.0)),
+    ("n", Want::Integer(1, i64::MAX)),
+    ("seed", Want::Integer(i64::MIN, i64::MAX)),
+    ("top_k", Want::Integer(-1, i64::MAX)),
+    ("stop", Want::Strings),
+];
+
+/// The same for Anthropic's Messages API.
+const ANTHROPIC_SAMPLING: &[(&str, Want)] = &[
+    ("temperature", Want::Number(0.0, 1.0)),
+    ("top_p", Want::Number(0.0, 1.0)),
+    ("top_k", Want::Integer(0, i64::MAX)),
+    ("stop_sequences", Want::StringList),
+];
+
+/// Checks the sampling parameters `body` sets (`null` is unset) against the API's table.
+fn sampling(body: &Map<String, Value>, api: Api) -> Result<(), ApiError> {
+    let table = match api {
+        Api::Messages => ANTHROPIC_SAMPLING,
+        Api::Chat | Api::Completions => OPENAI_SAMPLING,
+    };
+    for &(field, want) in table {
+        let Some(v) = body.get(field).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        let bad = |what: String| {
+            Err(ApiError::invalid(
+                field,
+                format!("`{field}` must be {what}"),
+            ))
+        };
+        match want {
+            Want::Number(lo, hi) => match v.as_f64() {
+                Some(x) if (lo..=hi).contains(&x) => {}
+                Some(_) if hi == f64::MAX => return bad(format!("at least {lo}")),
+                Some(_) => return bad(format!("between {lo} and {hi}")),
+                None => return bad("a number".into()),
+            },
+            Want::Integer(lo, hi) => match v.as_i64() {
+                Some(x) if (lo..=hi).contains(&x) => {}
+                Some(_) if hi == i64::MAX => return bad(format!("an integer of at least {lo}")),
+                Some(_) => return bad(format!("an integer between {lo} and {hi}")),
+                // Above `i64::MAX`: within every open-ended range.
+                None if v.is_u64() && hi == i64::MAX => {}
+                None => return bad("an integer".into()),
+            },
+            Want::Strings => match v {
+                Value::String(_) => {}
+                Value::Array(a) if a.iter().all(Value::is_string) => {}
+                _ => return bad("a string or a list of strings".into()),
+            },
+            Want::StringList => match v {
+                Value::Array(a) if a.iter().all(Value::is_string) => {}
+                _ => return bad("a list of strings".into()),
+            },
+        }
+    }
+    Ok(())
 }
 
 /// The text of a `content` value: a string, or an array of parts whose `text` fields are
@@ -351,6 +434,60 @@ mod tests {
             Ok(_) => panic!("expected an error for {body}"),
             Err(e) => e,
         }
+    }
+
+    #[test]
+    fn sampling_parameters_of_the_wrong_type_or_range_are_refused_naming_the_field() {
+        let chat = |extra: &str| {
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],{extra}}}"#)
+        };
+        for (extra, field, says) in [
+            (r#""temperature":"hot""#, "temperature", "a number"),
+            (r#""temperature":-0.5"#, "temperature", "at least 0"),
+            (r#""top_p":1.5"#, "top_p", "between 0 and 1"),
+            (
+                r#""presence_penalty":3"#,
+                "presence_penalty",
+                "between -2 and 2",
+            ),
+            (r#""n":0"#, "n", "an integer of at least 1"),
+            (r#""n":1.5"#, "n", "an integer"),
+            (r#""seed":"7""#, "seed", "an integer"),
+            (r#""stop":[1]"#, "stop", "a string or a list of strings"),
+        ] {
+            let e = err(Api::Chat, &chat(extra));
+            assert_eq!(e.param.as_deref(), Some(field), "{extra}");
+            assert!(e.message.ends_with(says), "{extra}: {}", e.message);
+        }
+        // In range, unset or null: accepted; vLLM's wider ranges are not narrowed to OpenAI's.
+        for extra in [
+            r#""temperature":3,"top_p":1,"n":2,"seed":-1,"stop":"END","top_k":-1"#,
+            r#""temperature":null,"stop":["a","b"],"seed":18446744073709551615"#,
+            r#""logit_bias":{"1":2},"user":"u""#,
+        ] {
+            assert!(parse(Api::Chat, chat(extra).as_bytes()).is_ok(), "{extra}");
+        }
+        let messages = |extra: &str| {
+            format!(
+                r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":"x"}}],{extra}}}"#
+            )
+        };
+        let e = err(Api::Messages, &messages(r#""temperature":1.5"#));
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = err(Api::Messages, &messages(r#""stop_sequences":"end""#));
+        assert_eq!(e.param.as_deref(), Some("stop_sequences"));
+        assert!(
+            parse(
+                Api::Messages,
+                messages(r#""top_k":5,"stop_sequences":["x"]"#).as_bytes()
+            )
+            .is_ok()
+        );
+        let e = err(
+            Api::Completions,
+            r#"{"model":"m","prompt":"x","frequency_penalty":"high"}"#,
+        );
+        assert_eq!(e.param.as_deref(), Some("frequency_penalty"));
     }
 
     #[test]
