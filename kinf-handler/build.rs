@@ -11,6 +11,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let fds = protox::compile(files, [&root])?;
     tonic_prost_build::configure()
+        // Decode errors are INVALID_ARGUMENT, not INTERNAL (src/grpc/codec.rs).
+        .codec_path("crate::grpc::codec::Codec")
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;

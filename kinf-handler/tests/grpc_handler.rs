@@ -433,3 +433,421 @@ async fn ext_proc_full_duplex_streams_and_strips_the_injected_usage_chunk() {
     assert!(!out.contains("usage"), "{out}");
     assert!(s.end_of_stream);
 }
+
+/// Sends `msgs` on one ext_proc stream, half-closes it, and reads until it ends: the
+/// responses, and the final status (`Ok` when it ended cleanly).
+async fn ext_proc_until_end(
+    url: String,
+    msgs: Vec<ProcessingRequest>,
+) -> (Vec<ProcessingResponse>, tonic::Status) {
+    let mut c = ExternalProcessorClient::connect(url).await.unwrap();
+    let mut inbound = c
+        .process(tokio_stream::iter(msgs))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    loop {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), inbound.message())
+            .await
+            .expect("the stream ends");
+        match next {
+            Ok(Some(r)) => out.push(r),
+            Ok(None) => return (out, tonic::Status::ok("")),
+            Err(e) => return (out, e),
+        }
+    }
+}
+
+/// A codec for raw (possibly malformed) protobuf bytes.
+#[derive(Clone, Default)]
+struct Raw;
+
+impl tonic::codec::Codec for Raw {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl tonic::codec::Encoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf;
+        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+    }
+}
+
+async fn raw_client(url: String) -> tonic::client::Grpc<tonic::transport::Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut g = tonic::client::Grpc::new(ch);
+    g.ready().await.unwrap();
+    g
+}
+
+/// Raw messages on one ext_proc stream: the decoded responses and the final status.
+async fn raw_ext_proc(url: String, msgs: Vec<Vec<u8>>) -> (Vec<ProcessingResponse>, tonic::Status) {
+    use prost::Message;
+    let mut g = raw_client(url).await;
+    let mut inbound = g
+        .streaming(
+            tonic::Request::new(tokio_stream::iter(msgs)),
+            http::uri::PathAndQuery::from_static(
+                "/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+            ),
+            Raw,
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    loop {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), inbound.message())
+            .await
+            .expect("the stream ends");
+        match next {
+            Ok(Some(r)) => out.push(ProcessingResponse::decode(&r[..]).unwrap()),
+            Ok(None) => return (out, tonic::Status::ok("")),
+            Err(e) => return (out, e),
+        }
+    }
+}
+
+fn immediate_of(r: &ProcessingResponse) -> &kinf_handler::grpc::ext_proc_v3::ImmediateResponse {
+    match &r.response {
+        Some(Resp::ImmediateResponse(ir)) => ir,
+        other => panic!("expected an ImmediateResponse, got {other:?}"),
+    }
+}
+
+/// A chat body padded with `pad` bytes of JSON whitespace (large, but cheap to admit).
+fn padded_chat(model: &str, pad: usize) -> Vec<u8> {
+    let mut b = chat(model);
+    let end = b.pop().unwrap();
+    assert_eq!(end, b'}');
+    b.resize(b.len() + pad, b' ');
+    b.push(b'}');
+    b
+}
+
+const DEFAULT_MAX_BODY: usize = 32 << 20;
+
+#[tokio::test]
+async fn ext_proc_undecodable_message_ends_the_stream_with_invalid_argument() {
+    use prost::Message;
+    let url = start().await;
+    // Valid headers, then a request_body (field 4) whose length runs past the buffer.
+    let (out, status) = raw_ext_proc(
+        url.clone(),
+        vec![
+            headers_msg("/v1/chat/completions").encode_to_vec(),
+            b"\x22\xff".to_vec(),
+        ],
+    )
+    .await;
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert!(matches!(out[0].response, Some(Resp::RequestHeaders(_))));
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("ProcessingRequest"), "{status:?}");
+
+    let (out, status) = raw_ext_proc(url, vec![b"\x12\xff\xff".to_vec()]).await;
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+}
+
+#[tokio::test]
+async fn ext_proc_takes_body_chunks_over_4_mib_and_answers_413_over_the_limit() {
+    let url = start().await;
+    // One chunk over tonic's 4 MiB default decoding limit: routed.
+    let (out, status) = ext_proc_until_end(
+        url.clone(),
+        vec![
+            headers_msg("/v1/chat/completions"),
+            body_msg(&padded_chat("glm", 5 << 20), true),
+        ],
+    )
+    .await;
+    assert!(status.code() == tonic::Code::Ok, "{status:?}");
+    let Some(Resp::RequestBody(b)) = &out[1].response else {
+        panic!("{:?}", out.get(1).map(|r| &r.response));
+    };
+    let c = b.response.as_ref().unwrap();
+    assert!(GLM.contains(&header(c, "x-gateway-destination-endpoint").unwrap()));
+
+    // Chunks adding up to more than maxBodyBytes: 413 as soon as the limit is passed.
+    let chunk = vec![b' '; 8 << 20];
+    let mut msgs = vec![headers_msg("/v1/chat/completions")];
+    msgs.extend((0..5).map(|_| body_msg(&chunk, false)));
+    let (out, status) = ext_proc_until_end(url.clone(), msgs).await;
+    assert_eq!(status.code(), tonic::Code::Ok, "{status:?}");
+    assert_eq!(out.len(), 6, "headers, four chunks held, then the 413");
+    let ir = immediate_of(&out[5]);
+    assert_eq!(ir.status.unwrap().code, 413);
+    assert_eq!(ir.details, "kinference_body_too_large");
+
+    // One chunk over the gRPC decoding limit itself: still the 413.
+    let (out, status) = ext_proc_until_end(
+        url,
+        vec![
+            headers_msg("/v1/chat/completions"),
+            body_msg(&padded_chat("glm", DEFAULT_MAX_BODY + (2 << 20)), true),
+        ],
+    )
+    .await;
+    assert_eq!(status.code(), tonic::Code::Ok, "{status:?}");
+    assert_eq!(out.len(), 2, "{out:?}");
+    let ir = immediate_of(&out[1]);
+    assert_eq!(ir.status.unwrap().code, 413);
+    let v: Value = serde_json::from_slice(&ir.body).unwrap();
+    assert_eq!(v["error"]["param"], "body", "{v}");
+}
+
+#[tokio::test]
+async fn decide_takes_bodies_over_4_mib_and_rejects_over_the_limit_with_413() {
+    let url = start().await;
+    let mut c = HandlerClient::connect(url).await.unwrap();
+    let r = c
+        .decide(decide_req(padded_chat("qwen", 5 << 20)))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(decide_response::Outcome::Route(route)) = r.outcome else {
+        panic!("expected a route, got {:?}", r.outcome.map(|_| ()));
+    };
+    assert!(
+        QWEN.contains(&route.endpoint.as_str()),
+        "{}",
+        route.endpoint
+    );
+
+    let r = c
+        .decide(decide_req(padded_chat("qwen", DEFAULT_MAX_BODY)))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(decide_response::Outcome::Reject(rej)) = r.outcome else {
+        panic!("expected a reject");
+    };
+    assert_eq!(rej.http_status, 413);
+    assert_eq!(rej.code, "body_too_large");
+}
+
+#[tokio::test]
+async fn ext_proc_refuses_messages_out_of_order() {
+    let url = start().await;
+    let refused = async |msgs: Vec<ProcessingRequest>, answered: usize, says: &str| {
+        let (out, status) = ext_proc_until_end(url.clone(), msgs).await;
+        assert_eq!(
+            status.code(),
+            tonic::Code::FailedPrecondition,
+            "{says}: {status:?}"
+        );
+        assert!(status.message().contains(says), "{status:?}");
+        assert_eq!(out.len(), answered, "{out:?}");
+    };
+    // A second body after end_of_stream would be a second decision.
+    refused(
+        vec![
+            headers_msg("/v1/chat/completions"),
+            body_msg(&chat("glm"), true),
+            body_msg(&chat("glm"), true),
+        ],
+        2,
+        "request_body after the request's end_of_stream",
+    )
+    .await;
+    refused(
+        vec![
+            headers_msg("/v1/chat/completions"),
+            headers_msg("/v1/chat/completions"),
+        ],
+        1,
+        "request_headers a second time",
+    )
+    .await;
+    refused(
+        vec![body_msg(&chat("glm"), true)],
+        0,
+        "request_body before request_headers; expected request_headers first",
+    )
+    .await;
+    let response_headers = ProcessingRequest {
+        request: Some(Req::ResponseHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![hv(":status", "200")],
+            }),
+            end_of_stream: false,
+        })),
+        ..Default::default()
+    };
+    refused(
+        vec![response_headers.clone()],
+        0,
+        "response_headers before request_headers",
+    )
+    .await;
+
+    let mut h = headers_msg("/v1/models");
+    if let Some(Req::RequestHeaders(hh)) = &mut h.request {
+        hh.end_of_stream = true;
+    }
+    let response_body = |eos| ProcessingRequest {
+        request: Some(Req::ResponseBody(HttpBody {
+            body: b"{}".to_vec(),
+            end_of_stream: eos,
+        })),
+        ..Default::default()
+    };
+    refused(
+        vec![
+            h,
+            response_headers.clone(),
+            response_body(true),
+            response_body(true),
+        ],
+        3,
+        "response_body after the response's end_of_stream; expected response_trailers",
+    )
+    .await;
+
+    // The documented pass-through cases still work: headers with end_of_stream, then the
+    // response and trailers.
+    let mut h = headers_msg("/v1/chat/completions");
+    if let Some(Req::RequestHeaders(hh)) = &mut h.request {
+        hh.end_of_stream = true;
+    }
+    let trailers = ProcessingRequest {
+        request: Some(Req::ResponseTrailers(Default::default())),
+        ..Default::default()
+    };
+    let (out, status) = ext_proc_until_end(url.clone(), vec![h, response_headers, trailers]).await;
+    assert_eq!(status.code(), tonic::Code::Ok, "{status:?}");
+    assert_eq!(out.len(), 3, "{out:?}");
+}
+
+#[tokio::test]
+async fn ext_proc_refuses_an_empty_processing_request() {
+    let url = start().await;
+    let (out, status) = ext_proc_until_end(url, vec![ProcessingRequest::default()]).await;
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("`request`"), "{status:?}");
+}
+
+#[tokio::test]
+async fn malformed_unary_messages_are_invalid_argument() {
+    let url = start().await;
+    let mut g = raw_client(url).await;
+    // DecideRequest.path (field 1) claims 127 bytes that are not there.
+    let e = g
+        .unary(
+            tonic::Request::new(b"\x0a\x7f/v1".to_vec()),
+            http::uri::PathAndQuery::from_static("/kinference.handler.v1.Handler/Decide"),
+            Raw,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("DecideRequest.path"), "{e:?}");
+    g.ready().await.unwrap();
+    // ReportRequest.decision_id (field 1) with a varint wire type.
+    let e = g
+        .unary(
+            tonic::Request::new(b"\x08\xff".to_vec()),
+            http::uri::PathAndQuery::from_static("/kinference.handler.v1.Handler/Report"),
+            Raw,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("ReportRequest"), "{e:?}");
+}
+
+#[tokio::test]
+async fn decide_names_the_first_invalid_header() {
+    let url = start().await;
+    let mut c = HandlerClient::connect(url).await.unwrap();
+    let mut decide = async |headers: Vec<(&str, String)>| {
+        let mut req = decide_req(chat("qwen"));
+        req.headers.extend(headers.into_iter().map(|(n, v)| Header {
+            name: n.into(),
+            value: v,
+        }));
+        let r = c.decide(req).await.unwrap().into_inner();
+        let Some(decide_response::Outcome::Reject(rej)) = r.outcome else {
+            panic!("expected a reject, got {r:?}");
+        };
+        assert_eq!(rej.http_status, 400);
+        let v: Value = serde_json::from_slice(&rej.body).unwrap();
+        assert_eq!(v["error"]["param"], "headers");
+        v["error"]["message"].as_str().unwrap().to_owned()
+    };
+    let m = decide(vec![("bad header", "x".into()), ("x-ok", "a\nb".into())]).await;
+    assert!(m.starts_with("2 request header(s)"), "{m}");
+    assert!(m.contains("`bad header` is not a valid header name"), "{m}");
+    let m = decide(vec![("x-bad", "a\nb".into())]).await;
+    assert!(m.contains("`x-bad` has an invalid value"), "{m}");
+    assert!(!m.contains("a\nb"), "{m}");
+    // A huge name is cut short.
+    let long = format!("bad {}", "n".repeat(10_000));
+    let m = decide(vec![(long.as_str(), "x".into())]).await;
+    assert!(m.len() < 300, "{m}");
+    assert!(m.contains("..."), "{m}");
+}
+
+#[tokio::test]
+async fn ext_proc_rejects_an_invalid_header_like_decide() {
+    let url = start().await;
+    let mut h = headers_msg("/v1/chat/completions");
+    if let Some(Req::RequestHeaders(hh)) = &mut h.request {
+        hh.headers
+            .as_mut()
+            .unwrap()
+            .headers
+            .push(hv("bad header", "x"));
+    }
+    let out = ext_proc(url, vec![h, body_msg(&chat("glm"), true)]).await;
+    let ir = immediate_of(&out[1]);
+    assert_eq!(ir.status.unwrap().code, 400);
+    let v: Value = serde_json::from_slice(&ir.body).unwrap();
+    assert_eq!(v["error"]["param"], "headers", "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("`bad header`"), "{m}");
+}
+
+#[tokio::test]
+async fn report_without_a_decision_id_is_invalid_argument() {
+    let url = start().await;
+    let mut c = HandlerClient::connect(url).await.unwrap();
+    let e = c.report(ReportRequest::default()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert_eq!(e.message(), "decision_id is required");
+}

@@ -665,7 +665,7 @@ async fn read_body(
 
 /// The 413 for a body over `limits.maxBodyBytes`; the connection is closed (the rest of the
 /// body is not read).
-fn too_large(limit: usize) -> ApiError {
+pub(crate) fn too_large(limit: usize) -> ApiError {
     let mut e = ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body_too_large",

@@ -18,6 +18,13 @@
 //! 4. `response_headers` / `response_body` pass through; when Envoy sends response bodies,
 //!    first-token time, inter-token gaps and usage are observed and reported
 //!    ([`forward::report`]) at `end_of_stream`, or when the stream closes.
+//!
+//! A message out of this order (anything before `request_headers`, `request_headers` twice, a
+//! `request_body` after the request's `end_of_stream`, `response_headers` twice, a
+//! `response_body` after the response's `end_of_stream`) ends the stream with
+//! `FAILED_PRECONDITION`; a message with no `request` set, or one that does not decode, with
+//! `INVALID_ARGUMENT`. A message over [`super::decode_limit`] is answered with the 413
+//! `ImmediateResponse` while a request body is being collected, `RESOURCE_EXHAUSTED` otherwise.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -37,7 +44,9 @@ use super::ext_proc_v3::{
 };
 use super::proto::envoy::config::core::v3::{HeaderValue, HeaderValueOption, header_value_option};
 use super::proto::envoy::r#type::v3::HttpStatus;
-use super::{api_for_path, count_request, error_body, header_map, not_ready_error, uninject_usage};
+use super::{
+    api_for_path, count_request, error_body, not_ready_error, request_headers, uninject_usage,
+};
 use crate::gateway::Gateway;
 use crate::gateway::errors::{Api, ApiError};
 use crate::gateway::forward::{self, Chosen, ResponseObservation};
@@ -53,6 +62,8 @@ mod body_mode {
     pub const BUFFERED: i32 = 2;
     pub const BUFFERED_PARTIAL: i32 = 3;
     pub const FULL_DUPLEX_STREAMED: i32 = 4;
+    /// The largest value Envoy defines (`GRPC`).
+    pub const MAX_KNOWN: i32 = 5;
 }
 
 /// Largest non-streamed response body kept to read its usage.
@@ -88,17 +99,33 @@ impl ExternalProcessor for ExtProcService {
         tokio::spawn(async move {
             let mut ex = Exchange::new(gw);
             while let Some(msg) = inbound.next().await {
-                let msg = match msg {
-                    Ok(m) => m,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "ext_proc stream ended with an error");
+                let result = match msg {
+                    Ok(m) => ex.on_message(m).await,
+                    Err(e) => Err(ex.on_stream_error(e)),
+                };
+                match result {
+                    Ok(out) => {
+                        for r in out {
+                            if tx.send(Ok(r)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    // The 413 answers the request; nothing more can be read.
+                    Err(Ended::Answered(r)) => {
+                        if !ex.observability {
+                            let _ = tx.send(Ok(r)).await;
+                        }
                         break;
                     }
-                };
-                let out = ex.on_message(msg).await;
-                for r in out {
-                    if tx.send(Ok(r)).await.is_err() {
-                        return;
+                    Err(Ended::Failed(status)) => {
+                        tracing::warn!(
+                            code = ?status.code(),
+                            reason = status.message(),
+                            "ext_proc stream refused"
+                        );
+                        let _ = tx.send(Err(status)).await;
+                        break;
                     }
                 }
             }
@@ -124,6 +151,30 @@ struct Routed {
     reported: bool,
 }
 
+/// How a stream ends early.
+enum Ended {
+    /// With this last response (a 413 for a message too large to read), then status OK.
+    Answered(ProcessingResponse),
+    /// With this error status (logged).
+    Failed(tonic::Status),
+}
+
+/// Where the request side of an exchange is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Nothing received: `request_headers` must come first.
+    Start,
+    /// Collecting an inference request's body.
+    Body,
+    /// Passing a non-inference request's body through.
+    PassBody,
+    /// The request ended (decided, passed through, or without a body).
+    Done,
+    /// Rejected with an `ImmediateResponse`: request body chunks Envoy sent before it saw the
+    /// answer are dropped unanswered.
+    Rejected,
+}
+
 /// The state of one ext_proc stream (one HTTP exchange).
 struct Exchange {
     gw: Arc<Gateway>,
@@ -131,6 +182,9 @@ struct Exchange {
     request_mode: i32,
     response_mode: i32,
     observability: bool,
+    phase: Phase,
+    response_headers_seen: bool,
+    response_ended: bool,
     headers: Vec<(String, Vec<u8>)>,
     api: Option<Api>,
     body: Vec<u8>,
@@ -145,6 +199,9 @@ impl Exchange {
             request_mode: body_mode::BUFFERED,
             response_mode: 0,
             observability: false,
+            phase: Phase::Start,
+            response_headers_seen: false,
+            response_ended: false,
             headers: Vec::new(),
             api: None,
             body: Vec::new(),
@@ -171,25 +228,130 @@ impl Exchange {
         )
     }
 
-    /// Handles one message; returns the responses to send (none in observability mode).
-    async fn on_message(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
+    /// Handles one message; returns the responses to send (none in observability mode), or
+    /// how the stream ends.
+    async fn on_message(
+        &mut self,
+        msg: ProcessingRequest,
+    ) -> Result<Vec<ProcessingResponse>, Ended> {
         if let Some(pc) = msg.protocol_config {
-            self.request_mode = pc.request_body_mode;
-            self.response_mode = pc.response_body_mode;
+            self.request_mode = known_mode("request_body_mode", pc.request_body_mode);
+            self.response_mode = known_mode("response_body_mode", pc.response_body_mode);
         }
         self.observability = msg.observability_mode;
-        let out = match msg.request {
-            Some(Req::RequestHeaders(h)) => self.on_request_headers(h),
-            Some(Req::RequestBody(b)) => self.on_request_body(b).await,
-            Some(Req::ResponseHeaders(h)) => self.on_response_headers(&h),
-            Some(Req::ResponseBody(b)) => self.on_response_body(b),
-            Some(Req::RequestTrailers(_)) => vec![resp(Resp::RequestTrailers(Default::default()))],
-            Some(Req::ResponseTrailers(_)) => {
-                vec![resp(Resp::ResponseTrailers(Default::default()))]
-            }
-            None => Vec::new(),
+        let Some(req) = msg.request else {
+            return Err(Ended::Failed(tonic::Status::invalid_argument(
+                "ProcessingRequest has no `request` set (expected one of request_headers, \
+                 request_body, request_trailers, response_headers, response_body, \
+                 response_trailers)",
+            )));
         };
-        if self.observability { Vec::new() } else { out }
+        self.check_order(&req)?;
+        let out = match req {
+            Req::RequestHeaders(h) => self.on_request_headers(h),
+            Req::RequestBody(b) => self.on_request_body(b).await,
+            Req::ResponseHeaders(h) => self.on_response_headers(&h),
+            Req::ResponseBody(b) => self.on_response_body(b),
+            Req::RequestTrailers(_) => vec![resp(Resp::RequestTrailers(Default::default()))],
+            Req::ResponseTrailers(_) => vec![resp(Resp::ResponseTrailers(Default::default()))],
+        };
+        Ok(if self.observability { Vec::new() } else { out })
+    }
+
+    /// Refuses a message that is out of the documented order.
+    fn check_order(&self, req: &Req) -> Result<(), Ended> {
+        let got = match req {
+            Req::RequestHeaders(_) => "request_headers",
+            Req::RequestBody(_) => "request_body",
+            Req::RequestTrailers(_) => "request_trailers",
+            Req::ResponseHeaders(_) => "response_headers",
+            Req::ResponseBody(_) => "response_body",
+            Req::ResponseTrailers(_) => "response_trailers",
+        };
+        let why = match (req, self.phase) {
+            (Req::RequestHeaders(_), Phase::Start) => None,
+            (_, Phase::Start) => Some("before request_headers"),
+            (Req::RequestHeaders(_), _) => Some("a second time"),
+            (Req::RequestBody(_), Phase::Done) => Some("after the request's end_of_stream"),
+            (Req::ResponseHeaders(_), _) if self.response_headers_seen || self.response_ended => {
+                Some("a second time, or after the response body")
+            }
+            (Req::ResponseBody(_), _) if self.response_ended => {
+                Some("after the response's end_of_stream")
+            }
+            _ => None,
+        };
+        match why {
+            None => Ok(()),
+            Some(why) => Err(Ended::Failed(tonic::Status::failed_precondition(format!(
+                "ext_proc message out of order: {got} {why}; expected {}",
+                self.expected()
+            )))),
+        }
+    }
+
+    /// The messages expected next, for error messages.
+    fn expected(&self) -> &'static str {
+        match self.phase {
+            Phase::Start => "request_headers first",
+            Phase::Body | Phase::PassBody => "request_body chunks until end_of_stream",
+            Phase::Done | Phase::Rejected if self.response_ended => {
+                "response_trailers or the end of the stream"
+            }
+            Phase::Done | Phase::Rejected if self.response_headers_seen => {
+                "response_body or trailers"
+            }
+            Phase::Done | Phase::Rejected => "response_headers, response_body or trailers",
+        }
+    }
+
+    /// The status to end the stream with after `inbound` failed; a message over the decoding
+    /// limit while the request body is collected is the 413 Envoy can show the client.
+    fn on_stream_error(&mut self, e: tonic::Status) -> Ended {
+        // tonic refuses a message over `max_decoding_message_size` with OUT_OF_RANGE.
+        if e.code() != tonic::Code::OutOfRange {
+            return Ended::Failed(e);
+        }
+        if self.phase == Phase::Body
+            && let Some(api) = self.api
+        {
+            tracing::warn!(
+                reason = e.message(),
+                "ext_proc request body over the limit: 413"
+            );
+            let limit = self.body_limit();
+            return Ended::Answered(self.too_large(api, limit));
+        }
+        Ended::Failed(tonic::Status::resource_exhausted(e.message().to_owned()))
+    }
+
+    /// The 413 `ImmediateResponse` for a body over `limit`; the request is over.
+    fn too_large(&mut self, api: Api, limit: usize) -> ProcessingResponse {
+        self.phase = Phase::Rejected;
+        self.body = Vec::new();
+        let e = forward::too_large(limit);
+        count_request(
+            &self.gw,
+            api,
+            e.status.as_u16(),
+            e.code,
+            &Default::default(),
+        );
+        immediate(&e, api)
+    }
+
+    /// The body limit of the front door this request came to.
+    fn body_limit(&self) -> usize {
+        let Some(rt) = self.gw.runtime() else {
+            return crate::gateway::runtime::DEFAULT_MAX_BODY_BYTES;
+        };
+        let host = self
+            .headers
+            .iter()
+            .find(|(k, _)| k == "host")
+            .or_else(|| self.headers.iter().find(|(k, _)| k == ":authority"))
+            .and_then(|(_, v)| std::str::from_utf8(v).ok());
+        rt.door(host).max_body_bytes
     }
 
     fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
@@ -219,6 +381,11 @@ impl Exchange {
         } else {
             api_for_path(&path)
         };
+        self.phase = match (h.end_of_stream, self.api) {
+            (true, _) => Phase::Done,
+            (false, Some(_)) => Phase::Body,
+            (false, None) => Phase::PassBody,
+        };
         if self.api.is_some() && self.duplex_request() {
             // The headers are answered once the body is complete, with the decision.
             return Vec::new();
@@ -227,9 +394,20 @@ impl Exchange {
     }
 
     async fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
-        let Some(api) = self.api else {
+        if self.phase == Phase::Rejected {
+            return Vec::new();
+        }
+        let Some(api) = self.api.filter(|_| self.phase == Phase::Body) else {
+            if b.end_of_stream {
+                self.phase = Phase::Done;
+            }
             return vec![self.pass_request_body(b)];
         };
+        let limit = self.body_limit();
+        if self.body.len().saturating_add(b.body.len()) > limit {
+            // Answered at once: the rest of the body is not collected.
+            return vec![self.too_large(api, limit)];
+        }
         self.body.extend_from_slice(&b.body);
         if !b.end_of_stream {
             if self.duplex_request() {
@@ -245,6 +423,7 @@ impl Exchange {
                 }),
             }))];
         }
+        self.phase = Phase::Done;
         let body = std::mem::take(&mut self.body);
         let mut who = crate::accounting::Who::default();
         match self.decide(api, body, &mut who).await {
@@ -312,6 +491,7 @@ impl Exchange {
                 out
             }
             Err(e) => {
+                self.phase = Phase::Rejected;
                 count_request(&self.gw, api, e.status.as_u16(), e.code, &who);
                 vec![immediate(&e, api)]
             }
@@ -327,7 +507,7 @@ impl Exchange {
         who: &mut crate::accounting::Who,
     ) -> Result<(Chosen, Bytes, bool, bool), ApiError> {
         let rt = self.gw.runtime().ok_or_else(not_ready_error)?;
-        let (headers, _) = header_map(self.headers.iter().map(|(k, v)| (k.as_str(), &v[..])));
+        let headers = request_headers(self.headers.iter().map(|(k, v)| (k.as_str(), &v[..])))?;
         let mut admitted = forward::admit_async(&self.gw, &rt, api, &headers, body.into()).await?;
         who.admitted(&admitted.request);
         let chosen = forward::plan(&self.gw, &admitted)?;
@@ -363,6 +543,8 @@ impl Exchange {
     }
 
     fn on_response_headers(&mut self, h: &HttpHeaders) -> Vec<ProcessingResponse> {
+        self.response_headers_seen = true;
+        self.response_ended |= h.end_of_stream;
         if let Some(r) = &mut self.routed {
             r.response_seen = true;
             r.status = h
@@ -406,6 +588,7 @@ impl Exchange {
     }
 
     fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        self.response_ended |= b.end_of_stream;
         let duplex = self.duplex_response();
         let now = Instant::now();
         let mut replace: Option<Vec<u8>> = None;
@@ -464,6 +647,20 @@ impl Exchange {
     fn finish(&mut self) {
         self.report(false);
     }
+}
+
+/// `mode` if Envoy defines it; otherwise a warning, and 0 (`NONE`: for the request body the
+/// same as `BUFFERED` here, which is what an unknown value always meant).
+fn known_mode(field: &str, mode: i32) -> i32 {
+    if (0..=body_mode::MAX_KNOWN).contains(&mode) {
+        return mode;
+    }
+    tracing::warn!(
+        field,
+        mode,
+        "ext_proc: unknown body send mode, treated as NONE"
+    );
+    0
 }
 
 fn resp(r: Resp) -> ProcessingResponse {

@@ -11,7 +11,7 @@ use super::handler_v1::{
     decide_response,
 };
 use super::pending::{Pending, PendingDecision};
-use super::{api_for_path, count_request, error_body, header_map, not_ready_error};
+use super::{api_for_path, count_request, error_body, not_ready_error, request_headers};
 use crate::gateway::Gateway;
 use crate::gateway::errors::{Api, ApiError};
 use crate::gateway::forward::{self, ResponseObservation};
@@ -64,17 +64,11 @@ impl HandlerService {
         who: &mut crate::accounting::Who,
     ) -> Result<Route, ApiError> {
         let rt = self.gw.runtime().ok_or_else(not_ready_error)?;
-        let (headers, bad) = header_map(
+        let headers = request_headers(
             req.headers
                 .iter()
                 .map(|h| (h.name.as_str(), h.value.as_bytes())),
-        );
-        if bad > 0 {
-            return Err(ApiError::invalid(
-                "headers",
-                format!("{bad} request header(s) are not valid HTTP headers"),
-            ));
-        }
+        )?;
         let admitted = forward::admit_async(&self.gw, &rt, api, &headers, req.body.into()).await?;
         who.admitted(&admitted.request);
         let chosen = forward::plan(&self.gw, &admitted)?;
@@ -107,6 +101,9 @@ impl HandlerService {
     /// Learns from a reported outcome (the body of `Report`).
     #[allow(clippy::result_large_err)]
     pub fn report_outcome(&self, req: &ReportRequest) -> Result<(), tonic::Status> {
+        if req.decision_id.is_empty() {
+            return Err(tonic::Status::invalid_argument("decision_id is required"));
+        }
         let Some(p) = self.pending.take(&req.decision_id) else {
             return Err(tonic::Status::not_found(format!(
                 "no pending decision `{}` (never made, already reported, or expired)",
