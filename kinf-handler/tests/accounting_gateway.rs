@@ -672,3 +672,47 @@ async fn an_upstream_error_without_usage_counts_zero_tokens_not_an_estimate() {
         Some(0.0)
     );
 }
+
+#[tokio::test]
+async fn a_request_refused_before_any_worker_had_it_gives_its_token_estimate_back() {
+    let (tx, _received) = tokio::sync::mpsc::unbounded_channel();
+    let up = scripted_upstream(tx).await;
+    let dir = temp_dir("refund");
+    // `tiny` is served by the worker set, but the policy drops it for that name: a 503
+    // `policy_rejected` decided after the request was admitted by the token limit.
+    let refusing = config_one_at_a_time(up).replace(
+        "  rules:\n",
+        "  rules:\n  - name: refused\n    matches: [ { model: tiny } ]\n    route:\n      exclude: [ { name: everything, drop: { backend: { name: tiny } } } ]\n      select: [ { type: Local, minimize: PredictedTTFT } ]\n      onEmpty: Reject\n",
+    );
+    std::fs::write(dir.join("c.yaml"), refusing).unwrap();
+    let (_gw, addr) = start_gateway(&dir).await;
+    let refused = r#"{"model":"tiny","max_tokens":50000,"messages":[{"role":"user","content":"Hello there"}]}"#;
+    let (status, _, body) = support::post_json(
+        addr,
+        "/v1/chat/completions",
+        &serde_json::from_str(refused).unwrap(),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "policy_rejected", "{body}");
+    // The next request finds the budget as if the refused one had never been admitted: only
+    // its own reservation (prompt + 8 output tokens) is taken from the 100,000.
+    let (status, headers, body) = support::post_json(
+        addr,
+        "/v1/chat/completions",
+        &serde_json::from_str(HELLO).unwrap(),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let remaining: f64 = headers["x-ratelimit-remaining-tokens"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        remaining > 99_000.0,
+        "the refused request's estimate is still charged: {remaining} left"
+    );
+}

@@ -303,12 +303,21 @@ pub async fn handle(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) 
         who: crate::accounting::Who::default(),
         forwarding: None,
         reservation: None,
+        reached_upstream: false,
         answered: false,
     };
     let resp = match admit_and_forward(&gw, api, &headers, body, &mut pending).await {
         Ok(r) => r,
         Err(e) => {
             count_request(&gw, api, e.status.as_u16(), e.code, &pending.who);
+            // Refused before any worker or provider had the request (a policy reject, no
+            // capacity, every endpoint unreachable): it used nothing, so its reservation gives
+            // the whole estimate back. One that reached an upstream keeps it charged.
+            if !pending.reached_upstream
+                && let Some(r) = pending.reservation.take()
+            {
+                r.complete(&TokenUsage::default());
+            }
             e.into_response_for(api)
         }
     };
@@ -335,6 +344,9 @@ struct Unanswered {
     forwarding: Option<Chosen>,
     /// The rate-limit reservation, until the response takes it.
     reservation: Option<crate::tenants::Reservation>,
+    /// A worker or provider may have received the request (an answer failed after it was
+    /// sent); `false` when every attempt failed to connect.
+    reached_upstream: bool,
     /// A response (or an error) was made: it is accounted elsewhere.
     answered: bool,
 }
@@ -948,6 +960,7 @@ async fn admit_and_forward(
         pending.who.routed(&chosen);
         // From here until its answer, a client that goes away is accounted against this route.
         pending.forwarding = Some(chosen.clone());
+        pending.reached_upstream = true;
         if let Some(key) = chosen.provider.clone() {
             let pool = gw.providers.load_full();
             let forwarded = pool
@@ -1005,12 +1018,14 @@ async fn admit_and_forward(
             Err(SendError::Connect(e)) if !retried => {
                 // Nothing reached the worker: mark it down (health checks bring it back) and
                 // decide again once.
+                pending.reached_upstream = false;
                 tracing::warn!(endpoint = %chosen.endpoint, error = %e, "upstream unreachable; retrying on the next best endpoint");
                 gw.metrics.upstream_retry(&chosen.endpoint);
                 mark_unready(gw, &chosen);
                 retried = true;
             }
             Err(SendError::Connect(e)) => {
+                pending.reached_upstream = false;
                 mark_unready(gw, &chosen);
                 return Err(ApiError::new(
                     StatusCode::BAD_GATEWAY,
