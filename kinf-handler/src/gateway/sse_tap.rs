@@ -36,7 +36,9 @@ pub struct SseTap {
     pending: BytesMut,
     /// What was seen so far.
     pub observed: Observed,
-    anthropic_input: Option<(u64, u64)>,
+    /// Anthropic prompt counts seen so far: `input_tokens`, `cache_read_input_tokens` and
+    /// `cache_creation_input_tokens` (`message_start`'s, each replaced by `message_delta`'s).
+    anthropic_input: [u64; 3],
 }
 
 impl SseTap {
@@ -47,7 +49,7 @@ impl SseTap {
             strip_usage_chunk,
             pending: BytesMut::new(),
             observed: Observed::default(),
-            anthropic_input: None,
+            anthropic_input: [0; 3],
         }
     }
 
@@ -134,22 +136,25 @@ impl SseTap {
         match kind {
             Some(b"message_start") => {
                 if let Some(u) = v.pointer("/message/usage") {
-                    self.anthropic_input = Some((
-                        count(u, "input_tokens"),
-                        count(u, "cache_read_input_tokens"),
-                    ));
+                    self.anthropic_input = ANTHROPIC_PROMPT_COUNTS.map(|k| count(u, k));
                 }
             }
             Some(b"content_block_delta") => self.token(now),
             Some(b"message_delta") => {
                 if let Some(u) = v.get("usage") {
-                    let out = count(u, "output_tokens");
-                    let (input, cached) = self.anthropic_input.unwrap_or_default();
-                    let input = u
-                        .get("input_tokens")
-                        .and_then(Value::as_u64)
-                        .unwrap_or(input);
-                    self.observed.usage = Some(anthropic_usage(input, cached, out));
+                    // The final counts (vLLM reports its cache reads only here).
+                    for (seen, key) in self.anthropic_input.iter_mut().zip(ANTHROPIC_PROMPT_COUNTS)
+                    {
+                        if let Some(n) = u.get(key).and_then(Value::as_u64) {
+                            *seen = n;
+                        }
+                    }
+                    let [input, cache_read, cache_creation] = self.anthropic_input;
+                    self.observed.usage = Some(anthropic_usage(
+                        input.saturating_add(cache_creation),
+                        cache_read,
+                        count(u, "output_tokens"),
+                    ));
                 }
             }
             Some(b"message_stop") => self.observed.completed = true,
@@ -168,11 +173,19 @@ pub fn openai_usage(u: &Value) -> TokenUsage {
     )
 }
 
-/// Usage of Anthropic counts: `input_tokens` are the uncached ones, cache reads come apart.
-pub fn anthropic_usage(input: u64, cache_read: u64, output: u64) -> TokenUsage {
+/// The prompt counts of an Anthropic `usage` object, in [`SseTap`]'s order.
+const ANTHROPIC_PROMPT_COUNTS: [&str; 3] = [
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+];
+
+/// Usage from Anthropic-style counts: `uncached` prompt tokens (`input_tokens` plus
+/// `cache_creation_input_tokens`: both were computed), `cache_read` cached ones, `output`.
+pub fn anthropic_usage(uncached: u64, cache_read: u64, output: u64) -> TokenUsage {
     TokenUsage {
         cached_prompt_tokens: cache_read,
-        uncached_prompt_tokens: input,
+        uncached_prompt_tokens: uncached,
         output_tokens: output,
     }
 }
@@ -190,7 +203,7 @@ pub fn body_usage(api: Api, body: &[u8]) -> Option<TokenUsage> {
     Some(match api {
         Api::Chat | Api::Completions => openai_usage(&u),
         Api::Messages => anthropic_usage(
-            count(&u, "input_tokens"),
+            count(&u, "input_tokens").saturating_add(count(&u, "cache_creation_input_tokens")),
             count(&u, "cache_read_input_tokens"),
             count(&u, "output_tokens"),
         ),
@@ -265,6 +278,42 @@ mod tests {
         assert!(u.output_tokens > 0, "{u:?}");
         assert!(tap.observed.completed);
         assert!(tap.observed.token_events > 0);
+    }
+
+    #[test]
+    fn anthropic_stream_usage_counts_cache_reads_and_writes_whichever_event_reports_them() {
+        let usage_of = |stream: &str| {
+            let mut tap = SseTap::new(Api::Messages, false);
+            let _ = tap.feed(stream.as_bytes(), Instant::now());
+            let _ = tap.finish();
+            tap.observed.usage
+        };
+        // vLLM reports its cache reads only in the final `message_delta`.
+        let vllm = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":14,\"output_tokens\":0}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"a\"}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":14,\"output_tokens\":20,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":32}}\n\n",
+        );
+        assert_eq!(usage_of(vllm), Some(anthropic_usage(14, 32, 20)));
+        // Anthropic's API reports them in `message_start`; cache writes were computed.
+        let anthropic = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"cache_creation_input_tokens\":5,\"cache_read_input_tokens\":3,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":2}}\n\n",
+        );
+        let u = usage_of(anthropic).unwrap_or_default();
+        assert_eq!(
+            (
+                u.uncached_prompt_tokens,
+                u.cached_prompt_tokens,
+                u.output_tokens
+            ),
+            (15, 3, 2)
+        );
+        let body = br#"{"usage":{"input_tokens":10,"cache_creation_input_tokens":5,"cache_read_input_tokens":3,"output_tokens":2}}"#;
+        assert_eq!(
+            body_usage(Api::Messages, body),
+            Some(anthropic_usage(15, 3, 2))
+        );
     }
 
     #[test]
