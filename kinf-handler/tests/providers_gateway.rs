@@ -357,3 +357,51 @@ async fn a_provider_stream_cut_short_is_accounted_with_its_whole_prompt_uncached
     assert!(value("uncached_prompt").unwrap() > 0.0);
     assert_eq!(value("cached_prompt").unwrap_or(0.0), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_provider_fails_the_client_gets_the_last_providers_error() {
+    // No local worker can take it (nothing listens there), so the seed's rule goes to its
+    // providers, Bedrock then Databricks.
+    let dead = format!("127.0.0.1:{}", free_port());
+    let bedrock = Fake::start().await;
+    let databricks = Fake::start().await;
+    let dir = temp_dir("all-fail");
+    std::fs::write(
+        dir.join("cluster.yaml"),
+        cluster(&dir, &dead, &bedrock, &databricks),
+    )
+    .unwrap();
+    std::fs::copy(
+        root().join("testdata/policies/burst-to-cloud/policy.yaml"),
+        dir.join("policy.yaml"),
+    )
+    .unwrap();
+    let (_gw, addr) = gateway(&dir).await;
+
+    // Both rate-limited: the client gets the provider's 429 and its own retry-after, not a
+    // policy rejection telling it to come back in a second.
+    bedrock.set_mode(Mode::Fail429(7));
+    databricks.set_mode(Mode::Fail429(7));
+    let (s, h, v) = post(addr, &chat("hello", 5)).await;
+    assert_eq!(s, 429, "{v}");
+    assert_eq!(v["error"]["code"], "provider_rate_limited", "{v}");
+    assert_eq!(h["retry-after"], "7");
+    assert!(
+        !databricks.requests.lock().is_empty(),
+        "Databricks was tried after Bedrock"
+    );
+
+    // Both failing: the last one's 502.
+    bedrock.set_mode(Mode::Fail500);
+    databricks.set_mode(Mode::Fail500);
+    let (s, _, v) = post(addr, &chat("hello again", 5)).await;
+    assert_eq!(s, 502, "{v}");
+    assert_eq!(v["error"]["code"], "provider_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("answered 500"),
+        "{v}"
+    );
+}

@@ -955,8 +955,14 @@ async fn admit_and_forward(
     }
     let mut retried = false;
     let mut failed_providers: SmallVec<[Arc<str>; 2]> = SmallVec::new();
+    // The last provider failure that let the decision move on: what the client gets when
+    // nothing is left to try.
+    let mut last_provider_error: Option<ApiError> = None;
     loop {
-        let chosen = plan_with(gw, &admitted, &failed_providers)?;
+        let chosen = match plan_with(gw, &admitted, &failed_providers) {
+            Ok(c) => c,
+            Err(e) => return Err(last_provider_error.take().unwrap_or(e)),
+        };
         pending.who.routed(&chosen);
         // From here until its answer, a client that goes away is accounted against this route.
         pending.forwarding = Some(chosen.clone());
@@ -992,6 +998,7 @@ async fn admit_and_forward(
                     tracing::warn!(provider = %key, error = %e, "provider failed before the first byte; deciding again without it");
                     gw.metrics.upstream_retry(&chosen.endpoint);
                     failed_providers.push(key);
+                    last_provider_error = Some(e.to_api_error());
                     continue;
                 }
                 Err(e) => return Err(e.to_api_error()),

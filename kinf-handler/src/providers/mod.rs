@@ -169,6 +169,8 @@ pub struct ProviderError {
     /// The gateway may try the next provider in `order` (false when the request itself is at
     /// fault, e.g. a 400 from the provider).
     pub fall_through: bool,
+    /// The provider's own `retry-after` (seconds) on a 429, passed on to the client.
+    pub retry_after_s: Option<u64>,
 }
 
 /// Kinds of [`ProviderError`].
@@ -217,6 +219,7 @@ impl ProviderError {
             message: message.into(),
             before_first_byte: true,
             fall_through,
+            retry_after_s: None,
         }
     }
 
@@ -229,7 +232,7 @@ impl ProviderError {
             ProviderErrorKind::Busy | ProviderErrorKind::CircuitOpen
         ) || self.status == StatusCode::TOO_MANY_REQUESTS
         {
-            e.retry_after_s = Some(1);
+            e.retry_after_s = Some(self.retry_after_s.unwrap_or(1).max(1));
         }
         e
     }
@@ -888,7 +891,7 @@ async fn forward_to(
             _ => (parts.status, "provider_rejected", false, Verdict::Neutral),
         };
         guard.verdict = verdict;
-        return Err(ProviderError::new(
+        let mut err = ProviderError::new(
             ProviderErrorKind::Status(s),
             status,
             code,
@@ -897,7 +900,15 @@ async fn forward_to(
                 &creds,
             ),
             fall,
-        ));
+        );
+        // Whole seconds only (an HTTP date is not followed: the default of 1 s applies).
+        err.retry_after_s = (s == 429)
+            .then(|| parts.headers.get(http::header::RETRY_AFTER))
+            .flatten()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|n| n.min(3600));
+        return Err(err);
     }
     let mut headers = HeaderMap::new();
     let protocol = p.info.protocol;

@@ -32,6 +32,8 @@ pub enum Mode {
     Normal,
     /// 500 before any byte.
     Fail500,
+    /// 429 with `retry-after` of this many seconds.
+    Fail429(u64),
     /// Sleeps this long before answering.
     Hang(Duration),
     /// Streams the first event and then drops the connection.
@@ -153,6 +155,16 @@ impl Fake {
                 return (
                     StatusCode::INTERNAL_SERVER_ERROR,
                     axum::Json(json!({"error": {"message": "internal failure"}})),
+                )
+                    .into_response();
+            }
+            Mode::Fail429(s) => {
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [("retry-after", s.to_string())],
+                    axum::Json(
+                        json!({"error": {"message": "slow down", "type": "rate_limit_error"}}),
+                    ),
                 )
                     .into_response();
             }
