@@ -187,6 +187,42 @@ fn forged_header_with_another_tenants_key_is_refused() {
 }
 
 #[test]
+fn a_credential_header_sent_twice_with_different_values_is_refused() {
+    let r = TenantResolver::from_keys(keys())
+        .unwrap()
+        .with_trusted_header(HeaderName::from_static("x-tenant-id"));
+    // A proxy that appends its header after the client's: the client's must not decide, and
+    // must not slip past the key check by coming second.
+    for pairs in [
+        &[("x-tenant-id", "team-q"), ("x-tenant-id", "team-z")][..],
+        &[
+            ("authorization", "Bearer sk-bravo-456"),
+            ("x-tenant-id", "team-b"),
+            ("x-tenant-id", "team-a"),
+        ][..],
+        &[
+            ("authorization", "Bearer sk-alpha-123"),
+            ("authorization", "Bearer sk-bravo-456"),
+        ][..],
+        &[("x-api-key", "sk-alpha-123"), ("x-api-key", "sk-bravo-456")][..],
+    ] {
+        assert_eq!(
+            r.resolve(&headers(pairs)),
+            Err(IdentityError::Conflict),
+            "{pairs:?}"
+        );
+    }
+    // The same value twice names one tenant.
+    assert_eq!(
+        tenant(r.resolve(&headers(&[
+            ("x-tenant-id", "team-a"),
+            ("x-tenant-id", " team-a")
+        ]))),
+        Some("team-a".into())
+    );
+}
+
+#[test]
 fn key_file_from_spec() {
     let dir = std::env::temp_dir().join(format!("kinf-tenants-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

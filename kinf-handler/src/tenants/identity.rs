@@ -195,7 +195,7 @@ impl TenantResolver {
             None
         };
         let from_header = match &self.trusted_header {
-            Some(name) => match headers.get(name) {
+            Some(name) => match single(headers, name.as_str())? {
                 Some(v) => {
                     let v = v
                         .to_str()
@@ -240,7 +240,7 @@ impl TenantResolver {
 
 /// The key a request presents, if any.
 fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, IdentityError> {
-    let bearer = match headers.get(http::header::AUTHORIZATION) {
+    let bearer = match single(headers, "authorization")? {
         Some(v) => {
             let v = v
                 .to_str()
@@ -256,7 +256,7 @@ fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, IdentityError> {
         }
         None => None,
     };
-    let x_api_key = match headers.get("x-api-key") {
+    let x_api_key = match single(headers, "x-api-key")? {
         Some(v) => Some(
             v.to_str()
                 .map_err(|_| IdentityError::Malformed("x-api-key header"))?
@@ -271,6 +271,24 @@ fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, IdentityError> {
         }
         (Some(a), _) => Ok(Some(a)),
         (None, b) => Ok(b),
+    }
+}
+
+/// The one value of credential header `name`: sent several times with different values it
+/// names several identities ([`IdentityError::Conflict`]). A proxy that appends its trusted
+/// header to one the client sent must not let the client's value decide; repeating the same
+/// value is harmless.
+fn single<'h>(
+    headers: &'h HeaderMap,
+    name: &str,
+) -> Result<Option<&'h http::HeaderValue>, IdentityError> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    match first {
+        Some(f) if values.any(|v| v.as_bytes().trim_ascii() != f.as_bytes().trim_ascii()) => {
+            Err(IdentityError::Conflict)
+        }
+        _ => Ok(first),
     }
 }
 
