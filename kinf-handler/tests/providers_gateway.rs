@@ -232,6 +232,31 @@ async fn pii_never_leaves_and_is_rejected_when_no_local_worker_can_take_it() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(h["x-kinference-endpoint"], worker.http.to_string().as_str());
 
+    // PII only in what the model reads besides the messages' content: a tool call's
+    // arguments, or a later prompt of a completions batch. Served locally all the same.
+    let in_tool_call = json!({"model": "llama-70b", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "Look up my account."},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "lookup", "arguments": "{\"card\": \"4111 1111 1111 1111\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+        {"role": "user", "content": "Summarize it."}]});
+    let (s, h, v) = post(addr, &in_tool_call).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(h["x-kinference-endpoint"], worker.http.to_string().as_str());
+    let in_batch = json!({"model": "llama-70b", "max_tokens": 5,
+        "prompt": ["What is a KV cache?", "SSN 123-45-6789, card 4111 1111 1111 1111"]});
+    let (s, h, v) = post_json(addr, "/v1/completions", &in_batch, &[]).await;
+    assert_eq!(
+        h["x-kinference-endpoint"],
+        worker.http.to_string().as_str(),
+        "{s} {v}"
+    );
+    assert_eq!(
+        databricks.requests.lock().len(),
+        sent,
+        "a PII request reached the provider"
+    );
+
     // The local worker goes away: PII is rejected (fail closed), still never sent out.
     worker.stop();
     gw.state.with(|st| {

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::errors::ApiError;
 use super::parse::Prompt;
 use crate::metrics::Metrics;
+use kinf_router::tokenize::ChatMessage;
 
 /// Default time allowed for an external classifier.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -150,8 +151,8 @@ fn client() -> Option<&'static HttpsClient> {
 }
 
 /// The request body sent to every external classifier of a request.
-pub fn query_body(prompt: &Prompt) -> Bytes {
-    let messages = match prompt {
+pub fn query_body(prompt: &Prompt, also_seen: &[ChatMessage]) -> Bytes {
+    let mut messages: Vec<Msg<'_>> = match prompt {
         Prompt::Chat(msgs) => msgs
             .iter()
             .map(|m| Msg {
@@ -166,6 +167,10 @@ pub fn query_body(prompt: &Prompt) -> Bytes {
         // Token ids carry no text the service could read.
         Prompt::Tokens(_) => Vec::new(),
     };
+    messages.extend(also_seen.iter().map(|m| Msg {
+        role: &m.role,
+        content: &m.content,
+    }));
     Bytes::from(serde_json::to_vec(&Query { messages }).unwrap_or_default())
 }
 
@@ -217,12 +222,13 @@ async fn call(c: &ExternalClassifier, body: Bytes) -> Result<(Vec<Arc<str>>, usi
 pub async fn classify(
     classifiers: &[ExternalClassifier],
     prompt: &Prompt,
+    also_seen: &[ChatMessage],
     metrics: &Metrics,
 ) -> Result<Vec<Arc<str>>, ApiError> {
     if classifiers.is_empty() {
         return Ok(Vec::new());
     }
-    let body = query_body(prompt);
+    let body = query_body(prompt, also_seen);
     let results = futures_util::future::join_all(classifiers.iter().map(|c| {
         let body = body.clone();
         async move {

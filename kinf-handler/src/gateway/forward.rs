@@ -496,7 +496,13 @@ pub async fn admit_async(
     } else {
         intake(rt, api, headers, &bytes)?
     };
-    let extra = super::external::classify(&door.external, &i.parsed.prompt, &gw.metrics).await?;
+    let extra = super::external::classify(
+        &door.external,
+        &i.parsed.prompt,
+        &i.parsed.also_seen,
+        &gw.metrics,
+    )
+    .await?;
     if blocking {
         let (rt, headers) = (rt.clone(), headers.clone());
         tokio::task::spawn_blocking(move || complete(&rt, api, &headers, i, extra))
@@ -562,18 +568,28 @@ pub fn complete(
 ) -> Result<Admitted, ApiError> {
     let door = rt.door(host(headers));
     let Intake { mut parsed, tenant } = intake;
-    let mut tags = match &parsed.prompt {
-        Prompt::Chat(msgs) if !door.classifiers.is_empty() => {
-            let m: Vec<Message<'_>> = msgs
+    let mut tags = if door.classifiers.is_empty() {
+        Vec::new()
+    } else {
+        let mut m: Vec<Message<'_>> = match &parsed.prompt {
+            Prompt::Chat(msgs) => msgs
                 .iter()
                 .map(|m| Message::new(&m.role, &m.content))
-                .collect();
+                .collect(),
+            Prompt::Text(t) => vec![Message::new("user", t)],
+            Prompt::Tokens(_) => Vec::new(),
+        };
+        m.extend(
+            parsed
+                .also_seen
+                .iter()
+                .map(|m| Message::new(&m.role, &m.content)),
+        );
+        if m.is_empty() {
+            Vec::new()
+        } else {
             door.classifiers.classify(&m).tags
         }
-        Prompt::Text(t) if !door.classifiers.is_empty() => {
-            door.classifiers.classify(&[Message::new("user", t)]).tags
-        }
-        _ => Vec::new(),
     };
     if !external_tags.is_empty() {
         tags.extend(external_tags);

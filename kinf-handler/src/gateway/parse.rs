@@ -39,6 +39,10 @@ pub struct Parsed {
     pub max_tokens: Option<u32>,
     /// The prompt.
     pub prompt: Prompt,
+    /// Text the model also reads that `prompt` leaves out, for the classifiers only (it is not
+    /// tokenized for placement): the function names and arguments of `tool_calls`, and the
+    /// prompts of a completions batch after the first.
+    pub also_seen: Vec<ChatMessage>,
 }
 
 impl Parsed {
@@ -104,6 +108,11 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<Parsed, ApiError> {
         Api::Completions => completion_prompt(&body)?,
         Api::Messages => Prompt::Chat(anthropic_messages(&body)?),
     };
+    let also_seen = match api {
+        Api::Chat => tool_call_texts(&body),
+        Api::Completions => later_batch_prompts(&body),
+        Api::Messages => Vec::new(),
+    };
     Ok(Parsed {
         api,
         body,
@@ -112,6 +121,7 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<Parsed, ApiError> {
         client_wants_usage,
         max_tokens,
         prompt,
+        also_seen,
     })
 }
 
@@ -278,13 +288,14 @@ fn sampling(body: &Map<String, Value>, api: Api) -> Result<(), ApiError> {
 }
 
 /// The text of a `content` value: a string, or an array of parts whose `text` fields are
-/// joined (images and other non-text parts contribute nothing).
+/// joined by newlines, as vLLM joins them for a chat template (images and other non-text parts
+/// contribute nothing).
 fn content_text(v: &Value, field: &str) -> Result<String, ApiError> {
     match v {
         Value::Null => Ok(String::new()),
         Value::String(s) => Ok(s.clone()),
         Value::Array(parts) => {
-            let mut out = String::new();
+            let mut texts: Vec<String> = Vec::with_capacity(parts.len());
             for (i, p) in parts.iter().enumerate() {
                 let Value::Object(o) = p else {
                     return Err(ApiError::invalid(
@@ -293,7 +304,7 @@ fn content_text(v: &Value, field: &str) -> Result<String, ApiError> {
                     ));
                 };
                 match o.get("text") {
-                    Some(Value::String(t)) => out.push_str(t),
+                    Some(Value::String(t)) => texts.push(t.clone()),
                     Some(_) => {
                         return Err(ApiError::invalid(
                             format!("{field}[{i}].text"),
@@ -303,12 +314,12 @@ fn content_text(v: &Value, field: &str) -> Result<String, ApiError> {
                     // tool_result blocks carry their text in `content`.
                     None => {
                         if let Some(c) = o.get("content") {
-                            out.push_str(&content_text(c, &format!("{field}[{i}].content"))?);
+                            texts.push(content_text(c, &format!("{field}[{i}].content"))?);
                         }
                     }
                 }
             }
-            Ok(out)
+            Ok(texts.join("\n"))
         }
         _ => Err(ApiError::invalid(
             field,
@@ -353,6 +364,45 @@ fn one_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
         None => String::new(),
     };
     Ok(ChatMessage { role, content })
+}
+
+/// The function names and arguments of the `tool_calls` of a chat request's messages (the
+/// model reads them through its chat template), as the messages' roles said them.
+fn tool_call_texts(body: &Map<String, Value>) -> Vec<ChatMessage> {
+    let Some(Value::Array(msgs)) = body.get("messages") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for m in msgs {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("assistant");
+        let Some(Value::Array(calls)) = m.get("tool_calls") else {
+            continue;
+        };
+        for f in calls.iter().filter_map(|c| c.get("function")) {
+            let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+            let args = match f.get("arguments") {
+                Some(Value::String(s)) => s.clone(),
+                Some(v) if !v.is_null() => v.to_string(),
+                _ => String::new(),
+            };
+            out.push(ChatMessage::new(role, format!("{name} {args}")));
+        }
+    }
+    out
+}
+
+/// The prompts of a completions batch (`prompt: ["a", "b"]`) after the first, which alone
+/// decides placement.
+fn later_batch_prompts(body: &Map<String, Value>) -> Vec<ChatMessage> {
+    match body.get("prompt") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .skip(1)
+            .filter_map(Value::as_str)
+            .map(|s| ChatMessage::new("user", s))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn chat_messages(body: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
@@ -577,7 +627,8 @@ mod tests {
             p.prompt,
             Prompt::Chat(vec![
                 ChatMessage::new("system", "be brief"),
-                ChatMessage::new("user", "ab")
+                // Joined by a newline, as vLLM joins text parts for the chat template.
+                ChatMessage::new("user", "a\nb")
             ])
         );
         assert_eq!(p.max_tokens, Some(5));
