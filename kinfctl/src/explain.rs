@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use kinf_router::decision::{StagesTrace, Trace};
 use kinf_router::{Decider, Decision, Outcome};
@@ -196,14 +197,43 @@ pub fn load_policy(
     }
 }
 
-/// Decides one scenario.
+/// Decides one scenario. A request with `prompt` is first classified as the server would: by
+/// the built-in classifiers of the GatewayBackend in front of its pool, whose tags join the
+/// request's own.
 pub fn decide_files(
     policy: &kinf_lang::CompiledPolicy,
     request: &RequestFile,
     state: &StateFile,
 ) -> Result<Decision, String> {
     let st = state.to_state(policy)?;
-    Ok(Decider::decide(policy, &request.to_request(), &st))
+    let mut req = request.to_request();
+    req.tags.extend(prompt_tags(policy, request));
+    req.tags.sort_unstable();
+    req.tags.dedup();
+    Ok(Decider::decide(policy, &req, &st))
+}
+
+/// The tags the built-in classifiers (`Pii`, `Complexity`) of the GatewayBackend serving the
+/// request's pool give its `prompt` (none without a prompt or such a GatewayBackend). External
+/// classifiers are services, not called offline.
+pub fn prompt_tags(policy: &kinf_lang::CompiledPolicy, request: &RequestFile) -> Vec<Arc<str>> {
+    let Some(text) = request.prompt.as_deref() else {
+        return Vec::new();
+    };
+    let Some(pool) = policy.find_pool(request.pool.as_deref()) else {
+        return Vec::new();
+    };
+    let Some(g) = policy.gateways.iter().find(|g| {
+        policy
+            .pools
+            .get(g.pool)
+            .is_some_and(|p| p.namespace == pool.namespace && p.name == pool.name)
+    }) else {
+        return Vec::new();
+    };
+    kinf_router::classify::Classifiers::from_specs(&g.spec.classifiers)
+        .classify(&[kinf_router::classify::Message::new("user", text)])
+        .tags
 }
 
 /// `kinfctl explain`.
@@ -240,15 +270,35 @@ pub fn run(
             return EXIT_USAGE;
         }
     };
+    let classified = prompt_tags(&policy, &req);
     match format {
         Format::Json => {
+            let mut v = decision_json(&d);
+            if let Some(o) = v.as_object_mut() {
+                o.insert(
+                    "promptTags".into(),
+                    serde_json::json!(classified.iter().map(|t| &**t).collect::<Vec<_>>()),
+                );
+            }
             let _ = writeln!(
                 out,
                 "{}",
-                serde_json::to_string_pretty(&decision_json(&d)).unwrap_or_default()
+                serde_json::to_string_pretty(&v).unwrap_or_default()
             );
         }
         Format::Human => {
+            if req.prompt.is_some() {
+                let tags: Vec<&str> = classified.iter().map(|t| &**t).collect();
+                let _ = writeln!(
+                    out,
+                    "prompt classified (built-in classifiers of the pool's GatewayBackend): {}",
+                    if tags.is_empty() {
+                        "no tags".to_string()
+                    } else {
+                        tags.join(", ")
+                    }
+                );
+            }
             let _ = write!(out, "{}", decision_text(&d));
         }
     }
