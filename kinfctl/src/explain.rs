@@ -51,9 +51,21 @@ fn stages_text(out: &mut String, s: &StagesTrace) {
             _ => String::new(),
         };
         let p = &c.predicted_ttft;
+        // `minimize: PredictedTTFT` ranks by the TTFT plus what the choice costs the requests
+        // in flight there; say so whenever that changes the number compared.
+        let rank = if p.recompute_s > 0.0 || p.decode_s > 0.0 {
+            format!(
+                "; ranked {:.3}s = TTFT + recompute cost {:.3} + decode cost {:.3}",
+                p.rank_s(),
+                p.recompute_s,
+                p.decode_s
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "    {} ({}, model {}): {load}cached {} tokens, predicted TTFT {:.3}s = wait {:.3} + prefill {:.3} + overhead {:.3}",
+            "    {} ({}, model {}): {load}cached {} tokens, predicted TTFT {:.3}s = wait {:.3} + prefill {:.3} + overhead {:.3}{rank}",
             c.id,
             c.backend_type.as_str(),
             c.model,
