@@ -243,7 +243,7 @@ impl Decider {
                                 status: 503,
                                 code: "policy_rejected",
                                 message: format!(
-                                    "rejected by rule `{}` of policy `{}`: no candidate for model `{}` survived the rule's filters (onEmpty: Reject)",
+                                    "rejected by rule `{}` of policy `{}`: no candidate for model `{}` is left (none ready, dropped by the rule's filters, or of no select tier's type; onEmpty: Reject)",
                                     rule.name, rule.policy, req.model
                                 ),
                             }),
