@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ahash::AHashSet;
-use kinf_policy::{BackendType, OnEmpty};
+use kinf_policy::{BackendType, Measure, OnEmpty};
 use smallvec::SmallVec;
 
 use crate::check::Checker;
@@ -130,6 +130,9 @@ pub(crate) fn check_pool_rules(
             continue;
         }
         for (t, tier) in rule.select.iter().enumerate() {
+            if matches!(tier.pick, Pick::Minimize(Measure::Cost)) {
+                unpriced_cost(ck, out, pool, rule, (*doc, path), t, &possible);
+            }
             let reachable = possible.iter().any(|(id, b)| {
                 tier.backend.is_none_or(|tb| tb == *b)
                     && match &tier.pick {
@@ -158,6 +161,67 @@ pub(crate) fn check_pool_rules(
             }
         }
     }
+}
+
+/// KINF0507: tier `t` of `rule` minimizes `Cost` over candidates some of which have no prices.
+/// Without prices a destination costs 0, so it always wins against priced ones (and with no
+/// prices at all the tier picks by pool order).
+fn unpriced_cost(
+    ck: &mut Checker<'_>,
+    out: &CompiledPolicy,
+    pool: &crate::compiled::CompiledPool,
+    rule: &CompiledRule,
+    (doc, path): (usize, &FieldPath),
+    t: usize,
+    possible: &[(DestId, BackendType)],
+) {
+    let Some(tier) = rule.select.get(t) else {
+        return;
+    };
+    let mut unpriced: Vec<String> = Vec::new();
+    let mut priced = 0usize;
+    for (id, b) in possible {
+        if tier.backend.is_some_and(|tb| tb != *b) {
+            continue;
+        }
+        let Some(d) = out.destination(*id) else {
+            continue;
+        };
+        if d.cost.priced {
+            priced += 1;
+        } else {
+            let name = format!("`{}` ({})", d.name, b.as_str());
+            if !unpriced.contains(&name) {
+                unpriced.push(name);
+            }
+        }
+    }
+    if unpriced.is_empty() {
+        return;
+    }
+    let consequence = if priced == 0 {
+        "no candidate has prices, so every one costs 0 and the tier picks by pool order"
+    } else {
+        "a destination without prices costs 0, so it always wins over priced ones"
+    };
+    let tpath = path.key("route").key("select").index(t);
+    let mut d = Diagnostic::new(
+        Code::UnpricedCost,
+        format!(
+            "select tier {} of rule `{}` minimizes Cost in pool `{}`, but {} {} no `cost`: {consequence}",
+            t + 1,
+            rule.name,
+            pool.name,
+            unpriced.join(", "),
+            if unpriced.len() == 1 { "has" } else { "have" },
+        ),
+    )
+    .with_path(tpath.clone())
+    .with_help("set `cost:` (prices per million tokens) on every destination this tier can pick, or minimize another measure");
+    if let Some(s) = ck.bundle.value_span(doc, &tpath) {
+        d = d.at(s, "unpriced candidates");
+    }
+    ck.push(d);
 }
 
 fn pool_destinations(out: &CompiledPolicy, pool: &crate::compiled::CompiledPool) -> String {

@@ -83,6 +83,7 @@ codes! {
     EmptyCandidates = "KINF0504", Warning, "a rule whose candidate set is always empty";
     UnusedPolicy = "KINF0505", Warning, "a policy that applies to no pool";
     DuplicateLimitName = "KINF0506", Error, "two limits of one policy have the same name";
+    UnpricedCost = "KINF0507", Warning, "`minimize: Cost` over a destination without prices";
 }
 
 impl Code {

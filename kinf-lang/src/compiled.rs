@@ -116,6 +116,8 @@ pub struct CostInfo {
     pub cached_prompt: f64,
     /// Output tokens.
     pub output: f64,
+    /// Whether prices were configured (`cost:` set); without them every price is 0.
+    pub priced: bool,
 }
 
 /// Details of a worker set.

@@ -15,6 +15,7 @@ fn cost(c: Option<&Cost>) -> CostInfo {
         uncached_prompt: c.uncached_prompt_per_million.unwrap_or(0.0),
         cached_prompt: c.cached_prompt_per_million.unwrap_or(0.0),
         output: c.output_per_million.unwrap_or(0.0),
+        priced: true,
     })
     .unwrap_or_default()
 }

@@ -67,6 +67,7 @@ mod tests {
             uncached_prompt: 1.0,
             cached_prompt: 0.1,
             output: 2.0,
+            priced: true,
         };
         let expect = (232.0 * 1.0 + 768.0 * 0.1 + 100.0 * 2.0) / 1e6;
         assert!((u.cost(&prices) - expect).abs() < 1e-12);

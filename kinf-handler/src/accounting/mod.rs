@@ -349,6 +349,7 @@ mod tests {
                 uncached_prompt: 1.0,
                 cached_prompt: 0.1,
                 output: 2.0,
+                priced: true,
             },
             status: 200,
             completed: true,
