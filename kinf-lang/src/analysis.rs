@@ -129,9 +129,29 @@ pub(crate) fn check_pool_rules(
             ck.push(d);
             continue;
         }
+        // Earlier `minimize` tiers: one picks whenever a survivor of its type exists, so a later
+        // tier whose candidates are all of those types never gets to pick.
+        let mut picks_any: Option<usize> = None;
+        let mut picks_type: Vec<(BackendType, usize)> = Vec::new();
         for (t, tier) in rule.select.iter().enumerate() {
             if matches!(tier.pick, Pick::Minimize(Measure::Cost)) {
                 unpriced_cost(ck, out, pool, rule, (*doc, path), t, &possible);
+            }
+            let earlier = picks_any.or_else(|| {
+                let of = |b: BackendType| picks_type.iter().find(|(x, _)| *x == b).map(|(_, k)| *k);
+                match tier.backend {
+                    Some(b) => of(b),
+                    None => of(BackendType::Local)
+                        .zip(of(BackendType::Provider))
+                        .map(|(a, b)| a.max(b)),
+                }
+            });
+            if let Pick::Minimize(_) = tier.pick {
+                match tier.backend {
+                    None => picks_any = picks_any.or(Some(t)),
+                    Some(b) if !picks_type.iter().any(|(x, _)| *x == b) => picks_type.push((b, t)),
+                    Some(_) => {}
+                }
             }
             let reachable = possible.iter().any(|(id, b)| {
                 tier.backend.is_none_or(|tb| tb == *b)
@@ -156,6 +176,37 @@ pub(crate) fn check_pool_rules(
                 .with_help(tier_help(out, &possible));
                 if let Some(s) = tspan {
                     d = d.at(s, "never has a candidate");
+                }
+                ck.push(d);
+            } else if let Some(k) = earlier {
+                let tpath = path.key("route").key("select").index(t);
+                let tspan = ck.bundle.value_span(*doc, &tpath);
+                let mut d = Diagnostic::new(
+                    Code::UnreachableTier,
+                    format!(
+                        "select tier {} of rule `{}` can never pick in pool `{}`: tier {} minimizes over every candidate it could have and picks first",
+                        t + 1,
+                        rule.name,
+                        pool.name,
+                        k + 1
+                    ),
+                )
+                .with_path(tpath)
+                .with_help(match rule.select.get(k).and_then(|e| e.backend) {
+                    None => format!(
+                        "give tier {} a `type` (e.g. `type: Local`) so that later tiers are a fallback, or remove tier {}",
+                        k + 1,
+                        t + 1
+                    ),
+                    Some(b) => format!(
+                        "tier {} picks whenever a {} candidate survives: move tier {} before it, or remove it",
+                        k + 1,
+                        b.as_str(),
+                        t + 1
+                    ),
+                });
+                if let Some(s) = tspan {
+                    d = d.at(s, "never picks");
                 }
                 ck.push(d);
             }

@@ -163,3 +163,36 @@ fn a_non_string_for_a_field_with_allowed_names_is_one_error_listing_them() {
         c.diagnostics
     );
 }
+
+#[test]
+fn a_tier_after_one_that_always_picks_its_candidates_is_reported() {
+    let bundle = |select: &str| {
+        format!(
+            "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{ name: w }}\nspec:\n  endpoints: [\"10.0.0.1:8000\"]\n  models: [ {{ name: m }} ]\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceProvider\nmetadata: {{ name: cloud }}\nspec:\n  type: OpenAI\n  url: https://api.example.com/v1\n  models: [ {{ name: m, providerModel: gpt }} ]\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePool\nmetadata: {{ name: p }}\nspec:\n  destinations:\n  - {{ kind: InferenceWorkerSet, name: w }}\n  - {{ kind: InferenceProvider, name: cloud }}\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: {{ name: q }}\nspec:\n  rules:\n  - name: r\n    route:\n      select: {select}\n"
+        )
+    };
+    let never_pick = |select: &str| -> Vec<String> {
+        let c = compile(&bundle(select));
+        assert_eq!(c.errors(), 0, "{:?}", c.diagnostics);
+        c.diagnostics
+            .iter()
+            .filter(|d| d.code.as_str() == "KINF0503")
+            .map(|d| d.message.clone())
+            .collect()
+    };
+    // An untyped tier picks whenever anything survives: the provider fallback is dead.
+    let m = never_pick("[ { minimize: PredictedTTFT }, { type: Provider, order: [cloud] } ]");
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert!(
+        m[0].starts_with("select tier 2 of rule `r` can never pick"),
+        "{m:?}"
+    );
+    // A second Local tier after a Local one that minimizes is dead too.
+    let m = never_pick(
+        "[ { type: Local, minimize: PredictedTTFT }, { type: Local, minimize: QueuedPrompts } ]",
+    );
+    assert_eq!(m.len(), 1, "{m:?}");
+    // Local first, then Provider: a real fallback; an `order` tier does not always pick.
+    assert!(never_pick("[ { type: Local, minimize: PredictedTTFT }, { type: Provider, minimize: PredictedTTFT } ]").is_empty());
+    assert!(never_pick("[ { order: [cloud] }, { minimize: PredictedTTFT } ]").is_empty());
+}
