@@ -123,17 +123,18 @@ fn untranslatable(param: impl Into<String>, message: impl Into<String>) -> Untra
     }
 }
 
-/// Text of an OpenAI or Anthropic `content` (a string, or text parts).
+/// Text of an OpenAI or Anthropic `content` (a string, or text parts joined by newlines, as
+/// the gateway reads them, so that words of adjacent parts do not run together).
 fn content_text(v: &Value, param: &str) -> Result<String, Untranslatable> {
     match v {
         Value::String(s) => Ok(s.clone()),
         Value::Null => Ok(String::new()),
         Value::Array(parts) => {
-            let mut out = String::new();
+            let mut texts: Vec<&str> = Vec::with_capacity(parts.len());
             for (i, p) in parts.iter().enumerate() {
                 match p.get("type").and_then(Value::as_str) {
                     Some("text") | Some("input_text") => {
-                        out.push_str(p.get("text").and_then(Value::as_str).unwrap_or(""));
+                        texts.push(p.get("text").and_then(Value::as_str).unwrap_or(""));
                     }
                     other => {
                         return Err(untranslatable(
@@ -146,7 +147,7 @@ fn content_text(v: &Value, param: &str) -> Result<String, Untranslatable> {
                     }
                 }
             }
-            Ok(out)
+            Ok(texts.join("\n"))
         }
         _ => Err(untranslatable(
             param,
@@ -605,6 +606,23 @@ mod tests {
         assert_eq!(b["system"][0]["text"], "be brief");
         assert_eq!(b["inferenceConfig"]["maxTokens"], 7);
         assert_eq!(b["messages"][0]["content"][0]["text"], "hi");
+    }
+
+    #[test]
+    fn text_parts_and_system_blocks_are_joined_by_newlines_not_run_together() {
+        let body = json!({
+            "model": "m", "max_tokens": 5,
+            "system": [{"type": "text", "text": "SYSA"}, {"type": "text", "text": "SYSB"}],
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "p1"}, {"type": "text", "text": "p2"}]}],
+        });
+        let Value::Object(body) = body else { return };
+        let r = parse_client(Api::Messages, &body);
+        assert!(r.is_ok());
+        let Ok(r) = r else { return };
+        let o = Value::Object(to_openai(&r, "gpt", false));
+        assert_eq!(o["messages"][0]["content"], "SYSA\nSYSB");
+        assert_eq!(o["messages"][1]["content"], "p1\np2");
     }
 
     #[test]
