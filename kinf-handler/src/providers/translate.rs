@@ -182,6 +182,26 @@ pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, 
             ));
         }
     }
+    // Parameters that change what comes back (a format, extra fields, reasoning) cannot be
+    // dropped without the client noticing too late; sampling tweaks (`seed`, penalties,
+    // `top_k`) are dropped, as providers.md says.
+    let changes_output = |key: &str, v: &Value| match key {
+        "response_format" => v.get("type").and_then(Value::as_str) != Some("text"),
+        "logprobs" => v.as_bool() == Some(true) || v.as_u64().is_some_and(|n| n > 0),
+        "top_logprobs" => v.as_u64().is_some_and(|n| n > 0),
+        "thinking" => v.get("type").and_then(Value::as_str) != Some("disabled"),
+        _ => false,
+    };
+    for key in ["response_format", "logprobs", "top_logprobs", "thinking"] {
+        if let Some(v) = body.get(key).filter(|v| !v.is_null())
+            && changes_output(key, v)
+        {
+            return Err(untranslatable(
+                key,
+                format!("`{key}` cannot be translated to this provider's protocol"),
+            ));
+        }
+    }
     match api {
         Api::Chat | Api::Completions => {
             if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
@@ -623,6 +643,51 @@ mod tests {
         let o = Value::Object(to_openai(&r, "gpt", false));
         assert_eq!(o["messages"][0]["content"], "SYSA\nSYSB");
         assert_eq!(o["messages"][1]["content"], "p1\np2");
+    }
+
+    #[test]
+    fn parameters_that_change_the_output_are_refused_and_sampling_tweaks_dropped() {
+        let base = |extra: Value| {
+            let mut b = json!({"model": "m", "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}]});
+            if let (Value::Object(b), Value::Object(e)) = (&mut b, extra) {
+                b.extend(e);
+            }
+            let Value::Object(b) = b else { unreachable!() };
+            b
+        };
+        for (api, extra, param) in [
+            (
+                Api::Chat,
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (Api::Chat, json!({"logprobs": true}), "logprobs"),
+            (Api::Chat, json!({"top_logprobs": 2}), "top_logprobs"),
+            (
+                Api::Messages,
+                json!({"thinking": {"type": "enabled", "budget_tokens": 1024}}),
+                "thinking",
+            ),
+        ] {
+            let r = parse_client(api, &base(extra));
+            assert!(
+                r.as_ref().is_err_and(|e| e.param == param),
+                "{param}: {r:?}"
+            );
+        }
+        for (api, extra) in [
+            (
+                Api::Chat,
+                json!({"response_format": {"type": "text"}, "logprobs": false, "seed": 7, "presence_penalty": 0.5}),
+            ),
+            (
+                Api::Messages,
+                json!({"thinking": {"type": "disabled"}, "top_k": 5}),
+            ),
+        ] {
+            assert!(parse_client(api, &base(extra)).is_ok());
+        }
     }
 
     #[test]
