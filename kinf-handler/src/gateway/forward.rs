@@ -1414,7 +1414,7 @@ fn tap_stream(
                         "upstream_error",
                         format!("the upstream stream failed: {e}"),
                     );
-                    out.extend_from_slice(err.sse_event(api).as_bytes());
+                    out.extend_from_slice(fin.tap.observed.early_end(api, &err).as_bytes());
                     // Dropping the finisher here accounts what was seen.
                     drop(fin);
                     return Some((Ok(Bytes::from(out)), None));
@@ -1429,7 +1429,7 @@ fn tap_stream(
                             "upstream_incomplete",
                             "the upstream ended the stream before it was complete",
                         );
-                        out.extend_from_slice(err.sse_event(api).as_bytes());
+                        out.extend_from_slice(fin.tap.observed.early_end(api, &err).as_bytes());
                     }
                     drop(fin);
                     if out.is_empty() {

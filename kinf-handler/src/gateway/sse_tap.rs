@@ -26,6 +26,21 @@ pub struct Observed {
     pub usage: Option<TokenUsage>,
     /// The upstream ended the stream properly (`[DONE]` / `message_stop`).
     pub completed: bool,
+    /// The upstream sent an error event (Anthropic `error`, an OpenAI chunk with `error`): the
+    /// client has been told, so a stream that then ends early needs no second error.
+    pub errored: bool,
+}
+
+impl Observed {
+    /// What to append for the client when the upstream ended the stream early: `error`
+    /// unless the upstream already sent one; after it, only OpenAI's `[DONE]` terminator.
+    pub fn early_end(&self, api: Api, error: &super::errors::ApiError) -> String {
+        match (self.errored, api) {
+            (false, _) => error.sse_event(api),
+            (true, Api::Messages) => String::new(),
+            (true, Api::Chat | Api::Completions) => "data: [DONE]\n\n".into(),
+        }
+    }
 }
 
 /// The streaming tap.
@@ -111,6 +126,9 @@ impl SseTap {
     }
 
     fn openai_chunk(&mut self, v: &Value, now: Instant) -> bool {
+        if v.get("error").is_some_and(|e| !e.is_null()) {
+            self.observed.errored = true;
+        }
         let choices_empty = v
             .get("choices")
             .and_then(Value::as_array)
@@ -158,6 +176,7 @@ impl SseTap {
                 }
             }
             Some(b"message_stop") => self.observed.completed = true,
+            Some(b"error") => self.observed.errored = true,
             _ => {}
         }
     }
@@ -314,6 +333,39 @@ mod tests {
             body_usage(Api::Messages, body),
             Some(anthropic_usage(15, 3, 2))
         );
+    }
+
+    #[test]
+    fn a_stream_the_upstream_ended_with_its_own_error_gets_no_second_one() {
+        let err = crate::gateway::errors::ApiError::new(
+            axum::http::StatusCode::BAD_GATEWAY,
+            "upstream_incomplete",
+            "the upstream ended the stream before it was complete",
+        );
+        let observe = |api: Api, stream: &str| {
+            let mut tap = SseTap::new(api, false);
+            let _ = tap.feed(stream.as_bytes(), Instant::now());
+            let _ = tap.finish();
+            tap.observed
+        };
+        // Anthropic: the provider's `error` event is terminal; nothing is added.
+        let o = observe(
+            Api::Messages,
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+        );
+        assert!(o.errored && !o.completed);
+        assert_eq!(o.early_end(Api::Messages, &err), "");
+        // OpenAI: an error chunk, then only the terminator.
+        let o = observe(Api::Chat, "data: {\"error\":{\"message\":\"boom\"}}\n\n");
+        assert!(o.errored);
+        assert_eq!(o.early_end(Api::Chat, &err), "data: [DONE]\n\n");
+        // Cut short without an error of its own: the gateway's error event.
+        let o = observe(
+            Api::Chat,
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+        );
+        assert!(!o.errored);
+        assert!(o.early_end(Api::Chat, &err).contains("upstream_incomplete"));
     }
 
     #[test]

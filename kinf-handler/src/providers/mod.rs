@@ -1101,34 +1101,36 @@ impl StreamState {
         }
     }
 
-    /// The end of the provider's stream (`err`: why it ended early).
-    fn finish(&mut self, err: Option<String>) -> Bytes {
+    /// The end of the provider's stream (`err`: why it ended early, with its code).
+    fn finish(&mut self, err: Option<(&'static str, String)>) -> Bytes {
         let mut out = BytesMut::new();
-        let completed = match &mut self.mode {
+        let (completed, observed) = match &mut self.mode {
             Mode::Pass(tap) => {
                 out.extend_from_slice(&tap.finish());
                 self.guard.usage = tap.observed.usage;
-                tap.observed.completed
+                (tap.observed.completed, Some(tap.observed.clone()))
             }
-            Mode::Translate(_, enc) => enc.done,
+            Mode::Translate(_, enc) => (enc.done, None),
         };
         if completed && err.is_none() {
             self.guard.completed = true;
             self.guard.verdict = Verdict::Success;
         } else {
             self.guard.verdict = Verdict::Failure;
-            let msg = err.unwrap_or_else(|| {
-                "the provider ended the stream before it was complete".to_string()
-            });
-            out.extend_from_slice(
-                ApiError::new(
-                    StatusCode::BAD_GATEWAY,
+            let (code, msg) = err.unwrap_or_else(|| {
+                (
                     "provider_incomplete",
-                    scrub(&msg, &self.creds),
+                    "the provider ended the stream before it was complete".to_string(),
                 )
-                .sse_event(self.api)
-                .as_bytes(),
-            );
+            });
+            let e = ApiError::new(StatusCode::BAD_GATEWAY, code, scrub(&msg, &self.creds));
+            // A passed-through stream whose provider sent its own error event already told
+            // the client: only the terminator follows.
+            let end = match observed {
+                Some(o) => o.early_end(self.api, &e),
+                None => e.sse_event(self.api),
+            };
+            out.extend_from_slice(end.as_bytes());
         }
         out.freeze()
     }
@@ -1143,9 +1145,12 @@ async fn step(
             Some(c) => Some(Ok(c)),
             None => match tokio::time::timeout(st.idle, st.frames.next()).await {
                 Err(_) => {
-                    let out = st.finish(Some(format!(
-                        "the provider sent nothing for {:.3}s",
-                        st.idle.as_secs_f64()
+                    let out = st.finish(Some((
+                        "provider_timeout",
+                        format!(
+                            "the provider sent nothing for {:.3}s",
+                            st.idle.as_secs_f64()
+                        ),
                     )));
                     return Some((Ok(out), None));
                 }
@@ -1163,7 +1168,10 @@ async fn step(
                 }
             }
             Some(Err(e)) => {
-                let out = st.finish(Some(format!("the provider stream failed: {e}")));
+                let out = st.finish(Some((
+                    "provider_incomplete",
+                    format!("the provider stream failed: {e}"),
+                )));
                 return Some((Ok(out), None));
             }
             None => {
