@@ -401,7 +401,7 @@ async fn when_every_provider_fails_the_client_gets_the_last_providers_error() {
         dir.join("policy.yaml"),
     )
     .unwrap();
-    let (_gw, addr) = gateway(&dir).await;
+    let (gw, addr) = gateway(&dir).await;
 
     // Both rate-limited: the client gets the provider's 429 and its own retry-after, not a
     // policy rejection telling it to come back in a second.
@@ -414,6 +414,21 @@ async fn when_every_provider_fails_the_client_gets_the_last_providers_error() {
     assert!(
         !databricks.requests.lock().is_empty(),
         "Databricks was tried after Bedrock"
+    );
+    // Accounted against the first destination tried (the unreachable local worker set), with
+    // the code sent.
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_tenant_requests_total",
+            &[
+                ("tenant", "anonymous"),
+                ("model", "llama-70b"),
+                ("destination", "llama-workers"),
+                ("outcome", "upstream_error"),
+                ("code", "provider_rate_limited"),
+            ]
+        ),
+        Some(1.0)
     );
 
     // Both failing: the last one's 502.

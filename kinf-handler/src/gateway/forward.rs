@@ -979,7 +979,11 @@ async fn admit_and_forward(
             Ok(c) => c,
             Err(e) => return Err(last_provider_error.take().unwrap_or(e)),
         };
-        pending.who.routed(&chosen);
+        // A request that fails after trying several destinations is accounted against the
+        // first it tried (metrics.md).
+        if pending.who.destination.is_none() {
+            pending.who.routed(&chosen);
+        }
         // From here until its answer, a client that goes away is accounted against this route.
         pending.forwarding = Some(chosen.clone());
         pending.reached_upstream = true;
