@@ -137,6 +137,30 @@ pub(crate) fn check_pool_rules(
             if matches!(tier.pick, Pick::Minimize(Measure::Cost)) {
                 unpriced_cost(ck, out, pool, rule, (*doc, path), t, &possible);
             }
+            if let Pick::Minimize(
+                m @ (Measure::QueuedPrompts | Measure::RunningPrompts | Measure::KvCacheUsage),
+            ) = tier.pick
+                && tier.backend != Some(BackendType::Local)
+                && possible.iter().any(|(_, b)| *b == BackendType::Provider)
+            {
+                let tpath = path.key("route").key("select").index(t);
+                let mut d = Diagnostic::new(
+                    Code::MeasureUnavailable,
+                    format!(
+                        "select tier {} of rule `{}` minimizes {} over providers too, which report no load: a provider counts as 0 and always wins in pool `{}`",
+                        t + 1,
+                        rule.name,
+                        m.as_str(),
+                        pool.name
+                    ),
+                )
+                .with_path(tpath.clone())
+                .with_help("add `type: Local` to the tier (and a later `type: Provider` tier as a fallback), or minimize `PredictedTTFT`");
+                if let Some(s) = ck.bundle.value_span(*doc, &tpath) {
+                    d = d.at(s, "providers always win");
+                }
+                ck.push(d);
+            }
             let earlier = picks_any.or_else(|| {
                 let of = |b: BackendType| picks_type.iter().find(|(x, _)| *x == b).map(|(_, k)| *k);
                 match tier.backend {

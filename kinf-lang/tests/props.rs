@@ -166,13 +166,8 @@ fn a_non_string_for_a_field_with_allowed_names_is_one_error_listing_them() {
 
 #[test]
 fn a_tier_after_one_that_always_picks_its_candidates_is_reported() {
-    let bundle = |select: &str| {
-        format!(
-            "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{ name: w }}\nspec:\n  endpoints: [\"10.0.0.1:8000\"]\n  models: [ {{ name: m }} ]\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceProvider\nmetadata: {{ name: cloud }}\nspec:\n  type: OpenAI\n  url: https://api.example.com/v1\n  models: [ {{ name: m, providerModel: gpt }} ]\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePool\nmetadata: {{ name: p }}\nspec:\n  destinations:\n  - {{ kind: InferenceWorkerSet, name: w }}\n  - {{ kind: InferenceProvider, name: cloud }}\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: {{ name: q }}\nspec:\n  rules:\n  - name: r\n    route:\n      select: {select}\n"
-        )
-    };
     let never_pick = |select: &str| -> Vec<String> {
-        let c = compile(&bundle(select));
+        let c = compile(&pool_with_provider(select));
         assert_eq!(c.errors(), 0, "{:?}", c.diagnostics);
         c.diagnostics
             .iter()
@@ -195,4 +190,32 @@ fn a_tier_after_one_that_always_picks_its_candidates_is_reported() {
     // Local first, then Provider: a real fallback; an `order` tier does not always pick.
     assert!(never_pick("[ { type: Local, minimize: PredictedTTFT }, { type: Provider, minimize: PredictedTTFT } ]").is_empty());
     assert!(never_pick("[ { order: [cloud] }, { minimize: PredictedTTFT } ]").is_empty());
+}
+
+/// A pool of a worker set `w` and a provider `cloud`, both serving `m`, and one rule with `select`.
+fn pool_with_provider(select: &str) -> String {
+    format!(
+        "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceWorkerSet\nmetadata: {{ name: w }}\nspec:\n  endpoints: [\"10.0.0.1:8000\"]\n  models: [ {{ name: m }} ]\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceProvider\nmetadata: {{ name: cloud }}\nspec:\n  type: OpenAI\n  url: https://api.example.com/v1\n  models: [ {{ name: m, providerModel: gpt }} ]\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePool\nmetadata: {{ name: p }}\nspec:\n  destinations:\n  - {{ kind: InferenceWorkerSet, name: w }}\n  - {{ kind: InferenceProvider, name: cloud }}\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: {{ name: q }}\nspec:\n  rules:\n  - name: r\n    route:\n      select: {select}\n"
+    )
+}
+
+#[test]
+fn a_load_measure_minimized_over_providers_is_reported() {
+    let warned = |select: &str| {
+        let c = compile(&pool_with_provider(select));
+        assert_eq!(c.errors(), 0, "{:?}", c.diagnostics);
+        c.diagnostics
+            .iter()
+            .filter(|d| d.code.as_str() == "KINF0409")
+            .count()
+    };
+    assert_eq!(warned("[ { minimize: QueuedPrompts } ]"), 1);
+    assert_eq!(warned("[ { type: Provider, minimize: KvCacheUsage } ]"), 1);
+    assert_eq!(
+        warned(
+            "[ { type: Local, minimize: RunningPrompts }, { type: Provider, minimize: PredictedTTFT } ]"
+        ),
+        0
+    );
+    assert_eq!(warned("[ { minimize: PredictedTTFT } ]"), 0);
 }
