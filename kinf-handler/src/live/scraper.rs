@@ -6,8 +6,9 @@
 //! configuration. The endpoint is marked `stale` when no scrape succeeded for
 //! [`LiveConfig::stale_after_intervals`] intervals (un-stale on the next success), and not
 //! `ready` after [`LiveConfig::unready_after_failures`] consecutive failed health checks (ready
-//! again on the first success). Readiness comes from `/health` only; staleness from
-//! `/metrics` only.
+//! again on the first success). Readiness comes from `/health` only (between those two
+//! events it is left as it is: the gateway marks an endpoint down when a connection is
+//! refused); staleness from `/metrics` only.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,6 +88,7 @@ pub async fn run_scraper(
                 None
             }
         };
+        let healthy = health.is_ok();
         match health {
             Ok(_) => {
                 s.health_consecutive_failures = 0;
@@ -111,7 +113,17 @@ pub async fn run_scraper(
             tracing::warn!(endpoint = %target.address, "endpoint metrics stale");
         }
         s.stale = stale;
-        let ready = s.ready;
+        // Written only on evidence: a passing health check makes the endpoint ready, failing
+        // ones past the threshold make it not ready. In between it is left as it is, so that an
+        // endpoint the gateway marked down after a refused connection is not made ready again
+        // by the next scrape before the health checks have caught up.
+        let ready = if healthy {
+            Some(true)
+        } else if !s.ready {
+            Some(false)
+        } else {
+            None
+        };
         let scraped_bs = s.cache_config.as_ref().and_then(|c| c.block_size);
         let mismatch = shared.with(|st| {
             let ws = st.worker_sets.get_mut(&*target.worker_set)?;
@@ -133,7 +145,9 @@ pub async fn run_scraper(
                 ep.load.push(sample);
             }
             ep.stale = stale;
-            ep.ready = ready;
+            if let Some(r) = ready {
+                ep.ready = r;
+            }
             Some(scraped_bs.is_some_and(|b| b as usize != bs))
         });
         let mismatch = mismatch.unwrap_or(false);
