@@ -40,9 +40,16 @@ pub(crate) fn check(
     let span_of = |start: usize, end: usize| -> Option<Span> {
         match &offsets {
             Some((span, map)) => {
-                let end = end.clamp(start + 1, text.len().max(start + 1));
-                let from = *map.get(start.min(text.len()))?;
-                let to = *map.get(end)?;
+                // An error at the end of the text (`a &&`, or an empty expression) is labelled
+                // at the end of the value: one character wide, never nothing.
+                let start = start.min(text.len());
+                let Some(&from) = map.get(start) else {
+                    return whole;
+                };
+                let to = map
+                    .get(end.clamp(start, text.len()))
+                    .copied()
+                    .unwrap_or(from);
                 Some(Span::new(
                     span.file,
                     span.start + from,

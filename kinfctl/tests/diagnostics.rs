@@ -355,3 +355,30 @@ spec:
     );
     insta::assert_snapshot!(render(&sources, &c));
 }
+
+#[test]
+fn a_when_expression_that_ends_early_or_is_empty_is_located() {
+    let text = std::fs::read_to_string(root().join(fixture_name(Code::ExprSyntax)))
+        .unwrap()
+        .replace(
+            "    - when: 4000 < promptTokens < 8000",
+            "    - when: 'promptTokens > 8000 &&'\n    - when: ''\n    - when: promptTokens >",
+        );
+    let mut sources = Sources::new();
+    sources.add("ends.yaml", text);
+    let c = kinf_lang::compile(&sources);
+    let places: Vec<(usize, usize)> = c
+        .diagnostics
+        .iter()
+        .map(|d| {
+            let (span, _) = d
+                .primary
+                .as_ref()
+                .unwrap_or_else(|| panic!("no place: {}", d.render_plain(&sources)));
+            let (_, line, column) = sources.locate(*span).expect("located");
+            (line, column)
+        })
+        .collect();
+    // Just past the last operator, at the empty value's quotes, at the end of a plain scalar.
+    assert_eq!(places, vec![(24, 36), (25, 13), (26, 27)]);
+}
