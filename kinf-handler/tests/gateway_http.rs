@@ -575,3 +575,32 @@ spec:
     );
     assert!(!message.contains("<unspecified>"), "{message}");
 }
+
+#[tokio::test]
+async fn a_request_before_any_policy_is_refused_not_ready_and_counted() {
+    // No reload: no policy is in force yet.
+    let gw = Gateway::new(GatewayOptions {
+        base_dir: temp_dir("no-policy"),
+        ..Default::default()
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let app = gw.router_with_admin();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    let r = call(
+        addr,
+        "/v1/chat/completions",
+        r#"{"model":"m","messages":[{"role":"user","content":"Hi"}]}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "not_ready");
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_requests_total",
+            &[("api", "chat"), ("status", "503"), ("code", "not_ready")]
+        ),
+        Some(1.0)
+    );
+}

@@ -911,6 +911,8 @@ async fn admit_and_forward(
     let started = pending.started;
     let _admitting = Admitting::enter(&gw.admitting);
     let Some(rt) = gw.runtime() else {
+        // Before the first policy is applied: counted, though no tenant is known yet.
+        gw.metrics.count_request(api.label(), 503, "not_ready");
         return Ok(not_ready(api));
     };
     let door = rt.door(host(headers));
