@@ -120,9 +120,9 @@ pub(crate) fn check_pool_rules(
         let possible = possible_destinations(out, pi, rule, dests_unique);
         if possible.is_empty() {
             let mut d = Diagnostic::new(Code::EmptyCandidates,
-                format!("rule `{}` never has a candidate in pool `{}`: its consider and unconditional excludes leave no destination", rule.name, pool.name))
+                format!("rule `{}` never has a candidate in pool `{}`: the models it matches, its consider and its unconditional excludes leave no destination", rule.name, pool.name))
                 .with_path(path.key("route"))
-                .with_help(format!("check `consider` (models, type, destination) against the pool's destinations: {}", pool_destinations(out, pool)));
+                .with_help(format!("check the matched models and `consider` (models, type, destination) against the pool's destinations: {}", pool_destinations(out, pool)));
             if let Some(s) = span() {
                 d = d.at(s, "always empty");
             }
@@ -383,9 +383,31 @@ fn possible_destinations(
         } else {
             None
         };
+    // When every match entry names an exact model, only destinations serving one of them can
+    // ever be a candidate of this rule.
+    let exact_models: Option<Vec<&Arc<str>>> = (!rule.matches.is_empty())
+        .then(|| {
+            rule.matches
+                .iter()
+                .map(|e| match &e.model {
+                    Some(ModelPattern::Exact(m)) => Some(m),
+                    _ => None,
+                })
+                .collect()
+        })
+        .flatten();
     for &id in &pool.destinations {
         if let Some(u) = &union
             && !has(u, id)
+        {
+            continue;
+        }
+        if let Some(models) = &exact_models
+            && !models.iter().any(|m| {
+                pool.models
+                    .get(*m)
+                    .is_some_and(|v| v.iter().any(|(d, _)| *d == id))
+            })
         {
             continue;
         }

@@ -219,3 +219,20 @@ fn a_load_measure_minimized_over_providers_is_reported() {
     );
     assert_eq!(warned("[ { minimize: PredictedTTFT } ]"), 0);
 }
+
+#[test]
+fn a_rule_whose_matched_model_no_considered_destination_serves_is_reported() {
+    let text = "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceWorkerSet\nmetadata: { name: w }\nspec:\n  endpoints: [\"10.0.0.1:8000\"]\n  models: [ { name: local-only } ]\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceProvider\nmetadata: { name: cloud }\nspec:\n  type: OpenAI\n  url: https://api.example.com/v1\n  models: [ { name: m, providerModel: gpt } ]\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePool\nmetadata: { name: p }\nspec:\n  destinations:\n  - { kind: InferenceWorkerSet, name: w }\n  - { kind: InferenceProvider, name: cloud }\n---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: { name: q }\nspec:\n  rules:\n  - name: MODEL-to-cloud\n    matches: [ { model: MODEL } ]\n    route:\n      consider: [ { type: Provider } ]\n";
+    let empty = |model: &str| {
+        let c = compile(&text.replace("MODEL", model));
+        assert_eq!(c.errors(), 0, "{:?}", c.diagnostics);
+        c.diagnostics
+            .iter()
+            .filter(|d| d.code.as_str() == "KINF0504")
+            .count()
+    };
+    // Only the worker set serves `local-only`: a Provider-only rule for it never has one.
+    assert_eq!(empty("local-only"), 1);
+    // The provider serves `m`.
+    assert_eq!(empty("m"), 0);
+}
