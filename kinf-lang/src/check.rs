@@ -1341,6 +1341,20 @@ impl<'a> Checker<'a> {
             );
             return None;
         }
+        // Every measure a threshold tests (counts, tokens, durations, ratios) is at least 0.
+        if let Some(l) = lt
+            && l <= 0.0
+        {
+            self.report(
+                doc,
+                &path.key("lessThan"),
+                Code::EmptyThreshold,
+                format!("`{field}` can never be less than {l}: it is never negative"),
+                "never holds",
+                Some("use a positive bound, or remove the condition".into()),
+            );
+            return None;
+        }
         if unit == Unit::Ratio && gt == Some(1.0) {
             self.report(
                 doc,

@@ -236,3 +236,16 @@ fn a_rule_whose_matched_model_no_considered_destination_serves_is_reported() {
     // The provider serves `m`.
     assert_eq!(empty("m"), 0);
 }
+
+#[test]
+fn a_threshold_below_zero_is_refused() {
+    let c = compile(&pool_with_provider(
+        "[ { minimize: PredictedTTFT } ]\n      exclude: [ { name: never, drop: { predictedTTFT: { lessThan: 0s } } } ]",
+    ));
+    let codes: Vec<&str> = c.diagnostics.iter().map(|d| d.code.as_str()).collect();
+    assert!(codes.contains(&"KINF0206"), "{codes:?}");
+    let ok = compile(&pool_with_provider(
+        "[ { minimize: PredictedTTFT } ]\n      exclude: [ { name: fast, drop: { predictedTTFT: { lessThan: 100ms } } } ]",
+    ));
+    assert_eq!(ok.errors(), 0, "{:?}", ok.diagnostics);
+}
