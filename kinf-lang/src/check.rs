@@ -1119,7 +1119,18 @@ impl<'a> Checker<'a> {
             let has_load = d.queued_prompts.is_some()
                 || d.running_prompts.is_some()
                 || d.kv_cache_usage.is_some();
-            if has_load && drop.backend == Some(BackendType::Provider) {
+            // A provider named in `backend.name` is as load-less as `type: Provider`.
+            let named_provider = d
+                .backend
+                .as_ref()
+                .and_then(|b| b.name.as_deref())
+                .filter(|n| {
+                    scope
+                        .dest_named(n)
+                        .is_some_and(|(_, _, b)| *b == BackendType::Provider)
+                });
+            if has_load && (drop.backend == Some(BackendType::Provider) || named_provider.is_some())
+            {
                 let measure = if d.queued_prompts.is_some() {
                     "queuedPrompts"
                 } else if d.running_prompts.is_some() {
@@ -1127,8 +1138,12 @@ impl<'a> Checker<'a> {
                 } else {
                     "kvCacheUsage"
                 };
+                let on = match named_provider {
+                    Some(n) => format!("provider `{n}`, which reports none"),
+                    None => "`Provider` backends, which report none".to_string(),
+                };
                 self.report_key(doc, &dp.key(measure), Code::MeasureUnavailable,
-                    format!("filter `{name}` tests queue or KV-cache load on `Provider` backends, which report none; it never drops anything"),
+                    format!("filter `{name}` tests queue or KV-cache load on {on}; it never drops anything"),
                     "providers do not report this", Some("load measures exist for `Local` workers only; use `predictedTTFT` for providers".into()));
             }
             if d.backend.is_none()

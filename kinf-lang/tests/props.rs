@@ -249,3 +249,20 @@ fn a_threshold_below_zero_is_refused() {
     ));
     assert_eq!(ok.errors(), 0, "{:?}", ok.diagnostics);
 }
+
+#[test]
+fn a_load_filter_on_a_provider_named_in_backend_is_reported() {
+    let warned = |backend: &str| {
+        let c = compile(&pool_with_provider(&format!(
+            "[ {{ minimize: PredictedTTFT }} ]\n      exclude: [ {{ name: busy, drop: {{ backend: {{ {backend} }}, queuedPrompts: {{ greaterThan: 2 }} }} }} ]"
+        )));
+        assert_eq!(c.errors(), 0, "{:?}", c.diagnostics);
+        c.diagnostics
+            .iter()
+            .filter(|d| d.code.as_str() == "KINF0409" && d.message.contains("filter `busy`"))
+            .count()
+    };
+    assert_eq!(warned("name: cloud"), 1);
+    assert_eq!(warned("type: Provider"), 1);
+    assert_eq!(warned("name: w"), 0);
+}
