@@ -10,6 +10,7 @@ use kinf_router::usage::TokenUsage;
 use serde_json::Value;
 
 use super::errors::Api;
+use crate::providers::translate::{merge_anthropic_usage, usage_anthropic, usage_openai};
 
 /// What was observed on one response.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -51,9 +52,9 @@ pub struct SseTap {
     pending: BytesMut,
     /// What was seen so far.
     pub observed: Observed,
-    /// Anthropic prompt counts seen so far: `input_tokens`, `cache_read_input_tokens` and
-    /// `cache_creation_input_tokens` (`message_start`'s, each replaced by `message_delta`'s).
-    anthropic_input: [u64; 3],
+    /// The Anthropic `usage` seen so far: `message_start`'s, with `message_delta`'s counts
+    /// folded in ([`merge_anthropic_usage`]).
+    anthropic_usage: Value,
 }
 
 impl SseTap {
@@ -64,7 +65,7 @@ impl SseTap {
             strip_usage_chunk,
             pending: BytesMut::new(),
             observed: Observed::default(),
-            anthropic_input: [0; 3],
+            anthropic_usage: Value::Object(serde_json::Map::new()),
         }
     }
 
@@ -137,7 +138,7 @@ impl SseTap {
             self.token(now);
         }
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-            self.observed.usage = Some(openai_usage(u));
+            self.observed.usage = Some(usage_openai(u));
             if choices_empty && self.strip_usage_chunk {
                 return false;
             }
@@ -154,58 +155,20 @@ impl SseTap {
         match kind {
             Some(b"message_start") => {
                 if let Some(u) = v.pointer("/message/usage") {
-                    self.anthropic_input = ANTHROPIC_PROMPT_COUNTS.map(|k| count(u, k));
+                    self.anthropic_usage = u.clone();
                 }
             }
             Some(b"content_block_delta") => self.token(now),
             Some(b"message_delta") => {
                 if let Some(u) = v.get("usage") {
-                    // The final counts (vLLM reports its cache reads only here).
-                    for (seen, key) in self.anthropic_input.iter_mut().zip(ANTHROPIC_PROMPT_COUNTS)
-                    {
-                        if let Some(n) = u.get(key).and_then(Value::as_u64) {
-                            *seen = n;
-                        }
-                    }
-                    let [input, cache_read, cache_creation] = self.anthropic_input;
-                    self.observed.usage = Some(anthropic_usage(
-                        input.saturating_add(cache_creation),
-                        cache_read,
-                        count(u, "output_tokens"),
-                    ));
+                    merge_anthropic_usage(&mut self.anthropic_usage, u);
+                    self.observed.usage = Some(usage_anthropic(&self.anthropic_usage));
                 }
             }
             Some(b"message_stop") => self.observed.completed = true,
             Some(b"error") => self.observed.errored = true,
             _ => {}
         }
-    }
-}
-
-/// Usage of an OpenAI `usage` object.
-pub fn openai_usage(u: &Value) -> TokenUsage {
-    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-    TokenUsage::from_openai(
-        n("/prompt_tokens"),
-        n("/prompt_tokens_details/cached_tokens"),
-        n("/completion_tokens"),
-    )
-}
-
-/// The prompt counts of an Anthropic `usage` object, in [`SseTap`]'s order.
-const ANTHROPIC_PROMPT_COUNTS: [&str; 3] = [
-    "input_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-];
-
-/// Usage from Anthropic-style counts: `uncached` prompt tokens (`input_tokens` plus
-/// `cache_creation_input_tokens`: both were computed), `cache_read` cached ones, `output`.
-pub fn anthropic_usage(uncached: u64, cache_read: u64, output: u64) -> TokenUsage {
-    TokenUsage {
-        cached_prompt_tokens: cache_read,
-        uncached_prompt_tokens: uncached,
-        output_tokens: output,
     }
 }
 
@@ -220,18 +183,9 @@ pub fn body_usage(api: Api, body: &[u8]) -> Option<TokenUsage> {
     }
     let u = serde_json::from_slice::<Top>(body).ok()?.usage?;
     Some(match api {
-        Api::Chat | Api::Completions => openai_usage(&u),
-        Api::Messages => anthropic_usage(
-            count(&u, "input_tokens").saturating_add(count(&u, "cache_creation_input_tokens")),
-            count(&u, "cache_read_input_tokens"),
-            count(&u, "output_tokens"),
-        ),
+        Api::Chat | Api::Completions => usage_openai(&u),
+        Api::Messages => usage_anthropic(&u),
     })
-}
-
-/// A count of a `usage` object: 0 when absent or not a non-negative integer.
-fn count(u: &Value, key: &str) -> u64 {
-    u.get(key).and_then(Value::as_u64).unwrap_or(0)
 }
 
 /// End (exclusive) of the first complete SSE event: after a blank line (`\n\n` or
@@ -255,6 +209,15 @@ pub(crate) fn find_event_end(buf: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Usage with `uncached` prompt tokens, `cache_read` cached ones and `output` tokens.
+    fn anthropic_usage(uncached: u64, cache_read: u64, output: u64) -> TokenUsage {
+        TokenUsage {
+            cached_prompt_tokens: cache_read,
+            uncached_prompt_tokens: uncached,
+            output_tokens: output,
+        }
+    }
 
     const CHAT: &str = include_str!("../../../testdata/vllm-0.32.0-cpu/chat_stream.txt");
     const MESSAGES: &str = include_str!("../../../testdata/vllm-0.32.0-cpu/messages_stream.txt");

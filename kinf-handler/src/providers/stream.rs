@@ -7,8 +7,8 @@ use kinf_router::usage::TokenUsage;
 use serde_json::{Value, json};
 
 use super::translate::{
-    Finish, anthropic_usage_json, fresh_id, now_epoch, openai_usage_json, usage_anthropic,
-    usage_bedrock, usage_openai,
+    Finish, anthropic_usage_json, fresh_id, merge_anthropic_usage, now_epoch, openai_usage_json,
+    usage_anthropic, usage_bedrock, usage_openai,
 };
 use crate::gateway::errors::Api;
 use crate::gateway::sse_tap::find_event_end;
@@ -125,14 +125,8 @@ impl ProviderDecoder {
                 if let Some(s) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
                     out.push(Ev::Finish(Finish::from_anthropic(s)));
                 }
-                if let (Some(Value::Object(u)), Value::Object(acc)) =
-                    (v.get("usage"), &mut self.anthropic_usage)
-                {
-                    for (k, val) in u {
-                        if !val.is_null() {
-                            acc.insert(k.clone(), val.clone());
-                        }
-                    }
+                if let Some(u) = v.get("usage") {
+                    merge_anthropic_usage(&mut self.anthropic_usage, u);
                 }
             }
             "message_stop" => {

@@ -425,12 +425,26 @@ pub fn usage_openai(u: &Value) -> TokenUsage {
     )
 }
 
+/// Folds the `usage` of an Anthropic `message_delta` into the one `message_start` gave: each
+/// count the delta reports (non-null) replaces the start's. Anthropic's API reports the prompt
+/// counts at the start, vLLM its cache reads only in the delta.
+pub fn merge_anthropic_usage(acc: &mut Value, delta: &Value) {
+    if let (Value::Object(acc), Value::Object(delta)) = (acc, delta) {
+        for (k, v) in delta {
+            if !v.is_null() {
+                acc.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
 /// Usage of an Anthropic `usage` object: `input_tokens` and `cache_creation_input_tokens` are
 /// uncached, `cache_read_input_tokens` cached.
 pub fn usage_anthropic(u: &Value) -> TokenUsage {
     TokenUsage {
         cached_prompt_tokens: n(u, "/cache_read_input_tokens"),
-        uncached_prompt_tokens: n(u, "/input_tokens") + n(u, "/cache_creation_input_tokens"),
+        uncached_prompt_tokens: n(u, "/input_tokens")
+            .saturating_add(n(u, "/cache_creation_input_tokens")),
         output_tokens: n(u, "/output_tokens"),
     }
 }
@@ -440,7 +454,7 @@ pub fn usage_anthropic(u: &Value) -> TokenUsage {
 pub fn usage_bedrock(u: &Value) -> TokenUsage {
     TokenUsage {
         cached_prompt_tokens: n(u, "/cacheReadInputTokens"),
-        uncached_prompt_tokens: n(u, "/inputTokens") + n(u, "/cacheWriteInputTokens"),
+        uncached_prompt_tokens: n(u, "/inputTokens").saturating_add(n(u, "/cacheWriteInputTokens")),
         output_tokens: n(u, "/outputTokens"),
     }
 }
