@@ -23,9 +23,8 @@ use kinf_policy::{ClassifierSpec, ClassifierType, FailureMode};
 use serde::{Deserialize, Serialize};
 
 use super::errors::ApiError;
-use super::parse::Prompt;
+use super::parse::Parsed;
 use crate::metrics::Metrics;
-use kinf_router::tokenize::ChatMessage;
 
 /// Default time allowed for an external classifier.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -151,26 +150,11 @@ fn client() -> Option<&'static HttpsClient> {
 }
 
 /// The request body sent to every external classifier of a request.
-pub fn query_body(prompt: &Prompt, also_seen: &[ChatMessage]) -> Bytes {
-    let mut messages: Vec<Msg<'_>> = match prompt {
-        Prompt::Chat(msgs) => msgs
-            .iter()
-            .map(|m| Msg {
-                role: &m.role,
-                content: &m.content,
-            })
-            .collect(),
-        Prompt::Text(t) => vec![Msg {
-            role: "user",
-            content: t,
-        }],
-        // Token ids carry no text the service could read.
-        Prompt::Tokens(_) => Vec::new(),
-    };
-    messages.extend(also_seen.iter().map(|m| Msg {
-        role: &m.role,
-        content: &m.content,
-    }));
+pub fn query_body(parsed: &Parsed) -> Bytes {
+    let messages: Vec<Msg<'_>> = parsed
+        .classified_messages()
+        .map(|(role, content)| Msg { role, content })
+        .collect();
     Bytes::from(serde_json::to_vec(&Query { messages }).unwrap_or_default())
 }
 
@@ -221,14 +205,13 @@ async fn call(c: &ExternalClassifier, body: Bytes) -> Result<(Vec<Arc<str>>, usi
 /// failed. Latency, failures and dropped tags are recorded in `metrics`.
 pub async fn classify(
     classifiers: &[ExternalClassifier],
-    prompt: &Prompt,
-    also_seen: &[ChatMessage],
+    parsed: &Parsed,
     metrics: &Metrics,
 ) -> Result<Vec<Arc<str>>, ApiError> {
     if classifiers.is_empty() {
         return Ok(Vec::new());
     }
-    let body = query_body(prompt, also_seen);
+    let body = query_body(parsed);
     let results = futures_util::future::join_all(classifiers.iter().map(|c| {
         let body = body.clone();
         async move {

@@ -19,7 +19,7 @@ use kinf_router::{Decider, Decision, Outcome};
 use smallvec::SmallVec;
 
 use super::errors::{Api, ApiError};
-use super::parse::{DEFAULT_MAX_TOKENS, Parsed, Prompt};
+use super::parse::{DEFAULT_MAX_TOKENS, Parsed};
 use super::sse_tap::{SseTap, body_usage};
 use super::tokens::prompt_tokens;
 use super::{Gateway, host, not_ready};
@@ -496,13 +496,7 @@ pub async fn admit_async(
     } else {
         intake(rt, api, headers, &bytes)?
     };
-    let extra = super::external::classify(
-        &door.external,
-        &i.parsed.prompt,
-        &i.parsed.also_seen,
-        &gw.metrics,
-    )
-    .await?;
+    let extra = super::external::classify(&door.external, &i.parsed, &gw.metrics).await?;
     if blocking {
         let (rt, headers) = (rt.clone(), headers.clone());
         tokio::task::spawn_blocking(move || complete(&rt, api, &headers, i, extra))
@@ -568,28 +562,18 @@ pub fn complete(
 ) -> Result<Admitted, ApiError> {
     let door = rt.door(host(headers));
     let Intake { mut parsed, tenant } = intake;
-    let mut tags = if door.classifiers.is_empty() {
+    let messages: Vec<Message<'_>> = if door.classifiers.is_empty() {
         Vec::new()
     } else {
-        let mut m: Vec<Message<'_>> = match &parsed.prompt {
-            Prompt::Chat(msgs) => msgs
-                .iter()
-                .map(|m| Message::new(&m.role, &m.content))
-                .collect(),
-            Prompt::Text(t) => vec![Message::new("user", t)],
-            Prompt::Tokens(_) => Vec::new(),
-        };
-        m.extend(
-            parsed
-                .also_seen
-                .iter()
-                .map(|m| Message::new(&m.role, &m.content)),
-        );
-        if m.is_empty() {
-            Vec::new()
-        } else {
-            door.classifiers.classify(&m).tags
-        }
+        parsed
+            .classified_messages()
+            .map(|(role, text)| Message::new(role, text))
+            .collect()
+    };
+    let mut tags = if messages.is_empty() {
+        Vec::new()
+    } else {
+        door.classifiers.classify(&messages).tags
     };
     if !external_tags.is_empty() {
         tags.extend(external_tags);

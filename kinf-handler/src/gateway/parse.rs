@@ -54,6 +54,24 @@ impl Parsed {
         }
     }
 
+    /// Every message the classifiers read, as `(role, text)`: the prompt's (a completions prompt
+    /// as one user message; token ids carry no text), then [`also_seen`](Self::also_seen).
+    pub fn classified_messages(&self) -> impl Iterator<Item = (&str, &str)> {
+        let prompt: Vec<(&str, &str)> = match &self.prompt {
+            Prompt::Chat(msgs) => msgs
+                .iter()
+                .map(|m| (m.role.as_str(), m.content.as_str()))
+                .collect(),
+            Prompt::Text(t) => vec![("user", t.as_str())],
+            Prompt::Tokens(_) => Vec::new(),
+        };
+        prompt.into_iter().chain(
+            self.also_seen
+                .iter()
+                .map(|m| (m.role.as_str(), m.content.as_str())),
+        )
+    }
+
     /// Total bytes of prompt text (an estimate of size when no tokenizer is known).
     pub fn prompt_bytes(&self) -> usize {
         match &self.prompt {
