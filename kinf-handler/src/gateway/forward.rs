@@ -238,7 +238,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
     // nothing is lost. An error response without usage used nothing: zero, not an estimate.
     let (usage, estimated) = match o.usage {
         Some(u) => (u, false),
-        None if !crate::accounting::usage_is_estimated(o.status) => (TokenUsage::default(), false),
+        // An error response without usage used nothing: zero, and not counted as estimated.
         None => (
             crate::accounting::estimate_usage(
                 o.status,
@@ -246,7 +246,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
                 u64::from(c.uncached_tokens),
                 o.token_events,
             ),
-            true,
+            crate::accounting::usage_is_estimated(o.status),
         ),
     };
     crate::accounting::account_response(
@@ -684,12 +684,7 @@ pub(crate) fn too_large(limit: usize) -> ApiError {
         format!("the request body is larger than the limit of {limit} bytes (limits.maxBodyBytes)"),
     );
     e.param = Some("body".into());
-    // The rest of the body is not read: the connection cannot be reused, say so.
-    e.extra = Some(Box::new(super::errors::ErrorExtra {
-        headers: vec![("connection", "close".into())],
-        openai_type: None,
-    }));
-    e
+    closing(e)
 }
 
 /// The 400 for a body that could not be read (not its size: malformed chunked encoding, a
@@ -706,7 +701,12 @@ fn body_unreadable(err: &(dyn std::error::Error + 'static)) -> ApiError {
         source = s.source();
     }
     let message = format!("the request body could not be read: {}", causes.join(": "));
-    let mut e = ApiError::invalid("body", message);
+    closing(ApiError::invalid("body", message))
+}
+
+/// `e` with `connection: close`: the rest of the body is not read, so the connection cannot be
+/// reused.
+fn closing(mut e: ApiError) -> ApiError {
     e.extra = Some(Box::new(super::errors::ErrorExtra {
         headers: vec![("connection", "close".into())],
         openai_type: None,
@@ -726,11 +726,7 @@ fn body_timeout(limit: std::time::Duration) -> ApiError {
         ),
     );
     e.param = Some("body".into());
-    e.extra = Some(Box::new(super::errors::ErrorExtra {
-        headers: vec![("connection", "close".into())],
-        openai_type: None,
-    }));
-    e
+    closing(e)
 }
 
 /// The 429 for a tenant at its limit of concurrent streams.
