@@ -185,6 +185,8 @@ struct Exchange {
     phase: Phase,
     response_headers_seen: bool,
     response_ended: bool,
+    /// The body limit of the request's front door, found once its headers are known.
+    body_limit: usize,
     headers: Vec<(String, Vec<u8>)>,
     api: Option<Api>,
     body: Vec<u8>,
@@ -202,6 +204,7 @@ impl Exchange {
             phase: Phase::Start,
             response_headers_seen: false,
             response_ended: false,
+            body_limit: crate::gateway::runtime::DEFAULT_MAX_BODY_BYTES,
             headers: Vec::new(),
             api: None,
             body: Vec::new(),
@@ -319,8 +322,7 @@ impl Exchange {
                 reason = e.message(),
                 "ext_proc request body over the limit: 413"
             );
-            let limit = self.body_limit();
-            return Ended::Answered(self.too_large(api, limit));
+            return Ended::Answered(self.too_large(api, self.body_limit));
         }
         Ended::Failed(tonic::Status::resource_exhausted(e.message().to_owned()))
     }
@@ -340,8 +342,8 @@ impl Exchange {
         immediate(&e, api)
     }
 
-    /// The body limit of the front door this request came to.
-    fn body_limit(&self) -> usize {
+    /// The body limit of the front door the request (its headers received) came to.
+    fn door_body_limit(&self) -> usize {
         let Some(rt) = self.gw.runtime() else {
             return crate::gateway::runtime::DEFAULT_MAX_BODY_BYTES;
         };
@@ -386,6 +388,9 @@ impl Exchange {
             (false, Some(_)) => Phase::Body,
             (false, None) => Phase::PassBody,
         };
+        if self.phase == Phase::Body {
+            self.body_limit = self.door_body_limit();
+        }
         if self.api.is_some() && self.duplex_request() {
             // The headers are answered once the body is complete, with the decision.
             return Vec::new();
@@ -403,10 +408,9 @@ impl Exchange {
             }
             return vec![self.pass_request_body(b)];
         };
-        let limit = self.body_limit();
-        if self.body.len().saturating_add(b.body.len()) > limit {
+        if self.body.len().saturating_add(b.body.len()) > self.body_limit {
             // Answered at once: the rest of the body is not collected.
-            return vec![self.too_large(api, limit)];
+            return vec![self.too_large(api, self.body_limit)];
         }
         self.body.extend_from_slice(&b.body);
         if !b.end_of_stream {
