@@ -134,8 +134,9 @@ pub(crate) fn check_pool_rules(
         let mut picks_any: Option<usize> = None;
         let mut picks_type: Vec<(BackendType, usize)> = Vec::new();
         for (t, tier) in rule.select.iter().enumerate() {
+            let tpath = path.key("route").key("select").index(t);
             if matches!(tier.pick, Pick::Minimize(Measure::Cost)) {
-                unpriced_cost(ck, out, pool, rule, (*doc, path), t, &possible);
+                unpriced_cost(ck, out, pool, rule, (*doc, &tpath), t, &possible);
             }
             if let Pick::Minimize(
                 m @ (Measure::QueuedPrompts | Measure::RunningPrompts | Measure::KvCacheUsage),
@@ -143,8 +144,9 @@ pub(crate) fn check_pool_rules(
                 && tier.backend != Some(BackendType::Local)
                 && possible.iter().any(|(_, b)| *b == BackendType::Provider)
             {
-                let tpath = path.key("route").key("select").index(t);
-                let mut d = Diagnostic::new(
+                ck.report(
+                    *doc,
+                    &tpath,
                     Code::MeasureUnavailable,
                     format!(
                         "select tier {} of rule `{}` minimizes {} over providers too, which report no load: a provider counts as 0 and always wins in pool `{}`",
@@ -153,13 +155,9 @@ pub(crate) fn check_pool_rules(
                         m.as_str(),
                         pool.name
                     ),
-                )
-                .with_path(tpath.clone())
-                .with_help("add `type: Local` to the tier (and a later `type: Provider` tier as a fallback), or minimize `PredictedTTFT`");
-                if let Some(s) = ck.bundle.value_span(*doc, &tpath) {
-                    d = d.at(s, "providers always win");
-                }
-                ck.push(d);
+                    "providers always win",
+                    Some("add `type: Local` to the tier (and a later `type: Provider` tier as a fallback), or minimize `PredictedTTFT`".into()),
+                );
             }
             let earlier = picks_any.or_else(|| {
                 let of = |b: BackendType| picks_type.iter().find(|(x, _)| *x == b).map(|(_, k)| *k);
@@ -185,9 +183,9 @@ pub(crate) fn check_pool_rules(
                     }
             });
             if !reachable {
-                let tpath = path.key("route").key("select").index(t);
-                let tspan = ck.bundle.value_span(*doc, &tpath);
-                let mut d = Diagnostic::new(
+                ck.report(
+                    *doc,
+                    &tpath,
                     Code::UnreachableTier,
                     format!(
                         "select tier {} of rule `{}` can never have a candidate in pool `{}`",
@@ -195,28 +193,11 @@ pub(crate) fn check_pool_rules(
                         rule.name,
                         pool.name
                     ),
-                )
-                .with_path(tpath)
-                .with_help(tier_help(out, &possible));
-                if let Some(s) = tspan {
-                    d = d.at(s, "never has a candidate");
-                }
-                ck.push(d);
+                    "never has a candidate",
+                    Some(tier_help(out, &possible)),
+                );
             } else if let Some(k) = earlier {
-                let tpath = path.key("route").key("select").index(t);
-                let tspan = ck.bundle.value_span(*doc, &tpath);
-                let mut d = Diagnostic::new(
-                    Code::UnreachableTier,
-                    format!(
-                        "select tier {} of rule `{}` can never pick in pool `{}`: tier {} minimizes over every candidate it could have and picks first",
-                        t + 1,
-                        rule.name,
-                        pool.name,
-                        k + 1
-                    ),
-                )
-                .with_path(tpath)
-                .with_help(match rule.select.get(k).and_then(|e| e.backend) {
+                let help = match rule.select.get(k).and_then(|e| e.backend) {
                     None => format!(
                         "give tier {} a `type` (e.g. `type: Local`) so that later tiers are a fallback, or remove tier {}",
                         k + 1,
@@ -228,17 +209,27 @@ pub(crate) fn check_pool_rules(
                         b.as_str(),
                         t + 1
                     ),
-                });
-                if let Some(s) = tspan {
-                    d = d.at(s, "never picks");
-                }
-                ck.push(d);
+                };
+                ck.report(
+                    *doc,
+                    &tpath,
+                    Code::UnreachableTier,
+                    format!(
+                        "select tier {} of rule `{}` can never pick in pool `{}`: tier {} minimizes over every candidate it could have and picks first",
+                        t + 1,
+                        rule.name,
+                        pool.name,
+                        k + 1
+                    ),
+                    "never picks",
+                    Some(help),
+                );
             }
         }
     }
 }
 
-/// KINF0507: tier `t` of `rule` minimizes `Cost` over candidates some of which have no prices.
+/// KINF0507: tier `t` of `rule` (at `tpath`) minimizes `Cost` over candidates some of which have no prices.
 /// Without prices a destination costs 0, so it always wins against priced ones (and with no
 /// prices at all the tier picks by pool order).
 fn unpriced_cost(
@@ -246,7 +237,7 @@ fn unpriced_cost(
     out: &CompiledPolicy,
     pool: &crate::compiled::CompiledPool,
     rule: &CompiledRule,
-    (doc, path): (usize, &FieldPath),
+    (doc, tpath): (usize, &FieldPath),
     t: usize,
     possible: &[(DestId, BackendType)],
 ) {
@@ -279,8 +270,9 @@ fn unpriced_cost(
     } else {
         "a destination without prices costs 0, so it always wins over priced ones"
     };
-    let tpath = path.key("route").key("select").index(t);
-    let mut d = Diagnostic::new(
+    ck.report(
+        doc,
+        tpath,
         Code::UnpricedCost,
         format!(
             "select tier {} of rule `{}` minimizes Cost in pool `{}`, but {} {} no `cost`: {consequence}",
@@ -290,13 +282,9 @@ fn unpriced_cost(
             unpriced.join(", "),
             if unpriced.len() == 1 { "has" } else { "have" },
         ),
-    )
-    .with_path(tpath.clone())
-    .with_help("set `cost:` (prices per million tokens) on every destination this tier can pick, or minimize another measure");
-    if let Some(s) = ck.bundle.value_span(doc, &tpath) {
-        d = d.at(s, "unpriced candidates");
-    }
-    ck.push(d);
+        "unpriced candidates",
+        Some("set `cost:` (prices per million tokens) on every destination this tier can pick, or minimize another measure".into()),
+    );
 }
 
 fn pool_destinations(out: &CompiledPolicy, pool: &crate::compiled::CompiledPool) -> String {
