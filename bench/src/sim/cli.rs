@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use super::{LoadSpec, RouterKind, SimConfig, SimResult, WorkloadKind, run};
+use super::{LoadSpec, MultiturnSizes, RouterKind, SimConfig, SimResult, WorkloadKind, run};
 
 /// Output format of `kinf-bench sim`.
 #[derive(Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
@@ -53,6 +53,10 @@ pub struct SimArgs {
     /// TTFT quantiles to keep for CDF plots.
     #[arg(long, default_value_t = 0)]
     pub cdf_points: usize,
+    /// Multiturn conversation sizes in tokens, `FIRST,USER,OUTPUT`: the first user turn, each
+    /// later user turn and each answer (default: the sizes fitted to the published medians).
+    #[arg(long, value_name = "FIRST,USER,OUTPUT")]
+    pub multiturn_sizes: Option<MultiturnSizes>,
     /// Divide every token count by this (smoke tests with the `tiny` profile).
     #[arg(long, default_value_t = 1, hide = true)]
     pub scale: usize,
@@ -84,6 +88,12 @@ impl SimArgs {
         }
         c.trace_every = self.trace_every;
         c.cdf_points = self.cdf_points;
+        if let Some(sizes) = self.multiturn_sizes {
+            if self.workload != WorkloadKind::Multiturn {
+                return Err("--multiturn-sizes applies only to --workload multiturn".into());
+            }
+            c.multiturn = sizes;
+        }
         Ok(c)
     }
 }

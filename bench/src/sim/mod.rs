@@ -25,8 +25,8 @@ use kinf_sim::hash::Rng;
 use kinf_sim::{Engine, EngineOptions, Fleet, Output, Profile, Request};
 use serde::Serialize;
 
-pub use workload::WorkloadKind;
 use workload::{Generator, Meta, Session};
+pub use workload::{MultiturnSizes, WorkloadKind};
 
 /// A request as the router sees it.
 #[derive(Debug, Clone)]
@@ -196,6 +196,8 @@ pub struct SimConfig {
     pub trace_every: u64,
     /// Keep this many TTFT quantiles for CDF plots (0: none).
     pub cdf_points: usize,
+    /// The multiturn workload's conversation sizes (ignored by the other workloads).
+    pub multiturn: MultiturnSizes,
 }
 
 impl SimConfig {
@@ -215,6 +217,7 @@ impl SimConfig {
             policy_dir: default_policy_dir(),
             trace_every: 0,
             cdf_points: 0,
+            multiturn: MultiturnSizes::default(),
         }
     }
 }
@@ -246,6 +249,9 @@ pub struct SimResult {
     pub concurrency: Option<usize>,
     /// Seed.
     pub seed: u64,
+    /// The conversation sizes of a multiturn run (absent for the other workloads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multiturn_sizes: Option<MultiturnSizes>,
     /// Sending period, simulated seconds.
     pub duration_s: f64,
     /// Unmeasured start, simulated seconds.
@@ -431,7 +437,8 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
     };
     let mut fleet = Fleet::new(&profile, opts, cfg.workers).map_err(|e| e.to_string())?;
     let mut router = make_router(cfg, block)?;
-    let mut generator = Generator::new(cfg.workload, cfg.seed, vocab, cfg.scale, cfg.workers);
+    let mut generator = Generator::new(cfg.workload, cfg.seed, vocab, cfg.scale, cfg.workers)
+        .with_multiturn_sizes(cfg.multiturn);
     let mut wb = WallBreakdown {
         setup_s: started.elapsed().as_secs_f64(),
         ..WallBreakdown::default()
@@ -709,6 +716,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
             LoadSpec::Poisson(_) => None,
         },
         seed: cfg.seed,
+        multiturn_sizes: (cfg.workload == WorkloadKind::Multiturn).then_some(cfg.multiturn),
         duration_s: cfg.duration_s,
         warmup_s: cfg.warmup_s,
         slo_ttft_s: slo,
