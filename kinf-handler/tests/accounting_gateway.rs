@@ -254,8 +254,9 @@ async fn a_stream_cut_mid_way_is_accounted_as_incomplete_with_what_it_used() {
         ),
         Some(1.0)
     );
-    // Three token-carrying events (the role chunk, `min`, ` root`) arrived before the worker
-    // died: the estimate is one output token per event.
+    // Two tokens (`min`, ` root`) arrived after the role announcement before the worker
+    // died: the estimate is one output token per token-carrying event (the role-only opening
+    // chunk carries none).
     assert_eq!(
         tenant_value(
             &gw,
@@ -263,7 +264,7 @@ async fn a_stream_cut_mid_way_is_accounted_as_incomplete_with_what_it_used() {
             "anonymous",
             &[("kind", "output")]
         ),
-        Some(3.0)
+        Some(2.0)
     );
     let prompt = tenant_value(
         &gw,
@@ -299,6 +300,7 @@ async fn a_reported_response_is_accounted_to_its_tenant() {
     let obs = ResponseObservation {
         status: 200,
         ttft_s: Some(0.4),
+        upstream_ttft_s: Some(0.4),
         mean_itl_s: Some(0.02),
         usage: Some(usage),
         completed: true,
@@ -318,6 +320,7 @@ async fn a_reported_response_is_accounted_to_its_tenant() {
         &chosen,
         &ResponseObservation {
             ttft_s: Some(0.9),
+            upstream_ttft_s: Some(0.9),
             ..obs.clone()
         },
     );

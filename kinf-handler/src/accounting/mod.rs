@@ -293,6 +293,12 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
     if slos.is_empty() {
         return;
     }
+    // The client's own errors say nothing of the service's latency: an upstream 4xx for the
+    // request itself (a prompt over the context length, a bad parameter), and a request the
+    // client abandoned. A 408 or 429 is the service's (too slow, or full) and counts.
+    if (400..500).contains(&s.status) && !matches!(s.status, 408 | 429) {
+        return;
+    }
     let now = m.now_s();
     for o in slos.iter().filter(|o| o.matches(tenant, model)) {
         let good = |v: f64| v <= o.threshold_s;
@@ -372,6 +378,48 @@ mod tests {
         assert!((s.decode_s() - 1.0).abs() < 1e-12);
         assert_eq!(served(Some(0.5), 1, 1.5).tpot_s(), None);
         assert_eq!(served(None, 5, 1.5).decode_s(), 1.5);
+    }
+
+    #[test]
+    fn the_clients_own_errors_do_not_count_against_latency_objectives() {
+        let m = Metrics::new();
+        m.set_slos(
+            SloSet::from_yaml(
+                "- {name: fast, metric: ttft, quantile: 0.9, threshold: 1s}\n- {name: whole, metric: e2e, quantile: 0.9, threshold: 5s}\n",
+            )
+            .unwrap(),
+        );
+        let with_status = |status: u16| Served {
+            status,
+            completed: false,
+            ttft_s: None,
+            mean_itl_s: None,
+            ..served(None, 0, 0.01)
+        };
+        // A prompt over the context length (vLLM's 400), a missing model, an abandoned request.
+        for status in [400, 404, 422, CLIENT_CLOSED_STATUS] {
+            account_response(&m, &with_status(status));
+        }
+        let count = |name: &str, slo: &'static str| {
+            m.value(
+                name,
+                &[("slo", slo), ("tenant", "acme"), ("model", "small")],
+            )
+        };
+        assert_eq!(count("kinference_slo_requests_total", "fast"), None);
+        assert_eq!(count("kinference_slo_requests_total", "whole"), None);
+        // A timeout, a full upstream and a server error are the service's: bad.
+        for status in [408, 429, 500, 502] {
+            account_response(&m, &with_status(status));
+        }
+        for slo in ["fast", "whole"] {
+            assert_eq!(
+                count("kinference_slo_requests_total", slo),
+                Some(4.0),
+                "{slo}"
+            );
+            assert_eq!(count("kinference_slo_good_total", slo), Some(0.0), "{slo}");
+        }
     }
 
     #[test]

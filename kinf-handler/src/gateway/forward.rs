@@ -145,8 +145,11 @@ impl Drop for InFlightTicket {
 pub struct ResponseObservation {
     /// Upstream HTTP status.
     pub status: u16,
-    /// Time from forwarding to the first token (streamed responses).
+    /// Time from receiving the request to the first token (streamed responses).
     pub ttft_s: Option<f64>,
+    /// Time from forwarding the request upstream to the first token (streamed responses):
+    /// the worker's TTFT, which its model learns.
+    pub upstream_ttft_s: Option<f64>,
     /// Mean gap between tokens (streamed responses with two tokens or more).
     pub mean_itl_s: Option<f64>,
     /// Usage the upstream reported.
@@ -173,6 +176,9 @@ impl ResponseObservation {
             status,
             ttft_s: o
                 .first_token_at
+                .map(|t| t.duration_since(started).as_secs_f64()),
+            upstream_ttft_s: o
+                .first_token_at
                 .map(|t| t.duration_since(sent_at).as_secs_f64()),
             mean_itl_s: (o.token_events > 1).then(|| o.gaps_sum_s / (o.token_events - 1) as f64),
             usage: o.usage,
@@ -191,7 +197,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
         destination: c.destination.to_string(),
         endpoint: c.endpoint.to_string(),
     };
-    if let Some(ttft) = o.ttft_s {
+    if let Some(ttft) = o.upstream_ttft_s {
         m.upstream_ttft.get_or_create(&ep).observe(ttft);
         if let Some(p) = c.prediction {
             let err = gw.state.with(|st| {
@@ -1007,6 +1013,9 @@ async fn admit_and_forward(
             }
         }
         let body = upstream_body(&admitted, &chosen);
+        // The upstream's TTFT is measured from here: what the gateway spent before (body,
+        // classifiers, limiter, decision) is in `kinference_ttft_seconds`, not the worker's.
+        let sent_at = Instant::now();
         let sent = send(gw, api, headers, &chosen, body).await;
         pending.forwarding = None;
         match sent {
@@ -1018,7 +1027,7 @@ async fn admit_and_forward(
                         chosen,
                         upstream,
                         admitted.inject_usage,
-                        started,
+                        (started, sent_at),
                         pending.reservation.take(),
                     ),
                     stream_slot,
@@ -1080,13 +1089,17 @@ fn respond_provider(
     let gw2 = gw.clone();
     tokio::spawn(async move {
         if let Ok(o) = outcome.await {
+            let duration_s = started.elapsed().as_secs_f64();
+            // The provider's times run from sending; the time before it counts too.
+            let before_sending = (duration_s - o.duration_s).max(0.0);
             let obs = ResponseObservation {
                 status: o.status,
-                ttft_s: o.ttft_s,
+                ttft_s: o.ttft_s.map(|t| t + before_sending),
+                upstream_ttft_s: o.ttft_s,
                 mean_itl_s: o.mean_itl_s,
                 usage: o.usage,
                 completed: o.completed,
-                duration_s: started.elapsed().as_secs_f64(),
+                duration_s,
                 token_events: 0,
             };
             report(&gw2, api, &chosen, &obs);
@@ -1299,7 +1312,7 @@ fn respond(
     chosen: Chosen,
     upstream: hyper::Response<hyper::body::Incoming>,
     inject_usage: bool,
-    started: Instant,
+    (started, sent_at): (Instant, Instant),
     reservation: Option<crate::tenants::Reservation>,
 ) -> Response {
     let (parts, body) = upstream.into_parts();
@@ -1322,7 +1335,7 @@ fn respond(
         api,
         chosen,
         started,
-        sent_at: started,
+        sent_at,
         status: status.as_u16(),
         reservation,
     };
@@ -1454,6 +1467,25 @@ fn buffered_stream(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_upstream_ttft_runs_from_forwarding_and_the_clients_from_receipt() {
+        use std::time::Duration;
+        let started = Instant::now();
+        // 40 ms in the gateway (body, classifiers, limiter, decision), then 100 ms upstream.
+        let sent_at = started + Duration::from_millis(40);
+        let o = super::super::sse_tap::Observed {
+            first_token_at: Some(sent_at + Duration::from_millis(100)),
+            token_events: 1,
+            ..Default::default()
+        };
+        let obs = ResponseObservation::from_tap(200, &o, sent_at, started);
+        assert!((obs.ttft_s.unwrap() - 0.140).abs() < 1e-9, "{obs:?}");
+        assert!(
+            (obs.upstream_ttft_s.unwrap() - 0.100).abs() < 1e-9,
+            "{obs:?}"
+        );
+    }
 
     #[test]
     fn prompts_are_hashed_before_the_lock_once_the_block_size_is_known() {

@@ -130,11 +130,9 @@ impl SseTap {
         if v.get("error").is_some_and(|e| !e.is_null()) {
             self.observed.errored = true;
         }
-        let choices_empty = v
-            .get("choices")
-            .and_then(Value::as_array)
-            .is_none_or(|c| c.is_empty());
-        if !choices_empty {
+        let choices = v.get("choices").and_then(Value::as_array);
+        let choices_empty = choices.is_none_or(|c| c.is_empty());
+        if choices.is_some_and(|c| c.iter().any(carries_output)) {
             self.token(now);
         }
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
@@ -170,6 +168,30 @@ impl SseTap {
             _ => {}
         }
     }
+}
+
+/// Whether a streamed OpenAI choice carries a generated token. Only a chat stream's opening
+/// delta does not: vLLM and OpenAI announce each choice's `role` with empty `content` in the same
+/// engine step as, and just before, its first token, and counting it would shorten every
+/// inter-token gap. A completion chunk with `text: ""` is a token (bytes the detokenizer holds
+/// back, as vLLM's `completion_tokens` counts them).
+fn carries_output(choice: &Value) -> bool {
+    let Some(delta) = choice.get("delta") else {
+        return true; // completions: one chunk per token
+    };
+    if delta.get("role").is_none() {
+        return true;
+    }
+    let non_empty = |k: &str| {
+        delta.get(k).is_some_and(|x| {
+            !x.is_null() && x.as_str() != Some("") && x.as_array().is_none_or(|a| !a.is_empty())
+        })
+    };
+    non_empty("content")
+        || non_empty("reasoning_content")
+        || non_empty("reasoning")
+        || non_empty("tool_calls")
+        || non_empty("refusal")
 }
 
 /// Usage of a complete (non-streaming) response body. Only `usage` is materialised; the rest
@@ -247,6 +269,50 @@ mod tests {
         let mut out = tap.feed(CHAT.as_bytes(), now).to_vec();
         out.extend_from_slice(&tap.finish());
         assert_eq!(out, CHAT.as_bytes());
+    }
+
+    #[test]
+    fn token_events_are_the_generated_tokens_not_the_role_announcement() {
+        // vLLM's chat stream: a role-only opening delta, then one chunk per token (8, as its
+        // usage says); its completions stream: one chunk per token, some with empty text.
+        const COMPLETIONS: &str =
+            include_str!("../../../testdata/vllm-0.32.0-cpu/completion_stream.txt");
+        for (api, stream, tokens) in [(Api::Chat, CHAT, 8), (Api::Completions, COMPLETIONS, 3)] {
+            let mut tap = SseTap::new(api, false);
+            let t0 = Instant::now();
+            // One event per millisecond, so that the gaps say which events counted.
+            for (i, event) in stream.split_inclusive("\n\n").enumerate() {
+                let _ = tap.feed(
+                    event.as_bytes(),
+                    t0 + std::time::Duration::from_millis(i as u64),
+                );
+            }
+            let o = &tap.observed;
+            assert_eq!(o.token_events, tokens, "{api:?}");
+            assert_eq!(o.usage.map(|u| u.output_tokens), Some(tokens), "{api:?}");
+            // The first token is the first chunk with content; the gaps are between tokens.
+            let first = if api == Api::Chat { 1 } else { 0 };
+            assert_eq!(
+                o.first_token_at,
+                Some(t0 + std::time::Duration::from_millis(first))
+            );
+            assert!(
+                (o.gaps_sum_s - (tokens - 1) as f64 * 0.001).abs() < 1e-9,
+                "{o:?}"
+            );
+        }
+        // A role announced together with content, or a tool call, is a token.
+        let mut tap = SseTap::new(Api::Chat, false);
+        let _ = tap.feed(
+            concat!(
+                "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"Hi\"}}]}\n\n",
+                "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"index\":0}]}}]}\n\n",
+                "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":null}}]}\n\n",
+            )
+            .as_bytes(),
+            Instant::now(),
+        );
+        assert_eq!(tap.observed.token_events, 2);
     }
 
     #[test]

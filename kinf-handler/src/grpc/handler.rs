@@ -113,7 +113,9 @@ impl HandlerService {
         let finite = |x: Option<f64>| x.filter(|v| v.is_finite() && *v >= 0.0);
         let obs = ResponseObservation {
             status: u16::try_from(req.status).unwrap_or(0),
+            // The caller measured both from when it sent the request on.
             ttft_s: finite(req.ttft_seconds),
+            upstream_ttft_s: finite(req.ttft_seconds),
             mean_itl_s: finite(req.mean_itl_seconds),
             usage: req.usage.map(|u| {
                 TokenUsage::from_openai(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
