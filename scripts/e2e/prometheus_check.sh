@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Checks the Prometheus rules and Grafana dashboards in deploy/:
 #   - promtool check rules deploy/prometheus/*.yaml
+#   - promtool test rules deploy/prometheus/tests/*.yaml (the queries of docs/capacity.md)
+# The documented capacity queries, on synthetic series.
+promtool test rules deploy/prometheus/tests/*.yaml
 #   - every deploy/grafana/*.json parses as JSON and has uid, title, schemaVersion and panels
 #     whose targets have an expression
 #   - every kinference_* metric the rules and dashboards use is documented in
