@@ -22,10 +22,14 @@ const FRAMES: &str = include_str!("../../testdata/vllm-0.32.0-cpu/kv_frames_run2
 const TOPIC: &str = "kv@pod-b@tiny";
 const WS: &str = "default/pool";
 
+#[derive(Clone)]
 struct Frame {
     seq: i64,
     payload: Vec<u8>,
 }
+
+/// What a publisher's replay socket still buffers, shared with the test.
+type Buffer = Arc<parking_lot::Mutex<Vec<Frame>>>;
 
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len())
@@ -249,7 +253,7 @@ async fn index_is_stored_minus_removed_then_cleared_and_restart_resets() {
 }
 
 /// A replay `ROUTER` serving the fixture frames like vLLM 0.32; returns its port.
-async fn replay_server(fr: Vec<Frame>, requests: Arc<std::sync::atomic::AtomicU32>) -> u16 {
+async fn replay_server(buffer: Buffer, requests: Arc<std::sync::atomic::AtomicU32>) -> u16 {
     let mut router = RouterSocket::new();
     let port = port_of(&router.bind("tcp://127.0.0.1:0").await.unwrap());
     tokio::spawn(async move {
@@ -260,6 +264,7 @@ async fn replay_server(fr: Vec<Frame>, requests: Arc<std::sync::atomic::AtomicU3
             assert!(v[1].is_empty());
             let start = i64::from_be_bytes(v[2].as_ref().try_into().unwrap());
             requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let fr = buffer.lock().clone();
             for f in fr.iter().filter(|f| f.seq >= start) {
                 let reply = vec![
                     v[0].to_vec(),
@@ -287,13 +292,17 @@ async fn replay_server(fr: Vec<Frame>, requests: Arc<std::sync::atomic::AtomicU3
 async fn gap_is_filled_by_replay() {
     let fr = frames();
     let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    // The replay buffer holds what was published: 0..=3.
-    let replay_port = replay_server(frames().into_iter().take(4).collect(), requests.clone()).await;
+    // The replay buffer holds what was published.
+    let buffer = Buffer::default();
+    let replay_port = replay_server(buffer.clone(), requests.clone()).await;
     let mut publ = Publisher::bind().await;
     let shared = state(NO_HTTP);
     let ingest = LiveIngest::with_config(shared.clone(), config());
     ingest.sync_endpoints(vec![spec(NO_HTTP, Some(publ.port), Some(replay_port))]);
     publ.await_subscriber(&ingest, NO_HTTP).await;
+    // On connecting, the subscriber asked for what was buffered: nothing yet.
+    assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    buffer.lock().extend(fr[..4].iter().cloned());
     publ.publish(&fr[0]).await;
     publ.publish(&fr[1]).await;
     publ.publish(&fr[3]).await; // seq 2 is lost
@@ -303,8 +312,110 @@ async fn gap_is_filled_by_replay() {
         (k.gaps, k.missed, k.replays, k.replay_failures, k.resets),
         (1, 1, 1, 0, 0)
     );
-    assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 2);
     assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joining_a_running_publisher_catches_up_from_its_replay_buffer_at_once() {
+    let fr = frames();
+    let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    // The worker has been running: it published 0..=3 before the gateway started.
+    let buffer: Buffer = Arc::new(parking_lot::Mutex::new(fr[..4].to_vec()));
+    let replay_port = replay_server(buffer, requests.clone()).await;
+    let publ = Publisher::bind().await;
+    let shared = state(NO_HTTP);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    ingest.sync_endpoints(vec![spec(NO_HTTP, Some(publ.port), Some(replay_port))]);
+    // No live message: what it stored is known anyway.
+    wait_until("buffer replayed", || {
+        kv(&ingest, NO_HTTP).last_seq == Some(3)
+    })
+    .await;
+    assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
+    let k = kv(&ingest, NO_HTTP);
+    assert_eq!((k.gaps, k.replays, k.resets), (0, 1, 0));
+}
+
+/// A vLLM-like `/metrics` and `/health` whose `process_start_time_seconds` the test sets.
+async fn metrics_server(start: Arc<std::sync::atomic::AtomicU64>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let start = start.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let start = start.load(std::sync::atomic::Ordering::SeqCst);
+                    async move {
+                        let body = match req.uri().path() {
+                            "/metrics" => format!(
+                                "vllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} 0\n\
+                                 vllm:num_requests_waiting{{engine=\"0\",model_name=\"m\"}} 0\n\
+                                 vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} 0\n\
+                                 process_start_time_seconds {start}\n"
+                            ),
+                            _ => String::new(),
+                        };
+                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(body))))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_restart_seen_in_its_metrics_resets_the_index_and_catches_up_the_new_process() {
+    let fr = frames();
+    let start = Arc::new(std::sync::atomic::AtomicU64::new(1_795_960_000));
+    let address = metrics_server(start.clone()).await;
+    let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let buffer: Buffer = Arc::new(parking_lot::Mutex::new(fr[..4].to_vec()));
+    let replay_port = replay_server(buffer.clone(), requests.clone()).await;
+    let publ = Publisher::bind().await;
+    let shared = state(&address);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    let mut sp = spec(&address, Some(publ.port), Some(replay_port));
+    sp.metrics_interval = Duration::from_millis(50);
+    ingest.sync_endpoints(vec![sp]);
+    wait_until("old process caught up", || {
+        kv(&ingest, &address).last_seq == Some(3)
+    })
+    .await;
+    assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
+
+    // The worker restarts. The new process has published more batches than the old one had
+    // (seq 0..=4 against 0..=3), none of which reached the subscriber: by sequence numbers
+    // alone its next message (5) would look like a gap after 3, "filled" from the new
+    // process's buffer, and the old process's blocks would stay. Only the last new batch
+    // stores anything here.
+    let new: Vec<Frame> = (0..5)
+        .map(|seq| Frame {
+            seq,
+            payload: if seq == 4 {
+                fr[3].payload.clone()
+            } else {
+                fr[0].payload.clone()
+            },
+        })
+        .collect();
+    *buffer.lock() = new.clone();
+    start.fetch_add(7_200, std::sync::atomic::Ordering::SeqCst);
+    wait_until("restart seen", || kv(&ingest, &address).restarts == 1).await;
+    wait_until("new process caught up", || {
+        kv(&ingest, &address).last_seq == Some(4)
+    })
+    .await;
+    assert_eq!(index(&shared), reference(&new, &[0, 1, 2, 3, 4]));
+    let scrape = ingest.endpoint_status(WS, &address).unwrap().scrape;
+    assert_eq!(scrape.worker_restarts, 1);
+    assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,14 @@
 //!   restarted with an empty cache, so the endpoint's index is reset.
 //!
 //! A connection that receives nothing for [`LiveConfig::kv_idle_reconnect`] is renewed, since
-//! the zeromq crate neither reconnects nor reports a lost publisher.
+//! the zeromq crate neither reconnects nor reports a lost publisher. So is one whose worker
+//! process the scraper saw restart (`process_start_time_seconds` changed; the scraper resets the
+//! index): a restarted worker that published more batches than the old one before the
+//! subscriber noticed would otherwise look like a gap, "filled" from the new process's buffer.
+//!
+//! With a replay endpoint, a subscriber without history (gateway start, endpoint added, worker
+//! restarted) asks for everything the publisher still buffers as soon as it connects, rather
+//! than waiting for a live message to show the gap.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -130,6 +137,10 @@ impl Ctx {
 
     async fn run_source(&self, src: KvSource, n_sources: usize, connected: &AtomicUsize) {
         let mut tracker = SeqTracker::new();
+        // Restarts of the worker process that its metrics show (the scraper has reset the
+        // index): the connection and the sequence numbers are the old process's.
+        let mut incarnation = self.stats.incarnation.subscribe();
+        incarnation.mark_unchanged();
         let mut first = true;
         loop {
             if !first {
@@ -158,17 +169,29 @@ impl Ctx {
             let c = connected.fetch_add(1, Ordering::Relaxed) + 1;
             self.stats.kv(|k| k.connected = c == n_sources);
             let mut fresh = true;
+            if tracker.expected() == 0
+                && let Some(r) = &src.replay_endpoint
+            {
+                self.catch_up(&mut tracker, &mut fresh, r).await;
+            }
             loop {
-                let msg =
-                    match tokio::time::timeout(self.config.kv_idle_reconnect, sock.recv()).await {
-                        Err(_) => break,
-                        Ok(Err(e)) => {
-                            self.stats
-                                .kv(|k| k.last_error = Some(format!("receive: {e}")));
-                            break;
-                        }
-                        Ok(Ok(m)) => m,
-                    };
+                let received = tokio::select! {
+                    r = tokio::time::timeout(self.config.kv_idle_reconnect, sock.recv()) => r,
+                    Ok(()) = incarnation.changed() => {
+                        tracing::info!(endpoint = %self.target.address, "worker process restarted: renewing the KV-event subscription");
+                        tracker = SeqTracker::new();
+                        break;
+                    }
+                };
+                let msg = match received {
+                    Err(_) => break,
+                    Ok(Err(e)) => {
+                        self.stats
+                            .kv(|k| k.last_error = Some(format!("receive: {e}")));
+                        break;
+                    }
+                    Ok(Ok(m)) => m,
+                };
                 let mut burst = vec![msg];
                 while burst.len() < MAX_BURST {
                     match sock.recv().now_or_never() {
@@ -180,6 +203,33 @@ impl Ctx {
             }
             connected.fetch_sub(1, Ordering::Relaxed);
             self.stats.kv(|k| k.connected = false);
+        }
+    }
+
+    /// Joining a publisher with a replay socket and no history (gateway start, endpoint
+    /// added, worker restarted): asks for everything it still buffers, so that the blocks it
+    /// stored before are known now rather than at its next event. Without it (the replay socket
+    /// does not answer), the first live message is a gap from 0, replayed then.
+    async fn catch_up(&self, tracker: &mut SeqTracker, fresh: &mut bool, replay_endpoint: &str) {
+        match replay_buffered(replay_endpoint.to_owned(), self.config).await {
+            Ok(batches) => {
+                let mut pending: Vec<EventBatch> = batches
+                    .into_iter()
+                    .filter(|b| tracker.observe_replayed(b.seq) != SeqStatus::Duplicate)
+                    .collect();
+                if !pending.is_empty() {
+                    self.stats.kv(|k| k.replays += 1);
+                }
+                self.flush(&mut pending);
+                // Live messages numbered below what the replay gave are duplicates, not a
+                // restart.
+                *fresh = false;
+            }
+            Err(e) => {
+                tracing::debug!(endpoint = %self.target.address, error = %e, "KV-event catch-up replay failed");
+                self.stats
+                    .kv(|k| k.last_error = Some(format!("catch-up replay: {e}")));
+            }
         }
     }
 
@@ -314,11 +364,38 @@ pub async fn replay(
     task.await.map_err(|e| format!("replay task failed: {e}"))?
 }
 
-async fn replay_inner(endpoint: &str, from: i64, until: i64) -> Result<Vec<EventBatch>, String> {
-    let mut out = Vec::new();
-    if from >= until {
-        return Ok(out);
+/// Fetches every batch a replay `ROUTER` still buffers, oldest first (within
+/// [`LiveConfig::replay_timeout`]); the buffer may start after 0.
+pub async fn replay_buffered(
+    endpoint: String,
+    config: LiveConfig,
+) -> Result<Vec<EventBatch>, String> {
+    let t = config.replay_timeout;
+    let task = tokio::spawn(async move {
+        match tokio::time::timeout(t, replay_all(&endpoint)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("{endpoint}: timed out after {t:?}")),
+        }
+    });
+    task.await.map_err(|e| format!("replay task failed: {e}"))?
+}
+
+async fn replay_all(endpoint: &str) -> Result<Vec<EventBatch>, String> {
+    let mut d = replay_request(endpoint, 0).await?;
+    let mut out: Vec<EventBatch> = Vec::new();
+    loop {
+        let m = d.recv().await.map_err(|e| format!("receive: {e}"))?;
+        let frames: Vec<&[u8]> = m.iter().map(|b| b.as_ref()).collect();
+        match decode_replay_reply(&frames).map_err(|e| format!("decode: {e}"))? {
+            ReplayItem::End => return Ok(out),
+            ReplayItem::Batch(b) if out.last().is_some_and(|l| b.seq <= l.seq) => {}
+            ReplayItem::Batch(b) => out.push(b),
+        }
     }
+}
+
+/// A `DEALER` connected to a replay `ROUTER` that has been asked for `from` onwards.
+async fn replay_request(endpoint: &str, from: i64) -> Result<DealerSocket, String> {
     let mut d = DealerSocket::new();
     d.connect(endpoint)
         .await
@@ -329,6 +406,15 @@ async fn replay_inner(endpoint: &str, from: i64, until: i64) -> Result<Vec<Event
         .collect();
     let msg = ZmqMessage::try_from(frames).map_err(|e| e.to_string())?;
     d.send(msg).await.map_err(|e| format!("send: {e}"))?;
+    Ok(d)
+}
+
+async fn replay_inner(endpoint: &str, from: i64, until: i64) -> Result<Vec<EventBatch>, String> {
+    let mut out = Vec::new();
+    if from >= until {
+        return Ok(out);
+    }
+    let mut d = replay_request(endpoint, from).await?;
     let mut next = from;
     loop {
         let m = d.recv().await.map_err(|e| format!("receive: {e}"))?;

@@ -273,6 +273,9 @@ pub struct VllmMetrics {
     pub engines: u32,
     /// `vllm:cache_config_info` of the first engine, when exposed.
     pub cache_config: Option<CacheConfig>,
+    /// `process_start_time_seconds` (Unix seconds), when exposed: a new value is a new worker
+    /// process, whose cache is empty.
+    pub process_start_s: Option<f64>,
 }
 
 /// Why a text is not a usable vLLM exposition.
@@ -301,6 +304,9 @@ pub fn parse_vllm(text: &str) -> Result<VllmMetrics, VllmMetricsError> {
     let mut kv_series = 0u32;
     for s in samples(text) {
         let s = s.map_err(VllmMetricsError::Syntax)?;
+        if s.name == "process_start_time_seconds" && s.value.is_finite() {
+            m.process_start_s = Some(s.value);
+        }
         let Some(short) = s.name.strip_prefix("vllm:") else {
             continue;
         };
@@ -412,6 +418,8 @@ mod tests {
         let idle = parse_vllm(EAGER_IDLE).unwrap();
         assert_eq!(idle.running, 0.0);
         assert_eq!(parse_vllm(SMALL_CACHE).unwrap().engines, 1);
+        // The API server's start time, which tells a restart.
+        assert_eq!(m.process_start_s, Some(1.79596018162e9));
     }
 
     #[test]

@@ -64,6 +64,7 @@ pub async fn run_scraper(
             parse_vllm(text).map_err(|e| format!("{metrics_url}: {e}"))
         });
         let mut s = stats.scrape.lock();
+        let mut restarted = false;
         let sample = match parsed {
             Ok(m) => {
                 s.last_success_ms = Some(now);
@@ -72,6 +73,13 @@ pub async fn run_scraper(
                 s.last_sample = Some([m.waiting, m.running, m.kv_usage]);
                 if m.cache_config.is_some() {
                     s.cache_config = m.cache_config;
+                }
+                if let Some(t) = m.process_start_s {
+                    if s.process_start_s.is_some_and(|before| before != t) {
+                        restarted = true;
+                        s.worker_restarts += 1;
+                    }
+                    s.process_start_s = Some(t);
                 }
                 Some(LoadSample {
                     at_ms: now,
@@ -125,8 +133,17 @@ pub async fn run_scraper(
             None
         };
         let scraped_bs = s.cache_config.as_ref().and_then(|c| c.block_size);
+        // A new worker process has an empty cache: what the index holds for the endpoint is
+        // the old process's. Reset it here; the KV subscriber is told below (its sequence
+        // numbers and connection belong to the old process too).
+        if restarted {
+            tracing::info!(endpoint = %target.address, "worker process restarted (process_start_time_seconds changed): resetting its prefix index");
+        }
         let mismatch = shared.with(|st| {
             let ws = st.worker_sets.get_mut(&*target.worker_set)?;
+            if restarted {
+                ws.reset_endpoint(&target.address);
+            }
             if let Some(b) = scraped_bs
                 && ws.adopt_block_size(b as usize)
             {
@@ -159,5 +176,13 @@ pub async fn run_scraper(
             );
         }
         s.block_size_mismatch = mismatch;
+        drop(s);
+        if restarted {
+            stats.kv(|k| {
+                k.restarts += 1;
+                k.resets += 1;
+            });
+            stats.incarnation.send_modify(|n| *n += 1);
+        }
     }
 }

@@ -39,6 +39,11 @@ pub struct ScrapeStatus {
     pub cache_config: Option<CacheConfig>,
     /// The worker set's configured block size differs from the scraped one.
     pub block_size_mismatch: bool,
+    /// `process_start_time_seconds` as last scraped (Unix seconds), when the worker exposes it.
+    pub process_start_s: Option<f64>,
+    /// Restarts of the worker process seen by its metrics (`process_start_time_seconds`
+    /// changed): each one resets the endpoint's prefix index.
+    pub worker_restarts: u64,
 }
 
 /// KV-event subscription status of one endpoint (all its publishers together).
@@ -96,12 +101,15 @@ pub struct EndpointStatus {
 }
 
 /// Live counters of one endpoint, written by its tasks.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EndpointStats {
     /// Scrape and health.
     pub scrape: Mutex<ScrapeStatus>,
     /// KV events (`None` without KV events).
     pub kv: Mutex<Option<KvStatus>>,
+    /// Worker-process restarts the scraper has seen ([`ScrapeStatus::worker_restarts`]): the
+    /// KV subscriber watches it, since a restarted worker's event stream may not show it.
+    pub incarnation: tokio::sync::watch::Sender<u64>,
 }
 
 impl EndpointStats {
@@ -113,6 +121,7 @@ impl EndpointStats {
                 ..ScrapeStatus::default()
             }),
             kv: Mutex::new(kv.then(KvStatus::default)),
+            incarnation: tokio::sync::watch::Sender::new(0),
         })
     }
 

@@ -116,6 +116,18 @@ pub fn render(s: &St, snap: &Snapshot) -> String {
     let g = &snap.gauges;
     let c = &snap.metrics.counters;
     let h = &snap.metrics.histograms;
+    // prometheus_client's process collector, as vLLM's API server exposes it: a gateway reads
+    // a restart from it.
+    w.head(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+    );
+    let _ = writeln!(
+        w.out,
+        "process_start_time_seconds {}",
+        num(s.clock.epoch0())
+    );
     w.gauge(
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",
