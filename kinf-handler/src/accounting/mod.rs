@@ -138,6 +138,9 @@ pub struct Served<'a> {
     pub status: u16,
     /// Whether the response ended properly.
     pub completed: bool,
+    /// The client asked for a stream: only then can a first token be seen, so only then does
+    /// the request count for `ttft` objectives.
+    pub streamed: bool,
     /// Time from receiving the request to the first token (streamed responses).
     pub ttft_s: Option<f64>,
     /// Mean inter-token gap (streamed responses with two tokens or more).
@@ -305,7 +308,10 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
         let verdict = match o.metric {
             SloMetric::Ttft => match s.ttft_s {
                 Some(t) => Some(ok && good(t)),
-                // A non-streamed response that completed has no first-token time.
+                // A non-streamed request has no first-token time, however it ended: counting
+                // only its failures would bias attainment low.
+                None if !s.streamed => None,
+                // A stream that completed without a token.
                 None if ok && s.completed => None,
                 None => Some(false),
             },
@@ -359,6 +365,7 @@ mod tests {
             },
             status: 200,
             completed: true,
+            streamed: true,
             ttft_s: ttft,
             mean_itl_s: ttft.map(|_| 0.02),
             duration_s: dur,
@@ -420,6 +427,20 @@ mod tests {
             );
             assert_eq!(count("kinference_slo_good_total", slo), Some(0.0), "{slo}");
         }
+        // A non-streamed request has no first-token time: it counts for `e2e` only, whether
+        // it failed or not.
+        for status in [200, 502] {
+            account_response(
+                &m,
+                &Served {
+                    streamed: false,
+                    completed: status == 200,
+                    ..with_status(status)
+                },
+            );
+        }
+        assert_eq!(count("kinference_slo_requests_total", "fast"), Some(4.0));
+        assert_eq!(count("kinference_slo_requests_total", "whole"), Some(6.0));
     }
 
     #[test]

@@ -80,6 +80,8 @@ pub struct Chosen {
     /// `namespace/name` of the provider, for provider routes (`endpoint` is then its URL).
     pub provider: Option<Arc<str>>,
     prompt_tokens: u32,
+    /// The client asked for a stream (only a streamed response has a first-token time).
+    streamed: bool,
     /// The request's own prompt tokens the destination does not hold (for estimating usage).
     uncached_tokens: u32,
     /// What the local endpoint's TTFT prediction was computed from (to learn from the outcome).
@@ -266,6 +268,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
             cost: c.cost,
             status: o.status,
             completed: o.completed,
+            streamed: c.streamed,
             ttft_s: o.ttft_s,
             mean_itl_s: o.mean_itl_s,
             duration_s: o.duration_s,
@@ -1208,6 +1211,7 @@ fn decide(
                     .unwrap_or_default(),
                 provider: (!local).then(|| Arc::from(format!("{}/{}", r.namespace, r.destination))),
                 prompt_tokens: req.prompt_tokens,
+                streamed: req.stream,
                 uncached_tokens,
                 prediction,
                 inflight,
