@@ -104,8 +104,10 @@ pub struct Gateway {
 /// How often providers are probed actively (`GET /v1/models`).
 pub const PROVIDER_PROBE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Provider credentials in standalone mode: environment variables, and files with relative
-/// paths resolved against the configuration directory.
+/// Provider credentials. In standalone mode (no Secrets): environment variables, and files with
+/// relative paths resolved against the configuration directory. In Kubernetes mode (Secrets
+/// given): Secrets only, refusing `env` and `file` (see
+/// [`CredentialError::LocalInKubernetes`](crate::providers::credentials::CredentialError::LocalInKubernetes)).
 struct DirCredentials(PathBuf, Option<Arc<crate::bundle::SecretValues>>);
 
 impl crate::providers::credentials::CredentialSource for DirCredentials {
@@ -115,7 +117,14 @@ impl crate::providers::credentials::CredentialSource for DirCredentials {
         r: &kinf_lang::compiled::CredentialRef,
     ) -> Result<crate::providers::credentials::Secret, crate::providers::credentials::CredentialError>
     {
+        use crate::providers::credentials::CredentialError;
         match r {
+            kinf_lang::compiled::CredentialRef::File(path) if self.1.is_some() => {
+                Err(CredentialError::LocalInKubernetes(format!("file `{path}`")))
+            }
+            kinf_lang::compiled::CredentialRef::Env(var) if self.1.is_some() => Err(
+                CredentialError::LocalInKubernetes(format!("environment variable `{var}`")),
+            ),
             kinf_lang::compiled::CredentialRef::File(path) => {
                 let full = self.0.join(&**path);
                 let resolved =
@@ -571,4 +580,51 @@ pub(crate) fn not_ready(api: Api) -> Response {
         "no policy is in force yet; see /readyz",
     )
     .into_response_for(api)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::providers::credentials::{CredentialError, CredentialSource};
+    use kinf_lang::compiled::CredentialRef;
+
+    #[test]
+    fn kubernetes_mode_reads_provider_credentials_from_secrets_only() {
+        let dir = std::env::temp_dir().join(format!("kinf-creds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("token"), "controller-service-account-token\n").unwrap();
+        let file = CredentialRef::File(dir.join("token").to_string_lossy().into());
+        let env = CredentialRef::Env("PATH".into());
+        // Standalone: the operator's own files and environment.
+        let standalone = DirCredentials(dir.clone(), None);
+        assert_eq!(
+            standalone.resolve("llm", &file).unwrap().expose(),
+            "controller-service-account-token"
+        );
+        assert!(standalone.resolve("llm", &env).is_ok());
+        // Kubernetes: whoever writes an InferenceProvider must not make the controller read
+        // its own token or environment and send it to the provider's URL.
+        let mut secrets = crate::bundle::SecretValues::new();
+        secrets.insert(
+            ("llm".into(), "keys".into()),
+            [(
+                "apiKey".to_owned(),
+                crate::providers::credentials::Secret::new("sk-1"),
+            )]
+            .into(),
+        );
+        let kube = DirCredentials(dir.clone(), Some(Arc::new(secrets)));
+        for r in [&file, &env] {
+            let e = kube.resolve("llm", r).unwrap_err();
+            assert!(matches!(e, CredentialError::LocalInKubernetes(_)), "{e}");
+            assert!(e.to_string().contains("credentials.secretRef"), "{e}");
+        }
+        let secret = CredentialRef::Secret {
+            name: "keys".into(),
+            key: "apiKey".into(),
+        };
+        assert_eq!(kube.resolve("llm", &secret).unwrap().expose(), "sk-1");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -102,6 +102,14 @@ pub enum CredentialError {
     /// The Secret or its key was not found.
     #[error("Secret `{0}` or its key was not found")]
     SecretMissing(String),
+    /// `credentials.env` or `credentials.file` in Kubernetes mode, where the resources come
+    /// from whoever may write them in a watched namespace: reading the controller's own
+    /// environment or files for them would send those (its ServiceAccount token, other teams'
+    /// keys) to the URL the same resource names.
+    #[error(
+        "credentials from {0} are not read in Kubernetes mode (the controller's own environment and files are not for namespace users to send to a provider URL): put the key in a Secret of the provider's namespace and use `credentials.secretRef`"
+    )]
+    LocalInKubernetes(String),
     /// The value is empty.
     #[error("the credentials from {0} are empty")]
     Empty(String),
