@@ -3,7 +3,9 @@
 //! no `protoc` needed).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto");
+    // Read when the script runs, not when it is compiled: a target directory shared by
+    // checkouts at different paths (scripts/test.sh caches one) reuses the compiled script.
+    let root = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../proto");
     println!("cargo:rerun-if-changed={}", root.display());
     let files = [
         "kinference/handler/v1/handler.proto",
