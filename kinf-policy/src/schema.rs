@@ -37,12 +37,35 @@ pub fn json_schema(kind: ResourceKind) -> Value {
 }
 
 /// The CRD manifest of a kind, as applied to a cluster.
+///
+/// Its schema marks no field `nullable`, although optional fields are `Option`s (which
+/// kube-derive marks so): the API server then prunes an explicit `field: null` (as Helm or
+/// Kustomize render an unset value) before validation, so the object is stored, and compiled, as
+/// if the field were absent. With `nullable` it stored the `null` on create (an update's
+/// merge patch deletes it instead), and the compiler refused it.
 pub fn crd(kind: ResourceKind) -> CustomResourceDefinition {
-    match kind {
+    let crd = match kind {
         ResourceKind::InferenceWorkerSet => InferenceWorkerSet::crd(),
         ResourceKind::InferenceProvider => InferenceProvider::crd(),
         ResourceKind::InferencePool => InferencePool::crd(),
         ResourceKind::InferencePolicy => InferencePolicy::crd(),
         ResourceKind::GatewayBackend => GatewayBackend::crd(),
+    };
+    let Ok(mut value) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    strip_nullable(&mut value);
+    serde_json::from_value(value).unwrap_or(crd)
+}
+
+/// Removes every `nullable` keyword.
+fn strip_nullable(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            map.remove("nullable");
+            map.values_mut().for_each(strip_nullable);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_nullable),
+        _ => {}
     }
 }

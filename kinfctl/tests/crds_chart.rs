@@ -40,3 +40,31 @@ fn chart_crds_are_identical_to_kinfctl_crds() {
     let files = std::fs::read_dir(chart_dir()).unwrap().count();
     assert_eq!(files, 5, "no stray templates in the CRD chart");
 }
+
+#[test]
+fn no_field_is_nullable_so_that_the_api_server_prunes_explicit_nulls() {
+    // With `nullable: true` the API server stores `field: null` on create and the compiler
+    // refuses it; without, the null is pruned and the field is absent, as on update.
+    let text = kinfctl::crds::crds_text(Format::Json);
+    let crds: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut optional_fields = 0;
+    fn walk(v: &serde_json::Value, optional: &mut usize) {
+        match v {
+            serde_json::Value::Object(m) => {
+                assert!(!m.contains_key("nullable"), "nullable in {v}");
+                if let (Some(serde_json::Value::Object(props)), req) =
+                    (m.get("properties"), m.get("required"))
+                {
+                    let required = req.and_then(|r| r.as_array()).map_or(0, Vec::len);
+                    *optional += props.len().saturating_sub(required);
+                }
+                m.values().for_each(|c| walk(c, optional));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|c| walk(c, optional)),
+            _ => {}
+        }
+    }
+    walk(&crds, &mut optional_fields);
+    assert!(optional_fields > 100, "{optional_fields} optional fields");
+}
+
