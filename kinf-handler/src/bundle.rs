@@ -105,7 +105,8 @@ pub trait ConfigSource: Send + 'static {
 
 /// Applies every bundle published on `rx` (the newest when several arrived meanwhile): compile
 /// on the blocking pool, swap in when it has no errors, run `on_applied` (live ingestion) when
-/// the policy changed, then `after` with the outcome. Returns when the sender is dropped.
+/// the policy in force changed (also when a refused Kubernetes bundle re-applied it with new
+/// endpoints), then `after` with the outcome. Returns when the sender is dropped.
 pub async fn apply_loop(
     gw: Arc<crate::gateway::Gateway>,
     mut rx: tokio::sync::watch::Receiver<Option<Arc<ConfigBundle>>>,
@@ -118,12 +119,15 @@ pub async fn apply_loop(
         };
         let gw2 = gw.clone();
         let b2 = bundle.clone();
+        let before = gw.store.current().map(|a| a.generation);
         let Ok((outcome, diags)) = tokio::task::spawn_blocking(move || gw2.apply_bundle(&b2)).await
         else {
             continue;
         };
-        if let crate::ApplyOutcome::Applied { .. } = outcome
-            && let Some(applied) = gw.store.current()
+        // A refused Kubernetes bundle may still re-apply the policy in force with new
+        // endpoints: live ingestion follows whenever the generation in force changed.
+        if let Some(applied) = gw.store.current()
+            && before != Some(applied.generation)
         {
             on_applied(&gw, &applied.policy);
         }

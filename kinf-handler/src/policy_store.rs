@@ -19,6 +19,10 @@ pub struct Applied {
     pub warnings: Vec<String>,
     /// How many bundles were applied before, counting this one.
     pub generation: u64,
+    /// The sources it was compiled from: when a newer bundle is refused, these are compiled
+    /// again with the newer bundle's endpoints and Secret values
+    /// ([`PolicyStore::reapply_in_force`]).
+    pub sources: Sources,
 }
 
 /// The last bundle that was refused.
@@ -93,28 +97,33 @@ impl PolicyStore {
         sources: &Sources,
         resolved: &crate::bundle::Resolved,
     ) -> (ApplyOutcome, Vec<Diagnostic>) {
-        let mut c = kinf_lang::compile(sources);
-        if let Some(policy) = c.policy.as_mut()
-            && (!resolved.endpoints.is_empty() || !resolved.secrets.is_empty())
-            && let Some(p) = Arc::get_mut(policy)
-        {
-            for d in &mut p.destinations {
-                if let Some(w) = d.worker_set.as_mut()
-                    && w.endpoints.is_empty()
-                    && let Some(found) = resolved
-                        .endpoints
-                        .get(&format!("{}/{}", d.namespace, d.name))
-                {
-                    w.endpoints = found.iter().map(|a| Arc::from(a.as_str())).collect();
-                }
-            }
-            p.fingerprint = p.fingerprint.rotate_left(1) ^ resolved.fingerprint();
-        }
-        let outcome = self.apply_compilation(sources, &c);
+        let c = compile_resolved(sources, resolved);
+        let outcome = self.apply_compilation(sources, &c, true);
         (outcome, c.diagnostics)
     }
 
-    fn apply_compilation(&self, sources: &Sources, c: &kinf_lang::Compilation) -> ApplyOutcome {
+    /// Compiles the sources of the policy in force again with `resolved` and swaps the result
+    /// in when it differs (`Applied`) — the last good *sources* stay in force while a newer
+    /// bundle is refused, but the cluster's current endpoints and Secret values (a pod
+    /// replaced, a tenant key revoked) still reach the policy. The recorded refusal is kept.
+    /// `None` when no policy is in force (or, which cannot happen, when its sources no longer
+    /// compile).
+    pub fn reapply_in_force(&self, resolved: &crate::bundle::Resolved) -> Option<ApplyOutcome> {
+        let current = self.current()?;
+        let c = compile_resolved(&current.sources, resolved);
+        c.policy.as_ref()?;
+        Some(self.apply_compilation(&current.sources, &c, false))
+    }
+
+    /// Swaps in the compilation's policy when it has one; `clear_rejected`: a successful
+    /// compilation also clears the recorded refusal (not when it re-applies the sources in
+    /// force after a refusal).
+    fn apply_compilation(
+        &self,
+        sources: &Sources,
+        c: &kinf_lang::Compilation,
+        clear_rejected: bool,
+    ) -> ApplyOutcome {
         let render = |sev: Severity| -> Vec<String> {
             c.diagnostics
                 .iter()
@@ -127,7 +136,9 @@ impl PolicyStore {
                 let fingerprint = policy.fingerprint;
                 let prev = self.current.load();
                 if prev.as_ref().is_some_and(|p| p.fingerprint == fingerprint) {
-                    self.rejected.store(None);
+                    if clear_rejected {
+                        self.rejected.store(None);
+                    }
                     return ApplyOutcome::Unchanged;
                 }
                 let generation = prev.as_ref().map_or(0, |p| p.generation) + 1;
@@ -136,8 +147,11 @@ impl PolicyStore {
                     fingerprint,
                     warnings: render(Severity::Warning),
                     generation,
+                    sources: sources.clone(),
                 })));
-                self.rejected.store(None);
+                if clear_rejected {
+                    self.rejected.store(None);
+                }
                 ApplyOutcome::Applied { generation }
             }
             None => {
@@ -164,4 +178,30 @@ impl PolicyStore {
             }
         }
     }
+}
+
+/// Compiles `sources` and fills in what the source resolved: the discovered endpoints of
+/// selector-mode worker sets; a change of endpoints or Secret values changes the fingerprint.
+fn compile_resolved(
+    sources: &Sources,
+    resolved: &crate::bundle::Resolved,
+) -> kinf_lang::Compilation {
+    let mut c = kinf_lang::compile(sources);
+    if let Some(policy) = c.policy.as_mut()
+        && (!resolved.endpoints.is_empty() || !resolved.secrets.is_empty())
+        && let Some(p) = Arc::get_mut(policy)
+    {
+        for d in &mut p.destinations {
+            if let Some(w) = d.worker_set.as_mut()
+                && w.endpoints.is_empty()
+                && let Some(found) = resolved
+                    .endpoints
+                    .get(&format!("{}/{}", d.namespace, d.name))
+            {
+                w.endpoints = found.iter().map(|a| Arc::from(a.as_str())).collect();
+            }
+        }
+        p.fingerprint = p.fingerprint.rotate_left(1) ^ resolved.fingerprint();
+    }
+    c
 }

@@ -436,3 +436,112 @@ fn selectors_with_expressions() {
 fn status_sel(v: &Value, labels: &std::collections::BTreeMap<String, String>) -> bool {
     kinf_handler::kube::store::selector_matches(v, labels)
 }
+
+/// The tenant a front door resolves for `Authorization: Bearer key` (`Err`: the key is refused).
+fn tenant_of(gw: &Gateway, key: &str) -> Result<Option<String>, String> {
+    let rt = gw.runtime().unwrap();
+    let mut h = http::HeaderMap::new();
+    h.insert(
+        http::header::AUTHORIZATION,
+        format!("Bearer {key}").parse().unwrap(),
+    );
+    let tenants = rt.door(None).tenants.as_ref().map_err(Clone::clone)?;
+    tenants
+        .resolve(&h)
+        .map(|t| t.map(|t| t.to_string()))
+        .map_err(|e| format!("{e:?}"))
+}
+
+#[test]
+fn a_refused_bundle_still_carries_pod_and_secret_changes_into_the_policy_in_force() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let mut door = gateway();
+    door.data["spec"]["tenants"] = json!({"apiKeys": {"secretRef": {"name": "tenant-keys"}}});
+    s.apply_object_event(ResourceKind::GatewayBackend, Event::Apply(door));
+    s.set_secret(
+        "llm",
+        "tenant-keys",
+        Some(&secret(
+            "tenant-keys",
+            &[("team-a", "key-a"), ("team-b", "key-b")],
+        )),
+    );
+    let gw = gateway_();
+    let (outcome, diags) = gw.apply_bundle(&s.bundle());
+    assert_eq!(
+        outcome,
+        ApplyOutcome::Applied { generation: 1 },
+        "{diags:?}"
+    );
+    assert_eq!(
+        endpoints(&gw, "llm/vllm"),
+        vec!["10.0.0.1:8000", "10.0.0.4:9000"]
+    );
+    assert_eq!(tenant_of(&gw, "key-b"), Ok(Some("team-b".to_owned())));
+
+    // An unrelated object breaks: the bundle is refused, the policy in force stays.
+    s.apply_object_event(
+        ResourceKind::InferencePolicy,
+        Event::Apply(policy(2, "iff")),
+    );
+    let (outcome, _) = gw.apply_bundle(&s.bundle());
+    assert!(matches!(outcome, ApplyOutcome::Refused { .. }));
+
+    // A rollout meanwhile: the new pod is used, the deleted one is not.
+    s.apply_pod_event(Event::Apply(pod(
+        "vllm-1",
+        "vllm",
+        Some("10.0.0.2"),
+        true,
+        Some(8000),
+    )));
+    s.apply_pod_event(Event::Delete(pod(
+        "vllm-0",
+        "vllm",
+        Some("10.0.0.1"),
+        true,
+        Some(8000),
+    )));
+    let (outcome, _) = gw.apply_bundle(&s.bundle());
+    assert!(
+        matches!(outcome, ApplyOutcome::Refused { .. }),
+        "the new sources are still refused"
+    );
+    assert_eq!(
+        endpoints(&gw, "llm/vllm"),
+        vec!["10.0.0.2:8000", "10.0.0.4:9000"],
+        "the endpoints of the policy in force follow the pods"
+    );
+    assert!(
+        gw.store.last_rejected().is_some(),
+        "the refusal stays recorded (readyz, admin status, metrics)"
+    );
+    let in_force = gw.store.current().unwrap();
+    assert!(
+        in_force
+            .sources
+            .iter()
+            .any(|(_, f)| f.text.contains("if:") && !f.text.contains("iff:")),
+        "the last good sources stay in force"
+    );
+
+    // A tenant key is revoked meanwhile: it stops working at once.
+    s.set_secret(
+        "llm",
+        "tenant-keys",
+        Some(&secret("tenant-keys", &[("team-a", "key-a")])),
+    );
+    let (outcome, _) = gw.apply_bundle(&s.bundle());
+    assert!(matches!(outcome, ApplyOutcome::Refused { .. }));
+    assert!(
+        tenant_of(&gw, "key-b").is_err(),
+        "the revoked key is refused: {:?}",
+        tenant_of(&gw, "key-b")
+    );
+    assert_eq!(tenant_of(&gw, "key-a"), Ok(Some("team-a".to_owned())));
+}

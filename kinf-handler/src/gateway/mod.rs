@@ -214,41 +214,7 @@ impl Gateway {
         self.metrics.policy_reload(result);
         match &outcome {
             ApplyOutcome::Applied { generation } => {
-                if let Some(applied) = self.store.current() {
-                    let rt = Runtime::build_with_secrets(
-                        applied.clone(),
-                        &self.options.base_dir,
-                        &mut self.tokenizers.lock(),
-                        &self.options.limit_store,
-                        &resolved.secrets,
-                    );
-                    for p in &rt.problems {
-                        tracing::warn!(problem = %p, "policy runtime");
-                    }
-                    self.state.with(|st| {
-                        let mut fresh = kinf_router::ClusterState::from_policy(&applied.policy, 32);
-                        fresh.carry_over_from(std::mem::take(st));
-                        *st = fresh;
-                    });
-                    self.runtime.store(Some(Arc::new(rt)));
-                    let previous = self.providers.load_full();
-                    let pool = Arc::new(crate::providers::ProviderPool::from_policy(
-                        &applied.policy,
-                        &DirCredentials(
-                            self.options.base_dir.clone(),
-                            resolved.kubernetes.then(|| resolved.secrets.clone()),
-                        ),
-                        &crate::providers::PoolOptions::default(),
-                        Some(&previous),
-                    ));
-                    if tokio::runtime::Handle::try_current().is_ok() {
-                        pool.spawn_prober(PROVIDER_PROBE_INTERVAL);
-                    }
-                    self.providers.store(pool);
-                    for w in &applied.warnings {
-                        tracing::warn!("{w}");
-                    }
-                }
+                self.install_current(resolved);
                 tracing::info!(generation, "policy applied");
                 self.metrics.set_policy_generation(*generation);
                 self.metrics.set_policy_refused(false);
@@ -267,9 +233,64 @@ impl Gateway {
                     "policy bundle refused; the last good policy stays in force"
                 );
                 self.metrics.set_policy_refused(true);
+                // Kubernetes mode: the refused bundle also carries the cluster's current
+                // endpoints and Secret values; the sources in force are compiled again with
+                // them, so that pod changes and rotated or revoked keys are not frozen by an
+                // unrelated invalid object.
+                if resolved.kubernetes
+                    && let Some(ApplyOutcome::Applied { generation }) =
+                        self.store.reapply_in_force(resolved)
+                {
+                    self.install_current(resolved);
+                    tracing::info!(
+                        generation,
+                        "the policy in force was re-applied with the current endpoints and Secrets"
+                    );
+                    self.metrics.set_policy_generation(generation);
+                }
             }
         }
         (outcome, diagnostics)
+    }
+
+    /// Rebuilds the runtime, the cluster state and the provider pool for the policy in force
+    /// (after it was swapped in), with the Secret values of `resolved`.
+    fn install_current(&self, resolved: &crate::bundle::Resolved) {
+        if let Some(applied) = self.store.current() {
+            let rt = Runtime::build_with_secrets(
+                applied.clone(),
+                &self.options.base_dir,
+                &mut self.tokenizers.lock(),
+                &self.options.limit_store,
+                &resolved.secrets,
+            );
+            for p in &rt.problems {
+                tracing::warn!(problem = %p, "policy runtime");
+            }
+            self.state.with(|st| {
+                let mut fresh = kinf_router::ClusterState::from_policy(&applied.policy, 32);
+                fresh.carry_over_from(std::mem::take(st));
+                *st = fresh;
+            });
+            self.runtime.store(Some(Arc::new(rt)));
+            let previous = self.providers.load_full();
+            let pool = Arc::new(crate::providers::ProviderPool::from_policy(
+                &applied.policy,
+                &DirCredentials(
+                    self.options.base_dir.clone(),
+                    resolved.kubernetes.then(|| resolved.secrets.clone()),
+                ),
+                &crate::providers::PoolOptions::default(),
+                Some(&previous),
+            ));
+            if tokio::runtime::Handle::try_current().is_ok() {
+                pool.spawn_prober(PROVIDER_PROBE_INTERVAL);
+            }
+            self.providers.store(pool);
+            for w in &applied.warnings {
+                tracing::warn!("{w}");
+            }
+        }
     }
 
     /// The client-facing routes (`/v1/*`, `/healthz` (also as vLLM's `/health`), `/readyz`);
