@@ -390,3 +390,45 @@ fn lease_decisions() {
     );
     let _ = Arc::new(());
 }
+
+#[tokio::test]
+async fn a_new_generation_with_the_content_in_force_is_observed() {
+    let (client, _handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    load(&c, policy(1, "if"));
+    apply(&c, &gw);
+    let observed = |c: &Controller| {
+        c.status_patches(&gw, "2026-11-30T08:00:00Z")
+            .into_iter()
+            .find(|p| p.key.kind == ResourceKind::InferencePolicy)
+            .unwrap()
+            .status()
+            .clone()
+    };
+    assert_eq!(observed(&c)["observedGeneration"], 1);
+    // Edited (generation 2) and reverted (generation 3) within the debounce: the content is
+    // the one in force, so no bundle is compiled; status still observes generation 3.
+    c.update_store(|s| {
+        s.apply_object_event(
+            ResourceKind::InferencePolicy,
+            Event::Apply(policy(2, "iff")),
+        );
+        s.apply_object_event(ResourceKind::InferencePolicy, Event::Apply(policy(3, "if")))
+    });
+    let st = observed(&c);
+    assert_eq!(st["observedGeneration"], 3, "{st}");
+    for cond in st["conditions"].as_array().unwrap() {
+        assert_eq!(cond["observedGeneration"], 3, "{cond}");
+    }
+    assert_eq!(st["conditions"][0]["status"], "True");
+
+    // A generation with other content that was not compiled yet is not claimed as observed.
+    c.update_store(|s| {
+        s.apply_object_event(
+            ResourceKind::InferencePolicy,
+            Event::Apply(policy(4, "iff")),
+        )
+    });
+    assert_ne!(observed(&c)["observedGeneration"], 4);
+}

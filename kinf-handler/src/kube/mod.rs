@@ -223,6 +223,12 @@ impl Controller {
                     let mut o = o.clone();
                     if let Some(cur) = s.object(&o.key) {
                         o.status = cur.status.clone();
+                        // A newer generation with the same content (an edit reverted within
+                        // the debounce, a re-applied manifest) is not compiled again: it is
+                        // the generation in force.
+                        if cur.source == o.source {
+                            o.generation = cur.generation;
+                        }
                     }
                     // Written but not yet reported back by the watch: that is the previous
                     // status (keeps transition times stable).
