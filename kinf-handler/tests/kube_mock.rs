@@ -432,3 +432,48 @@ async fn a_new_generation_with_the_content_in_force_is_observed() {
     });
     assert_ne!(observed(&c)["observedGeneration"], 4);
 }
+
+#[tokio::test]
+async fn a_deleted_and_recreated_object_gets_its_status_written_again() {
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    load(&c, policy(1, "if"));
+    apply(&c, &gw);
+    c.set_leader(true);
+    let writer = {
+        let (c, gw) = (c.clone(), gw.clone());
+        tokio::spawn(async move { c.write_status(&gw).await })
+    };
+    let seen = serve_patches(&mut handle, 5).await;
+    assert_eq!(writer.await.unwrap(), 5);
+    store_written(&c, &seen);
+
+    // `kubectl replace --force`: the same content under a new uid, without status. The
+    // content is unchanged, so no bundle is compiled.
+    c.update_store(|s| {
+        let old = policy(1, "if");
+        s.apply_object_event(ResourceKind::InferencePolicy, Event::Delete(old));
+        let mut new = policy(1, "if");
+        new.metadata.uid = Some("uid-routing-2".into());
+        s.apply_object_event(ResourceKind::InferencePolicy, Event::Apply(new))
+    });
+    // Transition times are the new object's, not the deleted one's.
+    let later = "2030-01-01T00:00:00Z";
+    let pol = c
+        .status_patches(&gw, later)
+        .into_iter()
+        .find(|p| p.key.kind == ResourceKind::InferencePolicy)
+        .unwrap();
+    for cond in pol.status()["conditions"].as_array().unwrap() {
+        assert_eq!(cond["lastTransitionTime"], later, "{cond}");
+    }
+    let writer = {
+        let (c, gw) = (c.clone(), gw.clone());
+        tokio::spawn(async move { c.write_status(&gw).await })
+    };
+    let seen = serve_patches(&mut handle, 1).await;
+    assert_eq!(writer.await.unwrap(), 1);
+    assert_eq!(seen[0].body["kind"], "InferencePolicy");
+    assert_eq!(seen[0].body["status"]["observedGeneration"], 1);
+}

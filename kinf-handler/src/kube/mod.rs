@@ -109,6 +109,27 @@ struct LastApply {
     in_force: bool,
 }
 
+/// A status body written, and the object it was written to.
+#[derive(Clone, Debug)]
+struct Sent {
+    /// `metadata.uid` of the object (a recreated object is another one).
+    uid: Option<String>,
+    /// `metadata.resourceVersion` of the object as stored when the patch was computed: once the
+    /// watch reports a newer version (this write, or anyone else's), the stored status is the
+    /// truth again.
+    resource_version: Option<String>,
+    /// The body sent.
+    body: Value,
+}
+
+impl Sent {
+    /// Whether `o` is still the very version this body was written against (the watch has not
+    /// reported anything newer), so that the body stands for its status.
+    fn describes(&self, o: &StoredObject) -> bool {
+        self.uid == o.uid && self.resource_version == o.resource_version
+    }
+}
+
 /// The Kubernetes controller of one replica.
 pub struct Controller {
     client: Client,
@@ -120,8 +141,8 @@ pub struct Controller {
     snapshots: Mutex<BTreeMap<u64, Arc<Vec<StoredObject>>>>,
     last: Mutex<Option<LastApply>>,
     status_wake: tokio::sync::Notify,
-    /// Status bodies written, by object (until the watch reports them back).
-    last_sent: Mutex<HashMap<ObjectKey, Value>>,
+    /// Status bodies written, by object, until the watch reports the object again.
+    last_sent: Mutex<HashMap<ObjectKey, Sent>>,
     /// One status writer at a time.
     writing: tokio::sync::Mutex<()>,
 }
@@ -231,11 +252,13 @@ impl Controller {
                         }
                     }
                     // Written but not yet reported back by the watch: that is the previous
-                    // status (keeps transition times stable).
-                    if let Some(body) = sent.get(&o.key)
-                        && !status::covers(&o.status, &body["status"])
+                    // status (keeps transition times stable). Not for a recreated object.
+                    if let Some(cur) = s.object(&o.key)
+                        && let Some(sent) = sent.get(&o.key)
+                        && sent.describes(cur)
+                        && !status::covers(&o.status, &sent.body["status"])
                     {
-                        o.status = body["status"].clone();
+                        o.status = sent.body["status"].clone();
                     }
                     o
                 })
@@ -267,12 +290,22 @@ impl Controller {
         let _one_writer = self.writing.lock().await;
         let now = now_rfc3339();
         let patches = self.status_patches(gw, &now);
+        // Forget writes to objects that are gone, recreated or reported back since.
+        self.with_store(|s| {
+            self.last_sent
+                .lock()
+                .retain(|k, sent| s.object(k).is_some_and(|o| sent.describes(o)));
+        });
         let mut written = 0;
         for p in patches {
-            let stored = self.with_store(|s| s.object(&p.key).map(|o| o.status.clone()));
+            let stored = self.with_store(|s| s.object(&p.key).cloned());
             let Some(stored) = stored else { continue };
-            if status::up_to_date(&stored, &p) || self.last_sent.lock().get(&p.key) == Some(&p.body)
-            {
+            let already_sent = self
+                .last_sent
+                .lock()
+                .get(&p.key)
+                .is_some_and(|sent| sent.describes(&stored) && sent.body == p.body);
+            if status::up_to_date(&stored.status, &p) || already_sent {
                 continue;
             }
             if !self.is_leader() {
@@ -290,7 +323,14 @@ impl Controller {
             {
                 Ok(_) => {
                     written += 1;
-                    self.last_sent.lock().insert(p.key.clone(), p.body);
+                    self.last_sent.lock().insert(
+                        p.key.clone(),
+                        Sent {
+                            uid: stored.uid,
+                            resource_version: stored.resource_version,
+                            body: p.body,
+                        },
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(object = %p.key.label(), error = %e, "status patch failed");

@@ -56,6 +56,10 @@ pub struct StoredObject {
     pub status: Value,
     /// The YAML source compiled for it (`apiVersion`, `kind`, `metadata`, `spec`).
     pub source: Arc<str>,
+    /// `metadata.uid`: tells a deleted and recreated object from the old one.
+    pub uid: Option<String>,
+    /// `metadata.resourceVersion`: changes with every write the watch reports.
+    pub resource_version: Option<String>,
 }
 
 impl StoredObject {
@@ -69,7 +73,7 @@ impl StoredObject {
             .unwrap_or_else(|| "default".to_owned());
         let spec = obj.data.get("spec").cloned().unwrap_or(Value::Null);
         let status = obj.data.get("status").cloned().unwrap_or(Value::Null);
-        Some(Self::new(
+        let mut s = Self::new(
             ObjectKey {
                 kind,
                 namespace,
@@ -78,10 +82,13 @@ impl StoredObject {
             obj.metadata.generation,
             spec,
             status,
-        ))
+        );
+        s.uid = obj.metadata.uid.clone();
+        s.resource_version = obj.metadata.resource_version.clone();
+        Some(s)
     }
 
-    /// From its parts.
+    /// From its parts (no `uid` or `resourceVersion`).
     pub fn new(key: ObjectKey, generation: Option<i64>, spec: Value, status: Value) -> Self {
         let doc = serde_json::json!({
             "apiVersion": API_VERSION,
@@ -96,6 +103,8 @@ impl StoredObject {
             spec,
             status,
             source,
+            uid: None,
+            resource_version: None,
         }
     }
 }
