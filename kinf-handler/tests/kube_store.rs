@@ -120,6 +120,7 @@ fn patches(
         in_force: !matches!(outcome, ApplyOutcome::Refused { .. }),
         generation: current.as_ref().map(|c| c.generation),
         policy: current.as_ref().map(|c| &*c.policy),
+        in_force_sources: current.as_ref().map(|c| &c.sources),
         live,
         secrets: &secrets,
         now: NOW,
@@ -350,6 +351,7 @@ fn status_names_the_error_by_code_field_path_and_help_and_a_fix_flips_accepted()
         in_force: true,
         generation: Some(current.generation),
         policy: Some(&current.policy),
+        in_force_sources: Some(&current.sources),
         live: &live(),
         secrets: &secrets,
         now: later,
@@ -392,6 +394,7 @@ fn status_of_an_up_to_date_object_needs_no_write() {
         in_force: !matches!(outcome, ApplyOutcome::Refused { .. }),
         generation: current.as_ref().map(|c| c.generation),
         policy: current.as_ref().map(|c| &*c.policy),
+        in_force_sources: current.as_ref().map(|c| &c.sources),
         live: &live(),
         secrets: &secrets,
         now: NOW,
@@ -544,4 +547,104 @@ fn a_refused_bundle_still_carries_pod_and_secret_changes_into_the_policy_in_forc
         tenant_of(&gw, "key-b")
     );
     assert_eq!(tenant_of(&gw, "key-a"), Ok(Some("team-a".to_owned())));
+}
+
+#[test]
+fn objects_of_the_policy_in_force_stay_ready_while_a_newer_bundle_is_refused() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let gw = gateway_();
+    let (outcome, diags) = gw.apply_bundle(&s.bundle());
+    assert_eq!(
+        outcome,
+        ApplyOutcome::Applied { generation: 1 },
+        "{diags:?}"
+    );
+    // The policy breaks (generation 2) and a new policy appears in the same bundle.
+    s.apply_object_event(
+        ResourceKind::InferencePolicy,
+        Event::Apply(policy(2, "iff")),
+    );
+    let mut extra = policy(1, "if");
+    extra.metadata.name = Some("extra".into());
+    s.apply_object_event(ResourceKind::InferencePolicy, Event::Apply(extra));
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    assert!(matches!(outcome, ApplyOutcome::Refused { .. }));
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
+    let cond = |label: &str, type_: &str| -> Value {
+        p.iter().find(|(k, _)| k == label).unwrap().1["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .unwrap()
+            .clone()
+    };
+
+    // Unchanged and serving: Accepted=False (bundle refused), Ready=True.
+    let door = cond("GatewayBackend/llm/front", "Ready");
+    assert_eq!(door["status"], "True", "{door}");
+    assert_eq!(door["reason"], "InForce");
+    assert!(
+        door["message"]
+            .as_str()
+            .unwrap()
+            .contains("this generation is in force"),
+        "{door}"
+    );
+    assert_eq!(
+        cond("GatewayBackend/llm/front", "Accepted")["reason"],
+        "BundleRefused"
+    );
+    let provider = cond("InferenceProvider/llm/openai", "Ready");
+    assert_eq!(provider["status"], "True", "{provider}");
+
+    // The broken policy: generation 1 still routes; Ready names generation 2 as not applied.
+    let pol = cond("InferencePolicy/llm/routing", "Ready");
+    assert_eq!(pol["status"], "True", "{pol}");
+    assert!(
+        pol["message"]
+            .as_str()
+            .unwrap()
+            .contains("generation 2 not applied (see Accepted)"),
+        "{pol}"
+    );
+    assert_eq!(
+        cond("InferencePolicy/llm/routing", "Accepted")["status"],
+        "False"
+    );
+
+    // The new policy is in no policy in force: not ready.
+    let extra = cond("InferencePolicy/llm/extra", "Ready");
+    assert_eq!(extra["status"], "False", "{extra}");
+    assert_eq!(extra["reason"], "NotAccepted");
+}
+
+#[test]
+fn a_front_door_without_its_key_secret_says_requests_get_503() {
+    let mut s = initial_store(policy(1, "if"));
+    let mut door = gateway();
+    door.data["spec"]["tenants"] = json!({"apiKeys": {"secretRef": {"name": "tenant-keys"}}});
+    s.apply_object_event(ResourceKind::GatewayBackend, Event::Apply(door));
+    s.set_secret("llm", "tenant-keys", None);
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
+    let ready = &p
+        .iter()
+        .find(|(k, _)| k == "GatewayBackend/llm/front")
+        .unwrap()
+        .1["status"]["conditions"][2];
+    assert_eq!(ready["reason"], "TenantKeysUnavailable");
+    let msg = ready["message"].as_str().unwrap();
+    assert!(
+        msg.contains("503 `tenant_identity_unavailable`") && !msg.contains("401"),
+        "{msg}"
+    );
 }

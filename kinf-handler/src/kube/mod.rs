@@ -275,6 +275,7 @@ impl Controller {
             in_force: last.in_force,
             generation: current.as_ref().map(|a| a.generation),
             policy: policy.as_deref(),
+            in_force_sources: current.as_ref().map(|a| &a.sources),
             live: &live,
             secrets: &secrets,
             now,

@@ -8,7 +8,9 @@
 //!   objects have errors (the whole bundle is refused; the last good policy stays in force).
 //! - `ResolvedRefs`: names and Secrets it refers to exist (`RefNotFound`, `SecretNotFound`).
 //! - `Ready`: it serves traffic (worker sets: ready endpoints; providers: healthy; pools: a
-//!   ready destination; policies and front doors: in force).
+//!   ready destination; policies and front doors: in force). An object whose current
+//!   generation is refused but an earlier one is in the policy in force still serves: `Ready`
+//!   stays true and its message names the generation not applied.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,6 +68,9 @@ pub struct StatusInput<'a> {
     pub generation: Option<u64>,
     /// The policy in force, if any.
     pub policy: Option<&'a CompiledPolicy>,
+    /// The sources the policy in force was compiled from (named `Kind/namespace/name`), if
+    /// any: tells which objects, and which of their versions, serve.
+    pub in_force_sources: Option<&'a Sources>,
     /// Live counts.
     pub live: &'a LiveCounts,
     /// Referenced Secrets.
@@ -363,8 +368,28 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
         if let Some(g) = gen_ {
             status["observedGeneration"] = json!(g);
         }
-        let (ready, ready_reason, ready_message) =
-            ready_condition(o, accepted, secret_problem.is_some(), input, &mut status);
+        let serving = if accepted {
+            Serving::Current
+        } else {
+            serving(o, input.in_force_sources)
+        };
+        let (ready, ready_reason, mut ready_message) =
+            ready_condition(o, serving, secret_problem.is_some(), input, &mut status);
+        if ready {
+            match (serving, gen_) {
+                (Serving::Current, _) if !accepted => ready_message.push_str(
+                    "; this generation is in force (a newer bundle was refused, see Accepted)",
+                ),
+                (Serving::Earlier, Some(g)) => ready_message.push_str(&format!(
+                    "; generation {g} not applied (see Accepted): an earlier generation is in \
+                     force"
+                )),
+                (Serving::Earlier, None) => ready_message.push_str(
+                    "; this version is not applied (see Accepted): an earlier one is in force",
+                ),
+                _ => {}
+            }
+        }
         status["conditions"] = json!([
             condition(prev, gen_, "Accepted", accepted, reason, message, input.now),
             condition(
@@ -433,9 +458,33 @@ fn names(v: &Value, field: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Which version of an object serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Serving {
+    /// This version is in the policy in force.
+    Current,
+    /// An earlier version is (this one was not applied).
+    Earlier,
+    /// The object is not in the policy in force.
+    No,
+}
+
+/// Which version of `o` the policy in force was compiled from.
+fn serving(o: &StoredObject, in_force: Option<&Sources>) -> Serving {
+    let label = o.key.label();
+    let Some(f) = in_force.and_then(|s| s.iter().map(|(_, f)| f).find(|f| f.name == label)) else {
+        return Serving::No;
+    };
+    if f.text == o.source {
+        Serving::Current
+    } else {
+        Serving::Earlier
+    }
+}
+
 fn ready_condition(
     o: &StoredObject,
-    accepted: bool,
+    serving: Serving,
     secret_missing: bool,
     input: &StatusInput<'_>,
     status: &mut Value,
@@ -501,7 +550,7 @@ fn ready_condition(
                     "CredentialsUnavailable",
                     "the credentials Secret cannot be read (see ResolvedRefs)".to_owned(),
                 )
-            } else if !accepted {
+            } else if serving == Serving::No {
                 (
                     false,
                     "NotAccepted",
@@ -595,7 +644,7 @@ fn ready_condition(
             };
             pools.sort();
             status["pools"] = json!(pools.join(","));
-            if accepted {
+            if serving != Serving::No {
                 (
                     true,
                     "InForce",
@@ -614,11 +663,11 @@ fn ready_condition(
                 (
                     false,
                     "TenantKeysUnavailable",
-                    "the API-key Secret cannot be read: requests with keys get 401 \
-                     (see ResolvedRefs)"
+                    "the API-key Secret cannot be read: every request gets 503 \
+                     `tenant_identity_unavailable` (see ResolvedRefs)"
                         .to_owned(),
                 )
-            } else if accepted {
+            } else if serving != Serving::No {
                 (true, "InForce", "serving".to_owned())
             } else {
                 (
