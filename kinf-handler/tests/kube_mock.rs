@@ -477,3 +477,77 @@ async fn a_deleted_and_recreated_object_gets_its_status_written_again() {
     assert_eq!(seen[0].body["kind"], "InferencePolicy");
     assert_eq!(seen[0].body["status"]["observedGeneration"], 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_lease_requests_hang_steps_down_before_the_lease_can_be_taken_over() {
+    let (client, mut handle) = mock();
+    let api: Api<Lease> = Api::namespaced(client, "llm");
+    let cfg = LeaseConfig::new("kinference-leader", "pod-a");
+    assert!(cfg.renew_deadline < cfg.duration);
+    let leadership = Arc::new(lease::Leadership::new(cfg.renew_deadline));
+    tokio::spawn(lease::run(
+        api,
+        cfg.clone(),
+        "llm".into(),
+        leadership.clone(),
+    ));
+    // First round: no Lease (404), created (201): leader.
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "GET");
+    send.send_response(
+        Response::builder()
+            .status(404)
+            .body(Body::from(
+                serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1",
+                    "status": "Failure", "reason": "NotFound", "code": 404, "message": "nf"}))
+                .unwrap(),
+            ))
+            .unwrap(),
+    );
+    let renewed = tokio::time::Instant::now();
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "POST");
+    let body = req.into_body().collect_bytes().await.unwrap();
+    send.send_response(
+        Response::builder()
+            .status(201)
+            .body(Body::from(body))
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(leadership.is_leader());
+
+    // From now on every Lease request hangs (a half-open connection): taken, never answered.
+    let mut hanging = Vec::new();
+    let stepped_down = loop {
+        tokio::select! {
+            r = handle.next_request() => hanging.push(r.unwrap()),
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        if !leadership.is_leader() {
+            break renewed.elapsed();
+        }
+        assert!(
+            renewed.elapsed() < cfg.duration,
+            "still the leader when another replica may take the Lease over"
+        );
+    };
+    assert!(
+        stepped_down < cfg.duration && stepped_down >= cfg.renew_deadline - Duration::from_secs(1),
+        "stepped down after {stepped_down:?}"
+    );
+    // Rounds go on: the hanging one is abandoned after `renew_every` and the next one starts.
+    let until = tokio::time::Instant::now() + cfg.renew_every + Duration::from_secs(1);
+    while tokio::time::Instant::now() < until {
+        tokio::select! {
+            r = handle.next_request() => hanging.push(r.unwrap()),
+            () = tokio::time::sleep_until(until) => {}
+        }
+    }
+    assert!(!leadership.is_leader());
+    assert!(
+        hanging.len() >= 2,
+        "a hanging round is abandoned and the next one starts: {} requests",
+        hanging.len()
+    );
+}

@@ -3,17 +3,26 @@
 //! Every `renew_every`, each replica reads the Lease. The holder renews it; another replica
 //! takes it over only once `renewTime + leaseDurationSeconds` has passed. Writes carry the
 //! `resourceVersion` read, so two replicas racing for an expired Lease cannot both win (the
-//! loser gets 409 Conflict). A holder that cannot renew steps down when its own lease expires.
+//! loser gets 409 Conflict). Each round has a timeout (`renew_every`), and a holder counts as
+//! the leader only for `renew_deadline` after its last successful renewal began — less than the
+//! lease duration, so a holder that cannot renew (an error, or a request that never returns)
+//! has stopped writing status before another replica may take the Lease over.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
 
 use ::kube::Api;
 use ::kube::api::{ObjectMeta, PostParams};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+/// How long after its last successful renewal began a holder still acts as the leader (the
+/// default of [`LeaseConfig::renew_deadline`]; client-go's default too).
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Settings of the election.
 #[derive(Clone, Debug)]
@@ -24,19 +33,66 @@ pub struct LeaseConfig {
     pub identity: String,
     /// How long a lease is valid without renewal.
     pub duration: Duration,
-    /// How often it is renewed (and others check it).
+    /// How often it is renewed (and others check it); also the timeout of one round.
     pub renew_every: Duration,
+    /// How long after the start of its last successful renewal the holder still acts as the
+    /// leader; shorter than `duration`, so that it stops before anyone may take over.
+    pub renew_deadline: Duration,
 }
 
 impl LeaseConfig {
-    /// A 15 s lease renewed every 5 s.
+    /// A 15 s lease renewed every 5 s; the holder steps down 10 s after its last renewal.
     pub fn new(name: impl Into<String>, identity: impl Into<String>) -> Self {
         LeaseConfig {
             name: name.into(),
             identity: identity.into(),
             duration: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
+            renew_deadline: RENEW_DEADLINE,
         }
+    }
+}
+
+/// Whether this replica holds the Lease: it does while its last successful renewal began less
+/// than `deadline` ago. Shared by the lease loop (which records renewals) and the status writer
+/// (which checks it before every write), so leadership ends on time even while a lease request
+/// hangs.
+#[derive(Debug)]
+pub struct Leadership {
+    renewed: Mutex<Option<Instant>>,
+    deadline: Duration,
+}
+
+impl Leadership {
+    /// Not the leader yet; leadership lasts `deadline` after each renewal.
+    pub fn new(deadline: Duration) -> Self {
+        Leadership {
+            renewed: Mutex::new(None),
+            deadline,
+        }
+    }
+
+    /// Records a successful renewal whose request was sent at `at`. Returns whether this
+    /// replica was not the leader before.
+    pub fn renewed(&self, at: Instant) -> bool {
+        let was = self.is_leader();
+        *self.renewed.lock() = Some(at);
+        !was
+    }
+
+    /// Gives leadership up (another replica holds the Lease). Returns whether this replica
+    /// was the leader.
+    pub fn lost(&self) -> bool {
+        let was = self.is_leader();
+        *self.renewed.lock() = None;
+        was
+    }
+
+    /// Whether this replica may act as the leader now.
+    pub fn is_leader(&self) -> bool {
+        self.renewed
+            .lock()
+            .is_some_and(|t| t.elapsed() < self.deadline)
     }
 }
 
@@ -145,31 +201,35 @@ pub async fn round(
     }
 }
 
-/// Runs the election forever, keeping `leader` up to date.
-pub async fn run(api: Api<Lease>, cfg: LeaseConfig, namespace: String, leader: Arc<AtomicBool>) {
-    let mut last_renewed: Option<tokio::time::Instant> = None;
+/// Runs the election forever, recording renewals in `leader`. Each round is abandoned after
+/// `renew_every`; leadership then lapses `renew_deadline` after the last successful renewal.
+pub async fn run(api: Api<Lease>, cfg: LeaseConfig, namespace: String, leader: Arc<Leadership>) {
+    let mut was_leader = false;
     loop {
-        match round(&api, &cfg, &namespace).await {
-            Ok(true) => {
-                if !leader.swap(true, Ordering::SeqCst) {
+        let started = Instant::now();
+        match tokio::time::timeout(cfg.renew_every, round(&api, &cfg, &namespace)).await {
+            Ok(Ok(true)) => {
+                if leader.renewed(started) {
                     tracing::info!(identity = %cfg.identity, lease = %cfg.name, "became the status-writing leader");
                 }
-                last_renewed = Some(tokio::time::Instant::now());
             }
-            Ok(false) => {
-                if leader.swap(false, Ordering::SeqCst) {
+            Ok(Ok(false)) => {
+                if leader.lost() {
                     tracing::info!(identity = %cfg.identity, "lost the lease; no longer writing status");
                 }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "lease round failed");
-                if last_renewed.is_none_or(|t| t.elapsed() >= cfg.duration)
-                    && leader.swap(false, Ordering::SeqCst)
-                {
-                    tracing::warn!("lease not renewed in time; no longer writing status");
-                }
-            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "lease round failed"),
+            Err(_) => tracing::warn!(timeout = ?cfg.renew_every, "lease round timed out"),
         }
-        tokio::time::sleep(cfg.renew_every).await;
+        let is_leader = leader.is_leader();
+        if was_leader && !is_leader {
+            tracing::warn!(
+                identity = %cfg.identity,
+                "lease not renewed within the renew deadline; no longer writing status"
+            );
+        }
+        was_leader = is_leader;
+        // The next round starts `renew_every` after this one began (at once after a timeout).
+        tokio::time::sleep_until(started + cfg.renew_every).await;
     }
 }

@@ -19,7 +19,7 @@ pub mod yaml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ::kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
@@ -43,6 +43,10 @@ use store::{ClusterStore, ObjectKey, StoredObject, Stream};
 
 /// The field manager of every write (status patches, the Lease).
 pub const FIELD_MANAGER: &str = "kinference";
+
+/// Longest wait for one status PATCH or Secret GET (the client has no read timeout, and a
+/// stuck request must not hold the status writer or the Secret reader forever).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Settings of Kubernetes mode.
 #[derive(Clone, Debug)]
@@ -136,7 +140,7 @@ pub struct Controller {
     opts: KubeOptions,
     store: Mutex<ClusterStore>,
     changed: tokio::sync::watch::Sender<u64>,
-    leader: Arc<AtomicBool>,
+    leader: Arc<lease::Leadership>,
     revision: AtomicU64,
     snapshots: Mutex<BTreeMap<u64, Arc<Vec<StoredObject>>>>,
     last: Mutex<Option<LastApply>>,
@@ -164,7 +168,7 @@ impl Controller {
             opts,
             store: Mutex::new(ClusterStore::new()),
             changed: tokio::sync::watch::channel(0).0,
-            leader: Arc::new(AtomicBool::new(false)),
+            leader: Arc::new(lease::Leadership::new(lease::RENEW_DEADLINE)),
             revision: AtomicU64::new(0),
             snapshots: Mutex::new(BTreeMap::new()),
             last: Mutex::new(None),
@@ -188,14 +192,18 @@ impl Controller {
         f(&self.store.lock())
     }
 
-    /// Whether this replica holds the Lease.
+    /// Whether this replica holds the Lease (renewed within the renew deadline).
     pub fn is_leader(&self) -> bool {
-        self.leader.load(Ordering::SeqCst)
+        self.leader.is_leader()
     }
 
-    /// Sets leadership (the lease loop does; tests may).
+    /// Sets leadership (the lease loop does; tests may): `true` counts as a renewal now.
     pub fn set_leader(&self, leader: bool) {
-        self.leader.store(leader, Ordering::SeqCst);
+        if leader {
+            self.leader.renewed(tokio::time::Instant::now());
+        } else {
+            self.leader.lost();
+        }
     }
 
     /// The bundle of the store's current content, numbered, with a snapshot of its objects
@@ -318,10 +326,16 @@ impl Controller {
                 &api_resource(p.key.kind),
             );
             let pp = PatchParams::apply(FIELD_MANAGER).force();
-            match api
-                .patch_status(&p.key.name, &pp, &Patch::Apply(&p.body))
-                .await
-            {
+            let sent = tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                api.patch_status(&p.key.name, &pp, &Patch::Apply(&p.body)),
+            )
+            .await;
+            let Ok(sent) = sent else {
+                tracing::warn!(object = %p.key.label(), "status patch timed out");
+                continue;
+            };
+            match sent {
                 Ok(_) => {
                     written += 1;
                     self.last_sent.lock().insert(
@@ -359,7 +373,11 @@ impl Controller {
         });
         for (ns, name) in refs {
             let api: Api<K8sSecret> = Api::namespaced(self.client.clone(), &ns);
-            let got = match api.get_opt(&name).await {
+            let Ok(got) = tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(&name)).await else {
+                tracing::warn!(secret = %format!("{ns}/{name}"), "reading the Secret timed out");
+                continue;
+            };
+            let got = match got {
                 Ok(s) => s,
                 Err(::kube::Error::Api(e)) if e.code == 403 => {
                     tracing::warn!(secret = %format!("{ns}/{name}"), "forbidden: grant the controller `get` on this Secret");
