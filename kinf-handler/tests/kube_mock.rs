@@ -29,6 +29,18 @@ fn mock() -> (Client, Handle) {
 }
 
 fn load(c: &Controller, policy_obj: kube::api::DynamicObject) {
+    list_all(c, policy_obj);
+    c.update_store(|s| {
+        s.set_secret(
+            "llm",
+            "openai-key",
+            Some(&secret("openai-key", &[("apiKey", "sk")])),
+        )
+    });
+}
+
+/// Every watch's first listing (no Secret read yet).
+fn list_all(c: &Controller, policy_obj: kube::api::DynamicObject) {
     let objs = [
         (ResourceKind::InferenceWorkerSet, worker_set()),
         (ResourceKind::InferenceProvider, provider()),
@@ -51,11 +63,6 @@ fn load(c: &Controller, policy_obj: kube::api::DynamicObject) {
             Some(8000),
         )));
         s.apply_pod_event(Event::InitDone);
-        s.set_secret(
-            "llm",
-            "openai-key",
-            Some(&secret("openai-key", &[("apiKey", "sk")])),
-        );
         true
     });
 }
@@ -550,4 +557,49 @@ async fn a_leader_whose_lease_requests_hang_steps_down_before_the_lease_can_be_t
         "a hanging round is abandoned and the next one starts: {} requests",
         hanging.len()
     );
+}
+
+#[tokio::test]
+async fn the_first_bundle_waits_until_every_referenced_secret_was_read_once() {
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    list_all(&c, policy(1, "if"));
+    assert!(
+        !c.first_bundle_ready(),
+        "every watch listed, but the provider's Secret was not read yet"
+    );
+    // The read fails (500): attempted once is enough (the Secret stays "not read").
+    let reader = {
+        let c = c.clone();
+        tokio::spawn(async move { c.read_secrets(false).await })
+    };
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(
+        req.uri().path(),
+        "/api/v1/namespaces/llm/secrets/openai-key"
+    );
+    send.send_response(
+        Response::builder()
+            .status(500)
+            .body(Body::from(
+                serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1",
+                    "status": "Failure", "reason": "InternalError", "code": 500, "message": "boom"}))
+                .unwrap(),
+            ))
+            .unwrap(),
+    );
+    reader.await.unwrap();
+    assert!(c.first_bundle_ready());
+    assert_eq!(
+        c.with_store(|s| s.secret_state("llm", "openai-key", None)),
+        None,
+        "a failed read is not \"not found\""
+    );
+
+    // Found, or not found, counts as read too.
+    let c2 = Controller::new(mock().0, KubeOptions::new(Some("llm".into()), "pod-a"));
+    list_all(&c2, policy(1, "if"));
+    assert!(!c2.first_bundle_ready());
+    c2.update_store(|s| s.set_secret("llm", "openai-key", None));
+    assert!(c2.first_bundle_ready());
 }

@@ -206,6 +206,14 @@ impl Controller {
         }
     }
 
+    /// Whether the first bundle may be published: every watched resource completed its first
+    /// listing and every Secret it refers to was read (or its read attempted) once — otherwise
+    /// a starting replica would serve, and report ready, with tenant keys and provider
+    /// credentials "not found".
+    pub fn first_bundle_ready(&self) -> bool {
+        self.with_store(|s| s.synced(&STREAMS) && s.referenced_secrets_tried())
+    }
+
     /// The bundle of the store's current content, numbered, with a snapshot of its objects
     /// kept for status.
     pub fn snapshot_bundle(&self) -> ConfigBundle {
@@ -375,6 +383,7 @@ impl Controller {
             let api: Api<K8sSecret> = Api::namespaced(self.client.clone(), &ns);
             let Ok(got) = tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(&name)).await else {
                 tracing::warn!(secret = %format!("{ns}/{name}"), "reading the Secret timed out");
+                self.update_store(|s| s.secret_read_failed(&ns, &name));
                 continue;
             };
             let got = match got {
@@ -385,6 +394,7 @@ impl Controller {
                 }
                 Err(e) => {
                     tracing::warn!(secret = %format!("{ns}/{name}"), error = %e, "cannot read Secret");
+                    self.update_store(|s| s.secret_read_failed(&ns, &name));
                     continue;
                 }
             };
@@ -498,9 +508,12 @@ impl ConfigSource for KubeSource {
             while changed.changed().await.is_ok() {
                 tokio::time::sleep(c.opts.debounce).await;
                 changed.borrow_and_update();
-                if !c.with_store(|s| s.synced(&STREAMS)) {
+                if last_content.is_none() && !c.first_bundle_ready() {
                     if !waiting_logged {
-                        tracing::info!("waiting for the first listing of every watched resource");
+                        tracing::info!(
+                            "waiting for the first listing of every watched resource and the \
+                             first read of every referenced Secret"
+                        );
                         waiting_logged = true;
                     }
                     continue;

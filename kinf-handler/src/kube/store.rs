@@ -198,6 +198,8 @@ pub struct ClusterStore {
     pods: BTreeMap<(String, String), PodInfo>,
     /// `None`: looked up and not found.
     secrets: BTreeMap<(String, String), Option<BTreeMap<String, Secret>>>,
+    /// Secrets whose read was attempted at least once (found, not found, or failed).
+    secrets_tried: BTreeSet<(String, String)>,
     init_objects: BTreeMap<ResourceKind, Vec<StoredObject>>,
     init_pods: Option<Vec<PodInfo>>,
     /// Streams that completed their first listing.
@@ -324,11 +326,27 @@ impl ClusterStore {
             out
         });
         let k = (namespace.to_owned(), name.to_owned());
+        let first = self.secrets_tried.insert(k.clone());
         if self.secrets.get(&k) == Some(&data) {
-            return false;
+            return first;
         }
         self.secrets.insert(k, data);
         true
+    }
+
+    /// Records that reading a Secret was attempted and failed (it stays "not read"). Returns
+    /// whether this is its first attempt.
+    pub fn secret_read_failed(&mut self, namespace: &str, name: &str) -> bool {
+        self.secrets_tried
+            .insert((namespace.to_owned(), name.to_owned()))
+    }
+
+    /// Whether every referenced Secret was attempted at least once, so that a bundle does not
+    /// treat a Secret as missing only because it was not read yet.
+    pub fn referenced_secrets_tried(&self) -> bool {
+        self.referenced_secrets()
+            .iter()
+            .all(|k| self.secrets_tried.contains(k))
     }
 
     /// Whether every stream in `streams` has completed its first listing.
