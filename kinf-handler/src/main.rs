@@ -50,7 +50,8 @@ struct ServeArgs {
     /// `default`).
     #[arg(long, default_value = "kinference-leader")]
     lease: String,
-    /// This replica's identity in the Lease. Default: `$POD_NAME`, else the host name.
+    /// This replica's identity in the Lease. Default: `$POD_NAME`, else `$HOSTNAME`, else the
+    /// kernel's host name, else `kinference-<pid>`.
     #[arg(long)]
     identity: Option<String>,
     /// Client-facing address (`/v1/*`, `/healthz`, `/readyz`, `/metrics`). Port 0 picks one.
@@ -154,12 +155,12 @@ impl ServeArgs {
 
 impl ServeArgs {
     fn kube_options(&self) -> kinf_handler::kube::KubeOptions {
-        let identity = self
-            .identity
-            .clone()
-            .or_else(|| std::env::var("POD_NAME").ok())
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .unwrap_or_else(|| format!("kinference-{}", std::process::id()));
+        let identity = self.identity.clone().unwrap_or_else(|| {
+            kinf_handler::kube::default_identity(
+                |k| std::env::var(k).ok(),
+                std::path::Path::new(kinf_handler::kube::HOSTNAME_FILE),
+            )
+        });
         let mut k = kinf_handler::kube::KubeOptions::new(self.namespace.clone(), identity);
         match self.lease.split_once('/') {
             Some((ns, name)) => {

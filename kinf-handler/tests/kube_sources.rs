@@ -90,3 +90,36 @@ async fn a_directory_source_feeds_the_apply_loop_and_a_broken_bundle_keeps_the_l
     looping.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_default_identity_is_the_pod_name_else_the_host_name() {
+    use kinf_handler::kube::default_identity;
+    let dir = std::env::temp_dir().join(format!("kinf-identity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let host = dir.join("hostname");
+    std::fs::write(&host, "vm-7\n").unwrap();
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    };
+    assert_eq!(
+        default_identity(
+            env(&[("POD_NAME", "kinference-0"), ("HOSTNAME", "h")]),
+            &host
+        ),
+        "kinference-0"
+    );
+    assert_eq!(default_identity(env(&[("HOSTNAME", "h")]), &host), "h");
+    // `HOSTNAME` is usually not exported outside a pod: the kernel's host name.
+    assert_eq!(default_identity(env(&[]), &host), "vm-7");
+    let missing = dir.join("none");
+    assert_eq!(
+        default_identity(env(&[]), &missing),
+        format!("kinference-{}", std::process::id())
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -612,6 +612,31 @@ pub fn now_rfc3339() -> String {
         .to_string()
 }
 
+/// Where Linux exposes the kernel's host name (a pod's name inside a pod).
+pub const HOSTNAME_FILE: &str = "/proc/sys/kernel/hostname";
+
+/// This replica's default identity in the Lease: `$POD_NAME`, else `$HOSTNAME`, else the host
+/// name read from `hostname_file` ([`HOSTNAME_FILE`]; `HOSTNAME` is a shell variable that is
+/// often not exported), else `kinference-<pid>`. `var` reads an environment variable.
+pub fn default_identity(
+    var: impl Fn(&str) -> Option<String>,
+    hostname_file: &std::path::Path,
+) -> String {
+    let non_empty = |v: String| {
+        let v = v.trim().to_owned();
+        (!v.is_empty()).then_some(v)
+    };
+    var("POD_NAME")
+        .and_then(non_empty)
+        .or_else(|| var("HOSTNAME").and_then(non_empty))
+        .or_else(|| {
+            std::fs::read_to_string(hostname_file)
+                .ok()
+                .and_then(non_empty)
+        })
+        .unwrap_or_else(|| format!("kinference-{}", std::process::id()))
+}
+
 /// A Kubernetes client from the in-cluster service account or `KUBECONFIG`.
 pub async fn client() -> Result<Client, ::kube::Error> {
     Client::try_default().await
