@@ -40,6 +40,71 @@ pub fn valid_endpoint(s: &str) -> bool {
     host_ok && p.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
+/// The operators of a Kubernetes label selector's `matchExpressions`.
+const SELECTOR_OPERATORS: [&str; 4] = ["In", "NotIn", "Exists", "DoesNotExist"];
+
+/// Checks one `spec.selector.matchExpressions[i]` as the API server checks selectors of core
+/// objects: a known operator; `values` non-empty for `In`/`NotIn`, absent or empty for
+/// `Exists`/`DoesNotExist`. (Otherwise the selector would silently select nothing.)
+fn check_selector_requirement(
+    ck: &mut Checker<'_>,
+    doc: usize,
+    i: usize,
+    operator: &str,
+    values: Option<&[String]>,
+) {
+    let has_values = values.is_some_and(|v| !v.is_empty());
+    match operator {
+        "In" | "NotIn" if !has_values => {
+            let (path, label) = if values.is_some() {
+                (
+                    fpath!["spec", "selector", "matchExpressions", i, "values"],
+                    "empty",
+                )
+            } else {
+                (
+                    fpath!["spec", "selector", "matchExpressions", i],
+                    "no `values`",
+                )
+            };
+            ck.report(
+                doc,
+                &path,
+                Code::MissingField,
+                format!("label-selector operator `{operator}` needs at least one value"),
+                label,
+                Some("add `values: [...]`, or use `Exists` to match any value".into()),
+            );
+        }
+        "Exists" | "DoesNotExist" if has_values => ck.report(
+            doc,
+            &fpath!["spec", "selector", "matchExpressions", i, "values"],
+            Code::InvalidValue,
+            format!("label-selector operator `{operator}` takes no values"),
+            "not allowed here",
+            Some("remove `values`, or use `In` / `NotIn` to compare values".into()),
+        ),
+        "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+        other => {
+            let suggestion = SELECTOR_OPERATORS
+                .iter()
+                .find(|o| o.eq_ignore_ascii_case(other))
+                .map(|o| format!("did you mean `{o}`? "))
+                .unwrap_or_default();
+            ck.report(
+                doc,
+                &fpath!["spec", "selector", "matchExpressions", i, "operator"],
+                Code::UnknownEnumValue,
+                format!("`{other}` is not a label-selector operator"),
+                "unknown operator",
+                Some(format!(
+                    "{suggestion}operators are `In`, `NotIn`, `Exists` and `DoesNotExist`"
+                )),
+            );
+        }
+    }
+}
+
 pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy) {
     let b = ck.bundle;
     for w in &b.worker_sets {
@@ -90,10 +155,13 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
             );
         }
         let mut selector = Vec::new();
-        if let Some(sel) = &s.selector
-            && let Some(ml) = &sel.match_labels
-        {
-            selector.extend(ml.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if let Some(sel) = &s.selector {
+            if let Some(ml) = &sel.match_labels {
+                selector.extend(ml.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+            for (i, e) in sel.match_expressions.iter().flatten().enumerate() {
+                check_selector_requirement(ck, doc, i, &e.operator, e.values.as_deref());
+            }
         }
         let models = s
             .models

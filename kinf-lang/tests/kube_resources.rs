@@ -1,0 +1,75 @@
+//! Checks of fields that matter in Kubernetes mode: label-selector operators and values.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use kinf_lang::{Severity, compile_str};
+
+/// `(code, severity, field path, message)` of every diagnostic of `text`.
+fn diags(text: &str) -> Vec<(String, Severity, String, String)> {
+    let (_, c) = compile_str("bundle.yaml", text);
+    c.diagnostics
+        .iter()
+        .map(|d| {
+            (
+                d.code.as_str().to_owned(),
+                d.severity,
+                d.field_path
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+                d.message.clone(),
+            )
+        })
+        .collect()
+}
+
+fn worker_set(extra: &str) -> String {
+    format!(
+        "apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: qwen }}
+spec:
+  models: [{{ name: qwen }}]
+{extra}"
+    )
+}
+
+#[test]
+fn label_selector_operators_and_values_are_checked() {
+    let text = worker_set(
+        "  selector:
+    matchExpressions:
+    - { key: app, operator: in, values: [vllm] }
+    - { key: app, operator: In }
+    - { key: tier, operator: Exists, values: [gpu] }
+    - { key: zone, operator: NotIn, values: [] }
+    - { key: ok, operator: DoesNotExist }
+    - { key: ok2, operator: In, values: [x] }
+    - { key: ok3, operator: Equals, values: [x] }
+",
+    );
+    let d = diags(&text);
+    let got: Vec<(&str, &str)> = d
+        .iter()
+        .map(|(c, _, p, _)| (c.as_str(), p.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("KINF0103", "spec.selector.matchExpressions[0].operator"),
+            ("KINF0104", "spec.selector.matchExpressions[1]"),
+            ("KINF0106", "spec.selector.matchExpressions[2].values"),
+            ("KINF0104", "spec.selector.matchExpressions[3].values"),
+            ("KINF0103", "spec.selector.matchExpressions[6].operator"),
+        ],
+        "{d:#?}"
+    );
+    assert!(d.iter().all(|(_, s, ..)| *s == Severity::Error));
+    assert!(
+        d[0].3.contains("`in` is not a label-selector operator"),
+        "{d:#?}"
+    );
+    let (_, c) = compile_str("bundle.yaml", &text);
+    let help = c.diagnostics[0].help.as_deref().unwrap();
+    assert!(help.contains("did you mean `In`?"), "{help}");
+}
