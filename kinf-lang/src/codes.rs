@@ -77,6 +77,7 @@ codes! {
     CredentialSource = "KINF0407", Error, "credentials or API keys need exactly one source";
     EmptyDrop = "KINF0408", Error, "a `drop` with no condition would drop every candidate";
     MeasureUnavailable = "KINF0409", Warning, "a condition on a measure that a backend type never has";
+    IgnoredField = "KINF0410", Warning, "a field that is accepted but not read";
     ShadowedRule = "KINF0501", Warning, "a rule that an earlier rule always matches first";
     UnknownTag = "KINF0502", Warning, "a tag that no configured classifier produces";
     UnreachableTier = "KINF0503", Warning, "a select tier that can never have a candidate";

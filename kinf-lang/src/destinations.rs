@@ -163,6 +163,28 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                 check_selector_requirement(ck, doc, i, &e.operator, e.values.as_deref());
             }
         }
+        if let Some(t) = &s.tokenizer
+            && t.config_map_ref.is_some()
+        {
+            let help = if t.path.is_some() {
+                "remove it: `tokenizer.path` is the one used"
+            } else {
+                "mount the tokenizer files into the gateway's pods (or bake them into the image) \
+                 and set `tokenizer.path` to their directory"
+            };
+            ck.report(
+                doc,
+                &fpath!["spec", "tokenizer", "configMapRef"],
+                Code::IgnoredField,
+                format!(
+                    "`tokenizer.configMapRef` of worker set `{}` is not read: without \
+                     `tokenizer.path` its prompts are matched by approximate prefix tracking",
+                    w.name
+                ),
+                "not read",
+                Some(help.into()),
+            );
+        }
         let models = s
             .models
             .iter()
@@ -206,7 +228,7 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                 tokenizer: s
                     .tokenizer
                     .as_ref()
-                    .and_then(|t| t.path.as_deref().or(t.config_map_ref.as_deref()))
+                    .and_then(|t| t.path.as_deref())
                     .map(Arc::from),
                 prior,
             }),

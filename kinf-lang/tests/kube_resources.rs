@@ -1,4 +1,5 @@
-//! Checks of fields that matter in Kubernetes mode: label-selector operators and values.
+//! Checks of fields that matter in Kubernetes mode: label-selector operators and values, and
+//! `tokenizer.configMapRef` (not read).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -22,6 +23,15 @@ fn diags(text: &str) -> Vec<(String, Severity, String, String)> {
         })
         .collect()
 }
+
+const POOL: &str = "
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: { name: main }
+spec:
+  destinations:
+  - { kind: InferenceWorkerSet, name: qwen }
+";
 
 fn worker_set(extra: &str) -> String {
     format!(
@@ -72,4 +82,26 @@ fn label_selector_operators_and_values_are_checked() {
     let (_, c) = compile_str("bundle.yaml", &text);
     let help = c.diagnostics[0].help.as_deref().unwrap();
     assert!(help.contains("did you mean `In`?"), "{help}");
+}
+
+#[test]
+fn a_config_map_tokenizer_is_a_warning_and_never_a_path() {
+    let text = format!(
+        "{}---{POOL}",
+        worker_set(
+            "  endpoints: [\"10.0.0.1:8000\"]\n  tokenizer: { configMapRef: qwen-tokenizer }\n"
+        )
+    );
+    let d = diags(&text);
+    assert_eq!(d.len(), 1, "{d:#?}");
+    assert_eq!(d[0].0, "KINF0410");
+    assert_eq!(d[0].1, Severity::Warning);
+    assert_eq!(d[0].2, "spec.tokenizer.configMapRef");
+    let (_, c) = compile_str("bundle.yaml", &text);
+    let policy = c.policy.expect("a warning does not refuse the bundle");
+    let ws = policy.destinations[0].worker_set.as_ref().unwrap();
+    assert_eq!(
+        ws.tokenizer, None,
+        "the ConfigMap name is not read as a path"
+    );
 }
