@@ -648,3 +648,38 @@ fn a_front_door_without_its_key_secret_says_requests_get_503() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_second_front_door_without_hosts_is_not_ready_and_names_the_one_that_serves() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let mut second = gateway();
+    second.metadata.name = Some("other".into());
+    s.apply_object_event(ResourceKind::GatewayBackend, Event::Apply(second));
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    assert!(
+        matches!(outcome, ApplyOutcome::Applied { .. }),
+        "a warning: {diags:?}"
+    );
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
+    let conds =
+        |label: &str| p.iter().find(|(k, _)| k == label).unwrap().1["status"]["conditions"].clone();
+    // `front` sorts before `other`: requests without a named host go to `llm/front`.
+    let front = conds("GatewayBackend/llm/front");
+    assert_eq!(front[2]["status"], "True", "{front}");
+    let other = conds("GatewayBackend/llm/other");
+    assert_eq!(other[0]["reason"], "AcceptedWithWarnings", "{other}");
+    assert_eq!(other[2]["status"], "False", "{other}");
+    assert_eq!(other[2]["reason"], "Shadowed");
+    let msg = other[2]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("warning[KINF0508]") && msg.contains("`llm/front`"),
+        "{msg}"
+    );
+}

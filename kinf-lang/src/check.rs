@@ -140,6 +140,70 @@ impl<'a> Checker<'a> {
         self.diags.push(d);
     }
 
+    /// KINF0508: a request goes to the first front door naming its host, else to the first
+    /// door naming no hosts. A later door naming a host an earlier one names never gets it,
+    /// and a second door without `hosts` never gets anything: both are reported on the later
+    /// door, naming the earlier one.
+    fn check_overlapping_hosts(&mut self, doors: &[(usize, String, &Vec<String>)]) {
+        let mut catch_all: Option<(usize, &str)> = None;
+        let mut named: Vec<(String, usize, usize, &str)> = Vec::new();
+        for &(doc, ref name, hosts) in doors {
+            if hosts.is_empty() {
+                match catch_all {
+                    Some((first_doc, first)) => {
+                        self.report_key(
+                            doc,
+                            &crate::fpath!["spec"],
+                            Code::OverlappingHosts,
+                            format!(
+                                "front door `{name}` names no `hosts`, and neither does \
+                                 `{first}`: requests for hosts that no door names all go to \
+                                 `{first}`, so `{name}` serves nothing"
+                            ),
+                            "never used",
+                            Some(
+                                "give each front door its own `spec.hosts`; at most one may \
+                                 leave them out"
+                                    .into(),
+                            ),
+                        );
+                        let span = self.bundle.key_span(first_doc, &crate::fpath!["spec"]);
+                        self.relate_last(span, &format!("`{first}` answers every host"));
+                    }
+                    None => catch_all = Some((doc, name.as_str())),
+                }
+                continue;
+            }
+            for (i, h) in hosts.iter().enumerate() {
+                let key = h.to_ascii_lowercase();
+                if let Some((_, first_doc, first_i, first)) =
+                    named.iter().find(|(k, ..)| *k == key).cloned()
+                {
+                    if first == name.as_str() {
+                        continue;
+                    }
+                    self.report(
+                        doc,
+                        &crate::fpath!["spec", "hosts", i],
+                        Code::OverlappingHosts,
+                        format!(
+                            "host `{h}` of front door `{name}` is also named by `{first}`: its \
+                             requests go to `{first}`"
+                        ),
+                        "never used",
+                        Some("name each host on one front door only".into()),
+                    );
+                    let span = self
+                        .bundle
+                        .value_span(first_doc, &crate::fpath!["spec", "hosts", first_i]);
+                    self.relate_last(span, &format!("named by `{first}` first"));
+                } else {
+                    named.push((key, doc, i, name.as_str()));
+                }
+            }
+        }
+    }
+
     /// Adds a related span to the diagnostic reported last.
     fn relate_last(&mut self, span: Option<Span>, label: &str) {
         if let (Some(span), Some(d)) = (span, self.diags.last_mut()) {
@@ -367,6 +431,8 @@ impl<'a> Checker<'a> {
 
     fn lower_gateways(&mut self, out: &mut CompiledPolicy) {
         let b = self.bundle;
+        // `(doc, namespace/name, hosts)` of each front door, in the order requests pick them.
+        let mut doors: Vec<(usize, String, &Vec<String>)> = Vec::new();
         for g in &b.gateways {
             let pool = out
                 .pools
@@ -390,6 +456,7 @@ impl<'a> Checker<'a> {
                 continue;
             };
             self.check_gateway(g);
+            doors.push((g.doc, format!("{}/{}", g.namespace, g.name), &g.spec.hosts));
             out.gateways.push(CompiledGateway {
                 namespace: g.namespace.clone(),
                 name: g.name.clone(),
@@ -398,6 +465,7 @@ impl<'a> Checker<'a> {
                 spec: g.spec.clone(),
             });
         }
+        self.check_overlapping_hosts(&doors);
     }
 
     /// Reports a reference to a pool that is not in the bundle.

@@ -85,6 +85,7 @@ codes! {
     UnusedPolicy = "KINF0505", Warning, "a policy that applies to no pool";
     DuplicateLimitName = "KINF0506", Error, "two limits of one policy have the same name";
     UnpricedCost = "KINF0507", Warning, "`minimize: Cost` over a destination without prices";
+    OverlappingHosts = "KINF0508", Warning, "two front doors answer the same host, or both answer every host";
 }
 
 impl Code {

@@ -1,5 +1,5 @@
-//! Checks of fields that matter in Kubernetes mode: label-selector operators and values, and
-//! `tokenizer.configMapRef` (not read).
+//! Checks of fields that matter in Kubernetes mode: label-selector operators and values,
+//! `tokenizer.configMapRef` (not read), and front doors whose hosts overlap.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -104,4 +104,89 @@ fn a_config_map_tokenizer_is_a_warning_and_never_a_path() {
         ws.tokenizer, None,
         "the ConfigMap name is not read as a path"
     );
+}
+
+fn door(namespace: &str, name: &str, hosts: &str) -> String {
+    format!(
+        "---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: GatewayBackend
+metadata: {{ name: {name}, namespace: {namespace} }}
+spec: {{ pool: main{hosts} }}
+"
+    )
+}
+
+fn namespace_bundle(ns: &str) -> String {
+    format!(
+        "---\n{}---{}",
+        worker_set("  endpoints: [\"10.0.0.1:8000\"]\n").replace(
+            "metadata: { name: qwen }",
+            &format!("metadata: {{ name: qwen, namespace: {ns} }}")
+        ),
+        POOL.replace(
+            "metadata: { name: main }",
+            &format!("metadata: {{ name: main, namespace: {ns} }}")
+        )
+    )
+}
+
+#[test]
+fn two_front_doors_without_hosts_are_reported_naming_both() {
+    let text = format!(
+        "{}{}{}{}",
+        namespace_bundle("team-a"),
+        namespace_bundle("team-b"),
+        door("team-a", "front-door", ""),
+        door("team-b", "front-door", "")
+    );
+    let d = diags(&text);
+    assert_eq!(d.len(), 1, "{d:#?}");
+    let (code, sev, path, msg) = &d[0];
+    assert_eq!((code.as_str(), *sev), ("KINF0508", Severity::Warning));
+    assert_eq!(path, "spec");
+    assert!(
+        msg.contains("`team-b/front-door`") && msg.contains("`team-a/front-door`"),
+        "{msg}"
+    );
+    let (_, c) = compile_str("bundle.yaml", &text);
+    assert_eq!(
+        c.diagnostics[0].related.len(),
+        1,
+        "points at the other door"
+    );
+    assert_eq!(
+        c.diagnostics[0].resource.as_deref(),
+        Some("GatewayBackend/team-b/front-door"),
+        "reported on the door that never serves"
+    );
+}
+
+#[test]
+fn a_host_named_by_two_front_doors_is_reported_on_the_later_one() {
+    let text = format!(
+        "{}{}{}{}",
+        namespace_bundle("llm"),
+        door("llm", "a", ", hosts: [llm.example.com]"),
+        door("llm", "b", ", hosts: [LLM.example.com, other.example.com]"),
+        door("llm", "c", ""),
+    );
+    let d = diags(&text);
+    assert_eq!(d.len(), 1, "{d:#?}");
+    assert_eq!(d[0].0, "KINF0508");
+    assert_eq!(d[0].2, "spec.hosts[0]");
+    assert!(
+        d[0].3.contains("`llm/b`") && d[0].3.contains("`llm/a`"),
+        "{}",
+        d[0].3
+    );
+    // Distinct hosts and one catch-all: nothing to say.
+    let text = format!(
+        "{}{}{}{}",
+        namespace_bundle("llm"),
+        door("llm", "a", ", hosts: [a.example.com]"),
+        door("llm", "b", ", hosts: [b.example.com]"),
+        door("llm", "c", ""),
+    );
+    assert!(diags(&text).is_empty(), "{:#?}", diags(&text));
 }

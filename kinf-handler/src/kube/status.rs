@@ -373,8 +373,23 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
         } else {
             serving(o, input.in_force_sources)
         };
-        let (ready, ready_reason, mut ready_message) =
+        let (mut ready, mut ready_reason, mut ready_message) =
             ready_condition(o, serving, secret_problem.is_some(), input, &mut status);
+        // A front door without hosts behind an earlier one without hosts gets no request.
+        let no_hosts = o
+            .spec
+            .get("hosts")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty);
+        if ready
+            && o.key.kind == ResourceKind::GatewayBackend
+            && no_hosts
+            && let Some(w) = warnings.iter().find(|w| w.starts_with("warning[KINF0508]"))
+        {
+            ready = false;
+            ready_reason = "Shadowed";
+            ready_message = w.clone();
+        }
         if ready {
             match (serving, gen_) {
                 (Serving::Current, _) if !accepted => ready_message.push_str(
