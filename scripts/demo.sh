@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kinference/target}"
+source scripts/target-dir.sh
 LISTEN=${KINF_LISTEN:-127.0.0.1:8080}
 SPEED=${KINF_SPEED:-1}
 command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }

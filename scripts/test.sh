@@ -8,8 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 # Build outputs live outside the checkout so that clean clones reuse them.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kinference/target}"
-mkdir -p "$CARGO_TARGET_DIR"
+source scripts/target-dir.sh
 # One-shot builds: incremental caches would only grow in the shared target directory.
 export CARGO_INCREMENTAL=0
 

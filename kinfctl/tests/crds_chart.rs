@@ -67,4 +67,3 @@ fn no_field_is_nullable_so_that_the_api_server_prunes_explicit_nulls() {
     walk(&crds, &mut optional_fields);
     assert!(optional_fields > 100, "{optional_fields} optional fields");
 }
-
