@@ -683,3 +683,45 @@ fn a_second_front_door_without_hosts_is_not_ready_and_names_the_one_that_serves(
         "{msg}"
     );
 }
+
+#[test]
+fn a_provider_without_health_information_is_not_ready_as_its_pool_counts_it() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    let ready_of = |live: &LiveCounts| {
+        let p = patches(&s, &gw, &bundle, &outcome, &diags, live);
+        let body = &p
+            .iter()
+            .find(|(k, _)| k == "InferenceProvider/llm/openai")
+            .unwrap()
+            .1;
+        let ready = body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap()
+            .clone();
+        (ready["status"].clone(), ready["message"].clone())
+    };
+    let (status, _) = ready_of(&live());
+    assert_eq!(status, "True");
+    let mut unknown = live();
+    unknown.providers.clear();
+    let (status, message) = ready_of(&unknown);
+    assert_eq!(status, "False", "{message}");
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .contains("no health information yet"),
+        "{message}"
+    );
+}

@@ -571,13 +571,17 @@ fn ready_condition(
                     "NotAccepted",
                     "not in force (see Accepted)".to_owned(),
                 )
-            } else if input.live.providers.get(&key).copied().unwrap_or(true) {
+            } else if input.live.providers.get(&key).copied().unwrap_or(false) {
                 (true, "Ready", "healthy".to_owned())
             } else {
                 (
                     false,
                     "ProviderUnavailable",
-                    "failing health probes or circuit breaker open".to_owned(),
+                    if input.live.providers.contains_key(&key) {
+                        "failing health probes or circuit breaker open".to_owned()
+                    } else {
+                        "no health information yet (the pool counts it as not ready)".to_owned()
+                    },
                 )
             }
         }
