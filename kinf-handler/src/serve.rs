@@ -102,12 +102,15 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
         gw.metrics.set_slos(slos);
     }
+    let mut controller = None;
     let last = match &opts.kubernetes {
         Some(k) => {
             let client = crate::kube::client()
                 .await
                 .map_err(|e| std::io::Error::other(format!("Kubernetes client: {e}")))?;
-            crate::kube::Controller::new(client, k.clone()).start(gw.clone(), on_applied.clone());
+            let c = crate::kube::Controller::new(client, k.clone());
+            c.start(gw.clone(), on_applied.clone());
+            controller = Some(c);
             None
         }
         None => reload(&gw, &opts.config, None, &on_applied),
@@ -204,6 +207,9 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
     let result =
         crate::listen::serve_http(listener, app, limits, http_tls, shutdown_signal()).await;
     watcher.abort();
+    if let Some(c) = controller {
+        c.release_lease().await;
+    }
     result
 }
 

@@ -603,3 +603,62 @@ async fn the_first_bundle_waits_until_every_referenced_secret_was_read_once() {
     c2.update_store(|s| s.set_secret("llm", "openai-key", None));
     assert!(c2.first_bundle_ready());
 }
+
+#[tokio::test]
+async fn a_holder_shutting_down_releases_the_lease_and_resigns() {
+    let (client, mut handle) = mock();
+    let api: Api<Lease> = Api::namespaced(client, "llm");
+    let cfg = LeaseConfig::new("kinference-leader", "pod-a");
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let held_by = |holder: &str| {
+        json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "kinference-leader", "namespace": "llm", "resourceVersion": "9"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                     "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
+        })
+    };
+    // Held by us: cleared, with the resourceVersion read.
+    let release = tokio::spawn({
+        let (api, cfg) = (api.clone(), cfg.clone());
+        async move { lease::release(&api, &cfg).await }
+    });
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "GET");
+    send.send_response(Response::new(Body::from(
+        serde_json::to_vec(&held_by("pod-a")).unwrap(),
+    )));
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "PUT");
+    let body: Value =
+        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+    assert_eq!(body["metadata"]["resourceVersion"], "9");
+    assert!(body["spec"]["holderIdentity"].is_null(), "{body}");
+    send.send_response(Response::new(Body::from(
+        serde_json::to_vec(&body).unwrap(),
+    )));
+    assert!(release.await.unwrap().unwrap(), "released");
+    // Another replica can take it over at once.
+    let released: Lease = serde_json::from_value(body).unwrap();
+    assert_eq!(
+        lease::decide(Some(&released), "pod-b", now),
+        Action::TakeOver
+    );
+
+    // Held by another replica: left alone (no write).
+    let release = tokio::spawn(async move { lease::release(&api, &cfg).await });
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_response(Response::new(Body::from(
+        serde_json::to_vec(&held_by("pod-b")).unwrap(),
+    )));
+    assert!(!release.await.unwrap().unwrap());
+
+    // A resigned replica is not the leader, and a renewal in flight does not make it one.
+    let leadership = lease::Leadership::new(std::time::Duration::from_secs(10));
+    leadership.renewed(tokio::time::Instant::now());
+    assert!(leadership.is_leader());
+    leadership.resign();
+    assert!(!leadership.is_leader());
+    leadership.renewed(tokio::time::Instant::now());
+    assert!(!leadership.is_leader());
+}

@@ -61,6 +61,8 @@ impl LeaseConfig {
 pub struct Leadership {
     renewed: Mutex<Option<Instant>>,
     deadline: Duration,
+    /// Shutting down: the lease loop stops and no renewal counts any more.
+    resigned: std::sync::atomic::AtomicBool,
 }
 
 impl Leadership {
@@ -69,12 +71,29 @@ impl Leadership {
         Leadership {
             renewed: Mutex::new(None),
             deadline,
+            resigned: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Gives leadership up for good (shutdown): [`run`] stops at its next round, and a round in
+    /// flight no longer makes this replica the leader.
+    pub fn resign(&self) {
+        self.resigned
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        *self.renewed.lock() = None;
+    }
+
+    /// Whether [`Leadership::resign`] was called.
+    pub fn resigned(&self) -> bool {
+        self.resigned.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Records a successful renewal whose request was sent at `at`. Returns whether this
     /// replica was not the leader before.
     pub fn renewed(&self, at: Instant) -> bool {
+        if self.resigned() {
+            return false;
+        }
         let was = self.is_leader();
         *self.renewed.lock() = Some(at);
         !was
@@ -201,11 +220,40 @@ pub async fn round(
     }
 }
 
+/// Gives the Lease up on shutdown, when we hold it: clears `holderIdentity` (written with the
+/// `resourceVersion` read), so that another replica takes it over at its next round instead of
+/// after the lease duration. Returns whether it was released.
+pub async fn release(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, ::kube::Error> {
+    let Some(mut lease) = api.get_opt(&cfg.name).await? else {
+        return Ok(false);
+    };
+    let mut spec = lease.spec.take().unwrap_or_default();
+    if spec.holder_identity.as_deref() != Some(cfg.identity.as_str()) {
+        return Ok(false);
+    }
+    spec.holder_identity = None;
+    spec.renew_time = Some(MicroTime(Timestamp::now()));
+    lease.spec = Some(spec);
+    let pp = PostParams {
+        field_manager: Some(super::FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    match api.replace(&cfg.name, &pp, &lease).await {
+        Ok(_) => Ok(true),
+        // Written by someone else since: not ours to clear any more.
+        Err(::kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Runs the election forever, recording renewals in `leader`. Each round is abandoned after
 /// `renew_every`; leadership then lapses `renew_deadline` after the last successful renewal.
 pub async fn run(api: Api<Lease>, cfg: LeaseConfig, namespace: String, leader: Arc<Leadership>) {
     let mut was_leader = false;
     loop {
+        if leader.resigned() {
+            return;
+        }
         let started = Instant::now();
         match tokio::time::timeout(cfg.renew_every, round(&api, &cfg, &namespace)).await {
             Ok(Ok(true)) => {

@@ -402,6 +402,22 @@ impl Controller {
         }
     }
 
+    /// On shutdown: stops the lease loop and status writes, and gives the Lease up when this
+    /// replica holds it ([`lease::release`]), within 2 s, so that another replica writes status
+    /// at once rather than after the lease runs out.
+    pub async fn release_lease(&self) {
+        self.leader.resign();
+        let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.client.clone(), &self.opts.lease_namespace);
+        let cfg = lease::LeaseConfig::new(&self.opts.lease_name, &self.opts.identity);
+        match tokio::time::timeout(Duration::from_secs(2), lease::release(&api, &cfg)).await {
+            Ok(Ok(true)) => tracing::info!(lease = %cfg.name, "lease released"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "releasing the lease failed"),
+            Err(_) => tracing::warn!("releasing the lease timed out"),
+        }
+    }
+
     /// Starts the watch tasks, the Secret reader, the lease loop, the apply loop and the status
     /// loop. Returns at once; the tasks run until the runtime stops.
     pub fn start(self: &Arc<Self>, gw: Arc<Gateway>, on_applied: crate::serve::OnApplied) {
