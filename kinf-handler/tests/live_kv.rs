@@ -338,17 +338,26 @@ async fn joining_a_running_publisher_catches_up_from_its_replay_buffer_at_once()
 }
 
 /// A vLLM-like `/metrics` and `/health` whose `process_start_time_seconds` the test sets.
-async fn metrics_server(start: Arc<std::sync::atomic::AtomicU64>) -> String {
+async fn metrics_server(
+    start: Arc<std::sync::atomic::AtomicU64>,
+    healthy: Arc<std::sync::atomic::AtomicBool>,
+) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
-            let start = start.clone();
+            let (start, healthy) = (start.clone(), healthy.clone());
             tokio::spawn(async move {
                 let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let start = start.load(std::sync::atomic::Ordering::SeqCst);
+                    let healthy = healthy.load(std::sync::atomic::Ordering::SeqCst);
                     async move {
+                        if req.uri().path() == "/health" && !healthy {
+                            let mut r = hyper::Response::new(Full::new(Bytes::new()));
+                            *r.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
+                            return Ok::<_, Infallible>(r);
+                        }
                         let body = match req.uri().path() {
                             "/metrics" => format!(
                                 "vllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} 0\n\
@@ -374,7 +383,8 @@ async fn metrics_server(start: Arc<std::sync::atomic::AtomicU64>) -> String {
 async fn a_worker_restart_seen_in_its_metrics_resets_the_index_and_catches_up_the_new_process() {
     let fr = frames();
     let start = Arc::new(std::sync::atomic::AtomicU64::new(1_795_960_000));
-    let address = metrics_server(start.clone()).await;
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let address = metrics_server(start.clone(), healthy).await;
     let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let buffer: Buffer = Arc::new(parking_lot::Mutex::new(fr[..4].to_vec()));
     let replay_port = replay_server(buffer.clone(), requests.clone()).await;
@@ -549,4 +559,26 @@ async fn reconnects_to_a_restarted_publisher_and_resets() {
     assert!(k.reconnects >= 1);
     assert_eq!(k.resets, 1);
     assert_eq!(index(&shared).0, reference(&fr, &[0]).0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_health_checks_fail_is_shown_disconnected_at_once() {
+    let start = Arc::new(std::sync::atomic::AtomicU64::new(1_795_960_000));
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let address = metrics_server(start, healthy.clone()).await;
+    let mut publ = Publisher::bind().await;
+    let shared = state(&address);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    let mut sp = spec(&address, Some(publ.port), None);
+    sp.metrics_interval = Duration::from_millis(50);
+    ingest.sync_endpoints(vec![sp]);
+    publ.await_subscriber(&ingest, &address).await;
+    assert!(kv(&ingest, &address).connected);
+    // The worker dies: its publisher is gone and its health checks fail. The subscriber does
+    // not wait out the 30 s idle timeout to say so.
+    drop(publ);
+    healthy.store(false, std::sync::atomic::Ordering::SeqCst);
+    wait_until("shown disconnected", || !kv(&ingest, &address).connected).await;
+    assert!(kv(&ingest, &address).reconnects >= 1);
+    assert!(!ingest.endpoint_status(WS, &address).unwrap().scrape.ready);
 }

@@ -17,10 +17,12 @@
 //!   restarted with an empty cache, so the endpoint's index is reset.
 //!
 //! A connection that receives nothing for [`LiveConfig::kv_idle_reconnect`] is renewed, since
-//! the zeromq crate neither reconnects nor reports a lost publisher. So is one whose worker
-//! process the scraper saw restart (`process_start_time_seconds` changed; the scraper resets the
-//! index): a restarted worker that published more batches than the old one before the
-//! subscriber noticed would otherwise look like a gap, "filled" from the new process's buffer.
+//! the zeromq crate neither reconnects nor reports a lost publisher; so is one whose endpoint
+//! the health checks turn not ready (it reconnects, failing, until the worker is back). So is
+//! one whose worker process the scraper saw restart (`process_start_time_seconds` changed; the
+//! scraper resets the index): a restarted worker that published more batches than the old one
+//! before the subscriber noticed would otherwise look like a gap, "filled" from the new
+//! process's buffer.
 //!
 //! With a replay endpoint, a subscriber without history (gateway start, endpoint added, worker
 //! restarted) asks for everything the publisher still buffers as soon as it connects, rather
@@ -141,6 +143,10 @@ impl Ctx {
         // index): the connection and the sequence numbers are the old process's.
         let mut incarnation = self.stats.incarnation.subscribe();
         incarnation.mark_unchanged();
+        // The endpoint turned not ready: its publisher is likely gone; reconnect (failing, and
+        // `connected: false`, until it is back) rather than wait out the idle timeout.
+        let mut unready = self.stats.unready.subscribe();
+        unready.mark_unchanged();
         let mut first = true;
         loop {
             if !first {
@@ -180,6 +186,10 @@ impl Ctx {
                     Ok(()) = incarnation.changed() => {
                         tracing::info!(endpoint = %self.target.address, "worker process restarted: renewing the KV-event subscription");
                         tracker = SeqTracker::new();
+                        break;
+                    }
+                    Ok(()) = unready.changed() => {
+                        tracing::info!(endpoint = %self.target.address, "endpoint not ready: renewing the KV-event subscription");
                         break;
                     }
                 };

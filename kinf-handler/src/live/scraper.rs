@@ -65,6 +65,7 @@ pub async fn run_scraper(
         });
         let mut s = stats.scrape.lock();
         let mut restarted = false;
+        let mut turned_unready = false;
         let sample = match parsed {
             Ok(m) => {
                 s.last_success_ms = Some(now);
@@ -110,6 +111,7 @@ pub async fn run_scraper(
                 if s.health_consecutive_failures >= config.unready_after_failures {
                     if s.ready {
                         tracing::warn!(endpoint = %target.address, "endpoint not ready: health checks failing");
+                        turned_unready = true;
                     }
                     s.ready = false;
                 }
@@ -177,6 +179,9 @@ pub async fn run_scraper(
         }
         s.block_size_mismatch = mismatch;
         drop(s);
+        if turned_unready {
+            stats.unready.send_modify(|n| *n += 1);
+        }
         if restarted {
             stats.kv(|k| {
                 k.restarts += 1;

@@ -110,6 +110,9 @@ pub struct EndpointStats {
     /// Worker-process restarts the scraper has seen ([`ScrapeStatus::worker_restarts`]): the
     /// KV subscriber watches it, since a restarted worker's event stream may not show it.
     pub incarnation: tokio::sync::watch::Sender<u64>,
+    /// Times the endpoint turned not ready (health checks failing): the KV subscriber drops
+    /// its connection then, since the zeromq crate does not notice a publisher that is gone.
+    pub unready: tokio::sync::watch::Sender<u64>,
 }
 
 impl EndpointStats {
@@ -122,6 +125,7 @@ impl EndpointStats {
             }),
             kv: Mutex::new(kv.then(KvStatus::default)),
             incarnation: tokio::sync::watch::Sender::new(0),
+            unready: tokio::sync::watch::Sender::new(0),
         })
     }
 
