@@ -27,6 +27,12 @@ pub struct Resolved {
     /// Whether `secretRef`s resolve against [`Resolved::secrets`] (Kubernetes mode); without,
     /// they are refused as unsupported (directory mode).
     pub kubernetes: bool,
+    /// Kubernetes mode: the endpoints that the worker sets *of the policy in force* select
+    /// among the current pods (their selector and port may differ from the bundle's). When
+    /// the bundle is refused and the policy in force is re-applied with the current cluster
+    /// state, these are its endpoints: a refused edit of a worker set must not take effect
+    /// through them. `None`: the same as [`Resolved::endpoints`].
+    pub in_force_endpoints: Option<BTreeMap<String, Vec<String>>>,
 }
 
 impl Resolved {
@@ -35,6 +41,7 @@ impl Resolved {
     pub fn fingerprint(&self) -> u64 {
         let mut h = ahash::AHasher::default();
         self.endpoints.hash(&mut h);
+        self.in_force_endpoints.hash(&mut h);
         for ((ns, name), data) in self.secrets.iter() {
             ns.hash(&mut h);
             name.hash(&mut h);
@@ -44,6 +51,16 @@ impl Resolved {
             }
         }
         h.finish()
+    }
+
+    /// The cluster state to re-apply the policy in force with, when this bundle is refused:
+    /// its Secrets, and the endpoints its own worker sets select.
+    pub fn for_policy_in_force(&self) -> Resolved {
+        let mut r = self.clone();
+        if let Some(e) = &self.in_force_endpoints {
+            r.endpoints = e.clone();
+        }
+        r
     }
 
     /// The value of one key of a Secret.

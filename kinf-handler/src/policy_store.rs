@@ -110,7 +110,7 @@ impl PolicyStore {
     /// compile).
     pub fn reapply_in_force(&self, resolved: &crate::bundle::Resolved) -> Option<ApplyOutcome> {
         let current = self.current()?;
-        let c = compile_resolved(&current.sources, resolved);
+        let c = compile_resolved(&current.sources, &resolved.for_policy_in_force());
         c.policy.as_ref()?;
         Some(self.apply_compilation(&current.sources, &c, false))
     }

@@ -662,3 +662,72 @@ async fn a_holder_shutting_down_releases_the_lease_and_resigns() {
     leadership.renewed(tokio::time::Instant::now());
     assert!(!leadership.is_leader());
 }
+
+#[tokio::test]
+async fn while_a_bundle_is_refused_the_worker_sets_in_force_decide_the_endpoints() {
+    let (client, _handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    let endpoints = |gw: &Gateway| -> Vec<String> {
+        let mut v: Vec<String> = gw.state.with(|st| {
+            st.worker_sets["llm/vllm"]
+                .endpoints
+                .iter()
+                .map(|e| e.address.to_string())
+                .collect()
+        });
+        v.sort();
+        v
+    };
+    load(&c, policy(1, "if"));
+    apply(&c, &gw);
+    assert_eq!(endpoints(&gw), ["10.0.0.1:8000"]);
+    // An unrelated error refuses the bundle, and in it the worker set's selector was changed
+    // to pods labelled `other`: a refused edit, which must not take effect.
+    let mut ws = worker_set();
+    ws.metadata.generation = Some(2);
+    ws.data["spec"]["selector"] = json!({"matchLabels": {"app": "other"}});
+    c.update_store(|s| {
+        s.apply_pod_event(Event::Apply(pod(
+            "other-0",
+            "other",
+            Some("10.0.0.3"),
+            true,
+            Some(8000),
+        )));
+        s.apply_object_event(
+            ResourceKind::InferencePolicy,
+            Event::Apply(policy(2, "iff")),
+        );
+        s.apply_object_event(ResourceKind::InferenceWorkerSet, Event::Apply(ws));
+        true
+    });
+    apply(&c, &gw);
+    assert!(gw.store.last_rejected().is_some(), "the bundle was refused");
+    assert_eq!(
+        endpoints(&gw),
+        ["10.0.0.1:8000"],
+        "the refused selector leaked in"
+    );
+    // Pods the worker set in force selects still come and go.
+    c.update_store(|s| {
+        s.apply_pod_event(Event::Apply(pod(
+            "vllm-1",
+            "vllm",
+            Some("10.0.0.2"),
+            true,
+            Some(8000),
+        )))
+    });
+    apply(&c, &gw);
+    assert_eq!(endpoints(&gw), ["10.0.0.1:8000", "10.0.0.2:8000"]);
+    // Deleting the worker set is refused too (the pool still names it): its endpoints stay.
+    c.update_store(|s| {
+        s.apply_object_event(
+            ResourceKind::InferenceWorkerSet,
+            Event::Delete(worker_set()),
+        )
+    });
+    apply(&c, &gw);
+    assert_eq!(endpoints(&gw), ["10.0.0.1:8000", "10.0.0.2:8000"]);
+}

@@ -123,6 +123,7 @@ fn patches(
         in_force_sources: current.as_ref().map(|c| &c.sources),
         live,
         secrets: &secrets,
+        secret_errors: &s.secret_errors().clone(),
         now: NOW,
     })
     .into_iter()
@@ -354,6 +355,7 @@ fn status_names_the_error_by_code_field_path_and_help_and_a_fix_flips_accepted()
         in_force_sources: Some(&current.sources),
         live: &live(),
         secrets: &secrets,
+        secret_errors: &s.secret_errors().clone(),
         now: later,
     });
     let pol = fixed
@@ -397,6 +399,7 @@ fn status_of_an_up_to_date_object_needs_no_write() {
         in_force_sources: current.as_ref().map(|c| &c.sources),
         live: &live(),
         secrets: &secrets,
+        secret_errors: &s.secret_errors().clone(),
         now: NOW,
     };
     let first = status::compute(&input);
@@ -724,4 +727,44 @@ fn a_provider_without_health_information_is_not_ready_as_its_pool_counts_it() {
             .contains("no health information yet"),
         "{message}"
     );
+}
+
+#[test]
+fn a_secret_whose_read_failed_is_reported_unreadable_not_fine() {
+    let mut s = initial_store(policy(1, "if"));
+    // The provider's Secret could not be read (a timeout): it is not "not read yet".
+    s.secret_read_failed("llm", "openai-key", "the read timed out after 10s");
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
+    let body = &p
+        .iter()
+        .find(|(k, _)| k == "InferenceProvider/llm/openai")
+        .unwrap()
+        .1;
+    let cond = |t: &str| {
+        body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == t)
+            .unwrap()
+            .clone()
+    };
+    let refs = cond("ResolvedRefs");
+    assert_eq!(refs["status"], "False", "{refs}");
+    assert_eq!(refs["reason"], "SecretUnreadable");
+    assert!(
+        refs["message"].as_str().unwrap().contains("timed out"),
+        "{refs}"
+    );
+    assert_eq!(cond("Ready")["status"], "False");
+    // Read once it succeeds: the error is forgotten.
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    assert!(s.secret_errors().is_empty());
 }

@@ -143,6 +143,8 @@ pub struct Controller {
     leader: Arc<lease::Leadership>,
     revision: AtomicU64,
     snapshots: Mutex<BTreeMap<u64, Arc<Vec<StoredObject>>>>,
+    /// The objects of the last bundle applied (or found unchanged): the policy in force.
+    in_force_objects: Mutex<Option<Arc<Vec<StoredObject>>>>,
     last: Mutex<Option<LastApply>>,
     status_wake: tokio::sync::Notify,
     /// Status bodies written, by object, until the watch reports the object again.
@@ -171,6 +173,7 @@ impl Controller {
             leader: Arc::new(lease::Leadership::new(lease::RENEW_DEADLINE)),
             revision: AtomicU64::new(0),
             snapshots: Mutex::new(BTreeMap::new()),
+            in_force_objects: Mutex::new(None),
             last: Mutex::new(None),
             status_wake: tokio::sync::Notify::new(),
             last_sent: Mutex::new(HashMap::new()),
@@ -217,8 +220,19 @@ impl Controller {
     /// The bundle of the store's current content, numbered, with a snapshot of its objects
     /// kept for status.
     pub fn snapshot_bundle(&self) -> ConfigBundle {
-        let (mut bundle, objects) =
-            self.with_store(|s| (s.bundle(), s.objects().cloned().collect()));
+        let in_force = self.in_force_objects.lock().clone();
+        let (mut bundle, objects) = self.with_store(|s| {
+            let mut bundle = s.bundle();
+            // If this bundle is refused, the policy in force is re-applied with the current
+            // pods as *its* worker sets select them.
+            bundle.resolved.in_force_endpoints = in_force.map(|objects| {
+                s.selected_pods_of(objects.iter())
+                    .into_iter()
+                    .map(|(k, v)| (k, v.endpoints))
+                    .collect()
+            });
+            (bundle, s.objects().cloned().collect())
+        });
         let rev = self.revision.fetch_add(1, Ordering::SeqCst) + 1;
         bundle.revision = rev;
         let mut snaps = self.snapshots.lock();
@@ -236,6 +250,9 @@ impl Controller {
             return;
         };
         let in_force = !matches!(outcome, ApplyOutcome::Refused { .. });
+        if in_force {
+            *self.in_force_objects.lock() = Some(objects.clone());
+        }
         *self.last.lock() = Some(LastApply {
             objects,
             sources: bundle.sources.clone(),
@@ -252,7 +269,7 @@ impl Controller {
             return Vec::new();
         };
         let sent = self.last_sent.lock().clone();
-        let (objects, secrets, selected) = self.with_store(|s| {
+        let (objects, secrets, secret_errors, selected) = self.with_store(|s| {
             let objects: Vec<StoredObject> = last
                 .objects
                 .iter()
@@ -279,7 +296,12 @@ impl Controller {
                     o
                 })
                 .collect();
-            (objects, secret_keys(s), s.selected_pods())
+            (
+                objects,
+                secret_keys(s),
+                s.secret_errors().clone(),
+                s.selected_pods(),
+            )
         });
         let live = live_counts(gw, &selected);
         let current = gw.store.current();
@@ -294,6 +316,7 @@ impl Controller {
             in_force_sources: current.as_ref().map(|a| &a.sources),
             live: &live,
             secrets: &secrets,
+            secret_errors: &secret_errors,
             now,
         })
     }
@@ -383,7 +406,8 @@ impl Controller {
             let api: Api<K8sSecret> = Api::namespaced(self.client.clone(), &ns);
             let Ok(got) = tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(&name)).await else {
                 tracing::warn!(secret = %format!("{ns}/{name}"), "reading the Secret timed out");
-                self.update_store(|s| s.secret_read_failed(&ns, &name));
+                let why = format!("the read timed out after {}s", REQUEST_TIMEOUT.as_secs());
+                self.update_store(|s| s.secret_read_failed(&ns, &name, &why));
                 continue;
             };
             let got = match got {
@@ -394,7 +418,8 @@ impl Controller {
                 }
                 Err(e) => {
                     tracing::warn!(secret = %format!("{ns}/{name}"), error = %e, "cannot read Secret");
-                    self.update_store(|s| s.secret_read_failed(&ns, &name));
+                    let why = e.to_string();
+                    self.update_store(|s| s.secret_read_failed(&ns, &name, &why));
                     continue;
                 }
             };

@@ -75,8 +75,19 @@ pub struct StatusInput<'a> {
     pub live: &'a LiveCounts,
     /// Referenced Secrets.
     pub secrets: &'a SecretKeys,
+    /// Why reading a referenced Secret failed (timeout, server error), for Secrets never read.
+    pub secret_errors: &'a BTreeMap<(String, String), String>,
     /// The time written as `lastTransitionTime` of conditions that change (RFC 3339).
     pub now: &'a str,
+}
+
+impl StatusInput<'_> {
+    /// Why reading Secret `namespace/name` failed, when it was never read.
+    fn secrets_error(&self, namespace: &str, name: &str) -> Option<&str> {
+        self.secret_errors
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .map(String::as_str)
+    }
 }
 
 /// The server-side-apply body of one object's `/status`.
@@ -338,7 +349,14 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
                 .secrets
                 .get(&(o.key.namespace.clone(), name.to_owned()));
             let problem = match (state, key) {
-                (None, _) => None,
+                (None, _) => input
+                    .secrets_error(&o.key.namespace, name)
+                    .map(|e| {
+                        format!(
+                            "{path}: Secret `{}/{name}` cannot be read: {e} (help: the controller                              retries every 30 s)",
+                            o.key.namespace
+                        )
+                    }),
                 (Some(None), _) => Some(format!(
                     "{path}: Secret `{}/{name}` not found (help: create it, or grant the \
                      controller `get` on it)",
@@ -359,7 +377,12 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
             }
             (false, "RefNotFound", unresolved.join("\n"))
         } else if let Some(p) = &secret_problem {
-            (false, "SecretNotFound", p.clone())
+            let reason = if p.contains("cannot be read") {
+                "SecretUnreadable"
+            } else {
+                "SecretNotFound"
+            };
+            (false, reason, p.clone())
         } else {
             (true, "ResolvedRefs", "every reference resolves".to_owned())
         };

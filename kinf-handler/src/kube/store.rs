@@ -200,6 +200,8 @@ pub struct ClusterStore {
     secrets: BTreeMap<(String, String), Option<BTreeMap<String, Secret>>>,
     /// Secrets whose read was attempted at least once (found, not found, or failed).
     secrets_tried: BTreeSet<(String, String)>,
+    /// Why the last read of a Secret failed (timeout, server error), until a read succeeds.
+    secret_errors: BTreeMap<(String, String), String>,
     init_objects: BTreeMap<ResourceKind, Vec<StoredObject>>,
     init_pods: Option<Vec<PodInfo>>,
     /// Streams that completed their first listing.
@@ -327,18 +329,27 @@ impl ClusterStore {
         });
         let k = (namespace.to_owned(), name.to_owned());
         let first = self.secrets_tried.insert(k.clone());
+        let had_error = self.secret_errors.remove(&k).is_some();
         if self.secrets.get(&k) == Some(&data) {
-            return first;
+            return first || had_error;
         }
         self.secrets.insert(k, data);
         true
     }
 
-    /// Records that reading a Secret was attempted and failed (it stays "not read"). Returns
-    /// whether this is its first attempt.
-    pub fn secret_read_failed(&mut self, namespace: &str, name: &str) -> bool {
-        self.secrets_tried
-            .insert((namespace.to_owned(), name.to_owned()))
+    /// Records that reading a Secret was attempted and failed, and why (a value read before is
+    /// kept). Returns whether anything changed.
+    pub fn secret_read_failed(&mut self, namespace: &str, name: &str, error: &str) -> bool {
+        let k = (namespace.to_owned(), name.to_owned());
+        let first = self.secrets_tried.insert(k.clone());
+        let changed = self.secret_errors.get(&k).map(String::as_str) != Some(error);
+        self.secret_errors.insert(k, error.to_owned());
+        first || changed
+    }
+
+    /// Why the last read of each Secret failed, for Secrets whose reads fail.
+    pub fn secret_errors(&self) -> &BTreeMap<(String, String), String> {
+        &self.secret_errors
     }
 
     /// Whether every referenced Secret was attempted at least once, so that a bundle does not
@@ -397,8 +408,17 @@ impl ClusterStore {
 
     /// The pods selected by every selector-mode worker set, by `namespace/name`.
     pub fn selected_pods(&self) -> BTreeMap<String, SelectedPods> {
+        self.selected_pods_of(self.objects.values())
+    }
+
+    /// What the worker sets among `objects` (for example those of the policy in force, whose
+    /// specs may differ from the stored ones) select among the current pods.
+    pub fn selected_pods_of<'o>(
+        &self,
+        objects: impl IntoIterator<Item = &'o StoredObject>,
+    ) -> BTreeMap<String, SelectedPods> {
         let mut out = BTreeMap::new();
-        for o in self.objects.values() {
+        for o in objects {
             if o.key.kind != ResourceKind::InferenceWorkerSet {
                 continue;
             }
@@ -454,6 +474,7 @@ impl ClusterStore {
                 endpoints,
                 secrets: Arc::new(secrets),
                 kubernetes: true,
+                in_force_endpoints: None,
             },
             revision: 0,
         }
