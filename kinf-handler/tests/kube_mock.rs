@@ -731,3 +731,58 @@ async fn while_a_bundle_is_refused_the_worker_sets_in_force_decide_the_endpoints
     apply(&c, &gw);
     assert_eq!(endpoints(&gw), ["10.0.0.1:8000", "10.0.0.2:8000"]);
 }
+
+#[tokio::test]
+async fn while_a_bundle_is_refused_the_secrets_in_force_are_still_read() {
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    load(&c, policy(1, "if"));
+    apply(&c, &gw);
+    // A refused bundle in which the provider names another Secret: the one in force must
+    // still be read, or a key revoked in it would stay valid while the refusal lasts.
+    let mut p = provider();
+    p.metadata.generation = Some(2);
+    p.data["spec"]["credentials"] = json!({"secretRef": {"name": "openai-key-2"}});
+    c.update_store(|s| {
+        s.apply_object_event(
+            ResourceKind::InferencePolicy,
+            Event::Apply(policy(2, "iff")),
+        );
+        s.apply_object_event(ResourceKind::InferenceProvider, Event::Apply(p))
+    });
+    apply(&c, &gw);
+    assert!(gw.store.last_rejected().is_some());
+    let reading = tokio::spawn({
+        let c = c.clone();
+        async move { c.read_secrets(true).await }
+    });
+    let mut asked = Vec::new();
+    for _ in 0..2 {
+        let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("a Secret read")
+            .unwrap();
+        asked.push(req.uri().path().to_owned());
+        send.send_response(
+            Response::builder()
+                .status(404)
+                .body(Body::from(
+                    serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1",
+                        "status": "Failure", "reason": "NotFound", "code": 404,
+                        "message": "not found"}))
+                    .unwrap(),
+                ))
+                .unwrap(),
+        );
+    }
+    reading.await.unwrap();
+    asked.sort();
+    assert_eq!(
+        asked,
+        [
+            "/api/v1/namespaces/llm/secrets/openai-key",
+            "/api/v1/namespaces/llm/secrets/openai-key-2"
+        ]
+    );
+}

@@ -768,3 +768,46 @@ fn a_secret_whose_read_failed_is_reported_unreadable_not_fine() {
     );
     assert!(s.secret_errors().is_empty());
 }
+
+#[tokio::test]
+async fn provider_status_follows_the_provider_pool_not_the_routing_state() {
+    let mut s = initial_store(policy(1, "if"));
+    // A provider whose credentials are an environment variable: refused in Kubernetes mode.
+    let mut p = provider();
+    p.data["spec"]["credentials"] = json!({"env": "HOME"});
+    s.apply_object_event(ResourceKind::InferenceProvider, Event::Apply(p));
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    assert!(
+        !matches!(outcome, ApplyOutcome::Refused { .. }),
+        "{diags:?}"
+    );
+    let live = kinf_handler::kube::live_counts(&gw, &s.selected_pods());
+    // No request was routed; the routing state still says every provider is ready.
+    assert_eq!(live.providers.get("llm/openai"), Some(&false), "{live:?}");
+    let why = &live.provider_credential_errors["llm/openai"];
+    assert!(why.contains("credentials.secretRef"), "{why}");
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live);
+    let body = &p
+        .iter()
+        .find(|(k, _)| k == "InferenceProvider/llm/openai")
+        .unwrap()
+        .1;
+    let ready = body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready["status"], "False", "{ready}");
+    assert_eq!(ready["reason"], "CredentialsUnavailable");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("not read in Kubernetes mode"),
+        "{ready}"
+    );
+}

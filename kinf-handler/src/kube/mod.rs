@@ -396,9 +396,16 @@ impl Controller {
 
     /// Reads the referenced Secrets (all when `all`, else only those not read yet).
     pub async fn read_secrets(&self, all: bool) {
+        // Also those of the objects in force: while a newer bundle is refused, the policy in
+        // force is re-applied with their current values (a refused edit may name another
+        // Secret; a revocation in the one in force must still be seen).
+        let in_force = self.in_force_objects.lock().clone();
         let refs = self.with_store(|s| {
-            s.referenced_secrets()
-                .into_iter()
+            let mut refs = s.referenced_secrets();
+            if let Some(objects) = &in_force {
+                refs.extend(store::secret_refs_of(objects.iter()));
+            }
+            refs.into_iter()
                 .filter(|(ns, n)| all || s.secret_state(ns, n, None).is_none())
                 .collect::<Vec<_>>()
         });
@@ -614,10 +621,16 @@ pub fn live_counts(gw: &Gateway, selected: &BTreeMap<String, store::SelectedPods
                 },
             );
         }
-        for (k, p) in &st.providers {
-            out.providers.insert(k.to_string(), p.ready);
-        }
     });
+    // Provider health from the provider pool itself (probes, breaker, credentials), not from
+    // the routing state, which only requests refresh.
+    let pool = gw.providers.load();
+    for (k, p) in pool.state_snapshot() {
+        out.providers.insert(k.to_string(), p.ready);
+    }
+    for (k, e) in pool.credential_errors() {
+        out.provider_credential_errors.insert(k.to_string(), e);
+    }
     for (k, s) in selected {
         out.worker_sets
             .entry(k.clone())

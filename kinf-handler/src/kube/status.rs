@@ -47,6 +47,9 @@ pub struct LiveCounts {
     pub worker_sets: BTreeMap<String, WorkerSetLive>,
     /// Provider `namespace/name` → healthy.
     pub providers: BTreeMap<String, bool>,
+    /// Provider `namespace/name` → why its credentials were not resolved (e.g. `env`/`file`
+    /// refused in Kubernetes mode).
+    pub provider_credential_errors: BTreeMap<String, String>,
 }
 
 /// What is known of a referenced Secret: `None` not found, `Some(keys)` found with these keys.
@@ -588,6 +591,8 @@ fn ready_condition(
                     "CredentialsUnavailable",
                     "the credentials Secret cannot be read (see ResolvedRefs)".to_owned(),
                 )
+            } else if let Some(e) = input.live.provider_credential_errors.get(&key) {
+                (false, "CredentialsUnavailable", e.clone())
             } else if serving == Serving::No {
                 (
                     false,

@@ -378,21 +378,7 @@ impl ClusterStore {
     /// The Secrets referenced by providers (`spec.credentials.secretRef`) and front doors
     /// (`spec.tenants.apiKeys.secretRef`): `(namespace, name)`.
     pub fn referenced_secrets(&self) -> BTreeSet<(String, String)> {
-        self.objects
-            .values()
-            .filter_map(|o| {
-                let name = match o.key.kind {
-                    ResourceKind::InferenceProvider => {
-                        o.spec.pointer("/credentials/secretRef/name")
-                    }
-                    ResourceKind::GatewayBackend => {
-                        o.spec.pointer("/tenants/apiKeys/secretRef/name")
-                    }
-                    _ => None,
-                }?;
-                Some((o.key.namespace.clone(), name.as_str()?.to_owned()))
-            })
-            .collect()
+        secret_refs_of(self.objects.values())
     }
 
     /// Whether a Secret was read and found, and whether it holds `key` (`None`: not read yet).
@@ -479,6 +465,24 @@ impl ClusterStore {
             revision: 0,
         }
     }
+}
+
+/// The Secrets that the providers (`spec.credentials.secretRef`) and front doors
+/// (`spec.tenants.apiKeys.secretRef`) among `objects` refer to: `(namespace, name)`.
+pub fn secret_refs_of<'o>(
+    objects: impl IntoIterator<Item = &'o StoredObject>,
+) -> BTreeSet<(String, String)> {
+    objects
+        .into_iter()
+        .filter_map(|o| {
+            let name = match o.key.kind {
+                ResourceKind::InferenceProvider => o.spec.pointer("/credentials/secretRef/name"),
+                ResourceKind::GatewayBackend => o.spec.pointer("/tenants/apiKeys/secretRef/name"),
+                _ => None,
+            }?;
+            Some((o.key.namespace.clone(), name.as_str()?.to_owned()))
+        })
+        .collect()
 }
 
 /// The vLLM port of a pod when the worker set names none: the container port named `http`,

@@ -466,6 +466,15 @@ impl ProviderPool {
             .collect()
     }
 
+    /// Why each provider whose credentials could not be resolved has none (never the
+    /// credentials themselves), by `namespace/name`.
+    pub fn credential_errors(&self) -> Vec<(Arc<str>, String)> {
+        self.providers
+            .iter()
+            .filter_map(|(k, p)| p.creds.as_ref().err().map(|e| (k.clone(), e.to_string())))
+            .collect()
+    }
+
     /// Copies `ready`, `in_flight` and `ttft_s` of every provider into `st.providers`.
     pub fn apply_to(&self, st: &mut kinf_router::ClusterState) {
         for (k, s) in self.state_snapshot() {
