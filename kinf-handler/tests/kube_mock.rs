@@ -757,13 +757,19 @@ async fn while_a_bundle_is_refused_the_secrets_in_force_are_still_read() {
         let c = c.clone();
         async move { c.read_secrets(true).await }
     });
+    // Both reads are asked for before either is answered: one slow Secret does not hold up
+    // the others.
     let mut asked = Vec::new();
+    let mut pending = Vec::new();
     for _ in 0..2 {
         let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
             .await
             .expect("a Secret read")
             .unwrap();
         asked.push(req.uri().path().to_owned());
+        pending.push(send);
+    }
+    for send in pending {
         send.send_response(
             Response::builder()
                 .status(404)

@@ -48,6 +48,9 @@ pub const FIELD_MANAGER: &str = "kinference";
 /// stuck request must not hold the status writer or the Secret reader forever).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Secrets read at once.
+const SECRET_READS_AT_ONCE: usize = 8;
+
 /// Settings of Kubernetes mode.
 #[derive(Clone, Debug)]
 pub struct KubeOptions {
@@ -409,29 +412,32 @@ impl Controller {
                 .filter(|(ns, n)| all || s.secret_state(ns, n, None).is_none())
                 .collect::<Vec<_>>()
         });
-        for (ns, name) in refs {
-            let api: Api<K8sSecret> = Api::namespaced(self.client.clone(), &ns);
-            let Ok(got) = tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(&name)).await else {
-                tracing::warn!(secret = %format!("{ns}/{name}"), "reading the Secret timed out");
-                let why = format!("the read timed out after {}s", REQUEST_TIMEOUT.as_secs());
-                self.update_store(|s| s.secret_read_failed(&ns, &name, &why));
-                continue;
-            };
-            let got = match got {
-                Ok(s) => s,
-                Err(::kube::Error::Api(e)) if e.code == 403 => {
-                    tracing::warn!(secret = %format!("{ns}/{name}"), "forbidden: grant the controller `get` on this Secret");
-                    None
-                }
-                Err(e) => {
-                    tracing::warn!(secret = %format!("{ns}/{name}"), error = %e, "cannot read Secret");
-                    let why = e.to_string();
+        // A few at a time: one slow Secret (up to the 10 s timeout) must not hold up the rest.
+        futures_util::stream::iter(refs)
+            .for_each_concurrent(SECRET_READS_AT_ONCE, |(ns, name)| async move {
+                let api: Api<K8sSecret> = Api::namespaced(self.client.clone(), &ns);
+                let Ok(got) = tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(&name)).await else {
+                    tracing::warn!(secret = %format!("{ns}/{name}"), "reading the Secret timed out");
+                    let why = format!("the read timed out after {}s", REQUEST_TIMEOUT.as_secs());
                     self.update_store(|s| s.secret_read_failed(&ns, &name, &why));
-                    continue;
-                }
-            };
-            self.update_store(|s| s.set_secret(&ns, &name, got.as_ref()));
-        }
+                    return;
+                };
+                let got = match got {
+                    Ok(s) => s,
+                    Err(::kube::Error::Api(e)) if e.code == 403 => {
+                        tracing::warn!(secret = %format!("{ns}/{name}"), "forbidden: grant the controller `get` on this Secret");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!(secret = %format!("{ns}/{name}"), error = %e, "cannot read Secret");
+                        let why = e.to_string();
+                        self.update_store(|s| s.secret_read_failed(&ns, &name, &why));
+                        return;
+                    }
+                };
+                self.update_store(|s| s.set_secret(&ns, &name, got.as_ref()));
+            })
+            .await;
     }
 
     /// On shutdown: stops the lease loop and status writes, and gives the Lease up when this
