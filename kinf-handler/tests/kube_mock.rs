@@ -792,3 +792,40 @@ async fn while_a_bundle_is_refused_the_secrets_in_force_are_still_read() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_forbidden_secret_is_reported_as_forbidden_not_missing() {
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    list_all(&c, policy(1, "if"));
+    let reading = tokio::spawn({
+        let c = c.clone();
+        async move { c.read_secrets(true).await }
+    });
+    let (_, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        .await
+        .expect("a Secret read")
+        .unwrap();
+    send.send_response(
+        Response::builder()
+            .status(403)
+            .body(Body::from(
+                serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1",
+                    "status": "Failure", "reason": "Forbidden", "code": 403,
+                    "message": "secrets \"openai-key\" is forbidden"}))
+                .unwrap(),
+            ))
+            .unwrap(),
+    );
+    reading.await.unwrap();
+    let why = c.with_store(|s| {
+        (
+            s.secret_state("llm", "openai-key", None),
+            s.secret_errors()
+                .get(&("llm".to_owned(), "openai-key".to_owned()))
+                .cloned(),
+        )
+    });
+    assert_eq!(why.0, None, "not recorded as read and missing");
+    assert!(why.1.unwrap().contains("forbidden"));
+}

@@ -426,7 +426,10 @@ impl Controller {
                     Ok(s) => s,
                     Err(::kube::Error::Api(e)) if e.code == 403 => {
                         tracing::warn!(secret = %format!("{ns}/{name}"), "forbidden: grant the controller `get` on this Secret");
-                        None
+                        let why = "forbidden (the API server's 403): grant the controller `get` \
+                                   on it (the chart's `secrets.names`, or `secrets.allowAll`)";
+                        self.update_store(|s| s.secret_read_failed(&ns, &name, why));
+                        return;
                     }
                     Err(e) => {
                         tracing::warn!(secret = %format!("{ns}/{name}"), error = %e, "cannot read Secret");

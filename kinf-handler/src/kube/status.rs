@@ -361,8 +361,7 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
                         )
                     }),
                 (Some(None), _) => Some(format!(
-                    "{path}: Secret `{}/{name}` not found (help: create it, or grant the \
-                     controller `get` on it)",
+                    "{path}: Secret `{}/{name}` not found (help: create it in that namespace)",
                     o.key.namespace
                 )),
                 (Some(Some(keys)), Some(k)) if !keys.contains(k) => Some(format!(
