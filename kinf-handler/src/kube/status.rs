@@ -289,7 +289,9 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
         parts.join("; ")
     };
     let kept = match input.generation {
-        Some(g) => format!("the last good policy (generation {g}) stays in force"),
+        Some(g) => format!(
+            "the last good policy (gateway policy generation {g}, not an object's generation) stays in force"
+        ),
         None => "no policy is in force yet".to_owned(),
     };
     let bundle_ok = input.in_force && total_errors == 0;
@@ -338,7 +340,7 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
                 true,
                 "Accepted",
                 format!(
-                    "in force (policy generation {})",
+                    "in force (gateway policy generation {})",
                     input.generation.unwrap_or(0)
                 ),
             )
