@@ -811,3 +811,53 @@ async fn provider_status_follows_the_provider_pool_not_the_routing_state() {
         "{ready}"
     );
 }
+
+#[test]
+fn front_doors_naming_the_same_host_are_ordered_by_creation_so_a_later_one_cannot_take_it() {
+    let mut s = initial_store(policy(1, "if"));
+    let door = |name: &str, created: &str| {
+        let mut g = gateway();
+        g.metadata.name = Some(name.into());
+        g.metadata.uid = Some(format!("uid-{name}"));
+        g.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            created.parse().unwrap(),
+        ));
+        g.data["spec"]["hosts"] = json!(["llm.team-a.example.com"]);
+        g
+    };
+    s.apply_object_event(ResourceKind::GatewayBackend, Event::Delete(gateway()));
+    // `front` was there first; `aaa`, created later, sorts first by name.
+    s.apply_object_event(
+        ResourceKind::GatewayBackend,
+        Event::Apply(door("front", "2026-11-01T00:00:00Z")),
+    );
+    s.apply_object_event(
+        ResourceKind::GatewayBackend,
+        Event::Apply(door("aaa", "2026-11-30T00:00:00Z")),
+    );
+    let gw = gateway_();
+    let (outcome, diags) = gw.apply_bundle(&s.bundle());
+    assert!(
+        !matches!(outcome, ApplyOutcome::Refused { .. }),
+        "{diags:?}"
+    );
+    let order: Vec<String> = gw
+        .store
+        .current()
+        .unwrap()
+        .policy
+        .gateways
+        .iter()
+        .map(|g| g.name.to_string())
+        .collect();
+    assert_eq!(order, ["front", "aaa"], "the older door answers the host");
+    let warning = diags
+        .iter()
+        .find(|d| d.code.as_str() == "KINF0508")
+        .expect("KINF0508");
+    assert!(
+        warning.message.contains("front door `llm/aaa`"),
+        "the warning is on the later door: {}",
+        warning.message
+    );
+}

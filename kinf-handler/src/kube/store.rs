@@ -60,6 +60,8 @@ pub struct StoredObject {
     pub uid: Option<String>,
     /// `metadata.resourceVersion`: changes with every write the watch reports.
     pub resource_version: Option<String>,
+    /// `metadata.creationTimestamp`: front doors that answer the same host are ordered by it.
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 impl StoredObject {
@@ -85,6 +87,7 @@ impl StoredObject {
         );
         s.uid = obj.metadata.uid.clone();
         s.resource_version = obj.metadata.resource_version.clone();
+        s.created = obj.metadata.creation_timestamp.as_ref().map(|t| t.0);
         Some(s)
     }
 
@@ -105,6 +108,7 @@ impl StoredObject {
             source,
             uid: None,
             resource_version: None,
+            created: None,
         }
     }
 }
@@ -441,7 +445,19 @@ impl ClusterStore {
     /// the endpoints of selector-mode worker sets, and the Secrets found.
     pub fn bundle(&self) -> ConfigBundle {
         let mut sources = kinf_lang::Sources::new();
-        for o in self.objects.values() {
+        // Front doors last, oldest first: a request goes to the first door naming its host
+        // (else the first naming none), so a door created later, in any namespace, cannot
+        // take another's host, and KINF0508 marks the later one.
+        let (doors, others): (Vec<&StoredObject>, Vec<&StoredObject>) = self
+            .objects
+            .values()
+            .partition(|o| o.key.kind == ResourceKind::GatewayBackend);
+        let mut doors = doors;
+        doors.sort_by(|a, b| {
+            // Without a creation time (not from the API server): after those with one.
+            (a.created.is_none(), a.created, &a.key).cmp(&(b.created.is_none(), b.created, &b.key))
+        });
+        for o in others.into_iter().chain(doors) {
             sources.add(o.key.label(), o.source.clone());
         }
         let endpoints = self
