@@ -582,3 +582,49 @@ async fn a_worker_whose_health_checks_fail_is_shown_disconnected_at_once() {
     assert!(kv(&ingest, &address).reconnects >= 1);
     assert!(!ingest.endpoint_status(WS, &address).unwrap().scrape.ready);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_the_kv_events_showed_first_is_not_counted_or_reset_again_by_the_metrics() {
+    let fr = frames();
+    let start = Arc::new(std::sync::atomic::AtomicU64::new(1_795_960_000));
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let address = metrics_server(start.clone(), healthy).await;
+    let mut publ = Publisher::bind().await;
+    let shared = state(&address);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    let mut sp = spec(&address, Some(publ.port), None);
+    sp.metrics_interval = Duration::from_millis(50);
+    ingest.sync_endpoints(vec![sp]);
+    publ.await_subscriber(&ingest, &address).await;
+    for f in &fr[..4] {
+        publ.publish(f).await;
+    }
+    wait_until("old process applied", || {
+        kv(&ingest, &address).last_seq == Some(3)
+    })
+    .await;
+    // The new process's first batch arrives before its metrics show the new start time.
+    publ.publish(&Frame {
+        seq: 0,
+        payload: fr[3].payload.clone(),
+    })
+    .await;
+    wait_until("seq restart", || kv(&ingest, &address).restarts == 1).await;
+    let after_seq_restart = index(&shared);
+    start.fetch_add(7_200, std::sync::atomic::Ordering::SeqCst);
+    wait_until("metrics restart seen", || {
+        ingest
+            .endpoint_status(WS, &address)
+            .unwrap()
+            .scrape
+            .worker_restarts
+            == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let k = kv(&ingest, &address);
+    assert_eq!((k.restarts, k.resets), (1, 1), "{k:?}");
+    // What the new process published is kept (no replay socket to get it back).
+    assert_eq!(index(&shared), after_seq_restart);
+    assert_eq!(index(&shared).0, reference(&fr, &[3]).0);
+}

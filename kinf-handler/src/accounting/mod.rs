@@ -138,6 +138,9 @@ pub struct Served<'a> {
     pub status: u16,
     /// Whether the response ended properly.
     pub completed: bool,
+    /// The client went away before the upstream ended (a stream it abandoned): counts for no
+    /// latency objective, like a 499.
+    pub client_gone: bool,
     /// The client asked for a stream: only then can a first token be seen, so only then does
     /// the request count for `ttft` objectives.
     pub streamed: bool,
@@ -299,7 +302,7 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
     // The client's own errors say nothing of the service's latency: an upstream 4xx for the
     // request itself (a prompt over the context length, a bad parameter), and a request the
     // client abandoned. A 408 or 429 is the service's (too slow, or full) and counts.
-    if (400..500).contains(&s.status) && !matches!(s.status, 408 | 429) {
+    if s.client_gone || (400..500).contains(&s.status) && !matches!(s.status, 408 | 429) {
         return;
     }
     let now = m.now_s();
@@ -365,6 +368,7 @@ mod tests {
             },
             status: 200,
             completed: true,
+            client_gone: false,
             streamed: true,
             ttft_s: ttft,
             mean_itl_s: ttft.map(|_| 0.02),
@@ -407,6 +411,14 @@ mod tests {
         for status in [400, 404, 422, CLIENT_CLOSED_STATUS] {
             account_response(&m, &with_status(status));
         }
+        // A stream the client abandoned half way (the upstream had answered 200).
+        account_response(
+            &m,
+            &Served {
+                client_gone: true,
+                ..with_status(200)
+            },
+        );
         let count = |name: &str, slo: &'static str| {
             m.value(
                 name,

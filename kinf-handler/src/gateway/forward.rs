@@ -163,6 +163,9 @@ pub struct ResponseObservation {
     /// Token-carrying events seen (streamed responses): the output-token estimate when the
     /// upstream reported no usage.
     pub token_events: u64,
+    /// The client went away before the upstream ended the response: its latency says nothing
+    /// of the service's, so it counts for no latency objective.
+    pub client_gone: bool,
 }
 
 impl ResponseObservation {
@@ -187,6 +190,7 @@ impl ResponseObservation {
             completed: o.completed,
             duration_s: started.elapsed().as_secs_f64(),
             token_events: o.token_events,
+            client_gone: false,
         }
     }
 }
@@ -268,6 +272,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
             cost: c.cost,
             status: o.status,
             completed: o.completed,
+            client_gone: o.client_gone,
             streamed: c.streamed,
             ttft_s: o.ttft_s,
             mean_itl_s: o.mean_itl_s,
@@ -1104,6 +1109,7 @@ fn respond_provider(
                 completed: o.completed,
                 duration_s,
                 token_events: 0,
+                client_gone: false,
             };
             report(&gw2, api, &chosen, &obs);
             settle(reservation, &chosen, &obs);
@@ -1359,6 +1365,8 @@ fn respond(
 struct Finisher {
     report: Option<Report>,
     tap: SseTap,
+    /// The upstream body ended (or failed): dropped before that, the client went away.
+    upstream_ended: bool,
 }
 
 impl Finisher {
@@ -1378,8 +1386,9 @@ impl Drop for Finisher {
     fn drop(&mut self) {
         crate::busy_poll::touch();
         if let Some(r) = self.report.take() {
-            let obs =
+            let mut obs =
                 ResponseObservation::from_tap(r.status, &self.tap.observed, r.sent_at, r.started);
+            obs.client_gone = !self.upstream_ended && !self.tap.observed.completed;
             report(&r.gw, r.api, &r.chosen, &obs);
             settle(r.reservation, &r.chosen, &obs);
         }
@@ -1395,6 +1404,7 @@ fn tap_stream(
     let fin = Finisher {
         report: Some(report),
         tap: SseTap::new(api, strip_usage),
+        upstream_ended: false,
     };
     let frames = body.into_data_stream();
     futures_util::stream::unfold(Some((frames, fin)), move |st| async move {
@@ -1411,6 +1421,7 @@ fn tap_stream(
                     }
                 }
                 Some(Err(e)) => {
+                    fin.upstream_ended = true;
                     let mut out = fin.tap.finish().to_vec();
                     let err = ApiError::new(
                         StatusCode::BAD_GATEWAY,
@@ -1423,6 +1434,7 @@ fn tap_stream(
                     return Some((Ok(Bytes::from(out)), None));
                 }
                 None => {
+                    fin.upstream_ended = true;
                     let rest = fin.tap.finish();
                     let completed = fin.tap.observed.completed;
                     let mut out = rest.to_vec();
@@ -1454,8 +1466,11 @@ fn buffered_stream(
         let mut fin = Finisher {
             report: Some(report),
             tap: SseTap::new(api, false),
+            upstream_ended: false,
         };
-        match body.collect().await {
+        let collected = body.collect().await;
+        fin.upstream_ended = true;
+        match collected {
             Ok(c) => {
                 let bytes = c.to_bytes();
                 fin.tap.observed.usage = body_usage(api, &bytes);

@@ -123,6 +123,8 @@ impl HandlerService {
             completed: req.completed,
             duration_s: finite(Some(req.duration_seconds)).unwrap_or(0.0),
             token_events: 0,
+            // What the caller reports is the response it passed on.
+            client_gone: false,
         };
         forward::report(&self.gw, p.api, &p.chosen, &obs);
         Ok(())
