@@ -274,7 +274,10 @@ impl Ctx {
                 // A new connection to a publisher that restarted while we were away.
                 self.flush(&mut pending);
                 self.reset("publisher restarted (sequence went back)");
-                self.stats.kv(|k| k.restarts += 1);
+                self.stats.kv(|k| {
+                    k.restarts += 1;
+                    k.last_restart_unix_s = Some(unix_now_s());
+                });
                 *tracker = SeqTracker::new();
             }
             match tracker.observe(batch.seq) {
@@ -283,7 +286,10 @@ impl Ctx {
                 SeqStatus::Restart { .. } => {
                     self.flush(&mut pending);
                     self.reset("publisher restarted (sequence 0)");
-                    self.stats.kv(|k| k.restarts += 1);
+                    self.stats.kv(|k| {
+                        k.restarts += 1;
+                        k.last_restart_unix_s = Some(unix_now_s());
+                    });
                     pending.push(batch);
                 }
                 SeqStatus::Gap { expected, got } => {
@@ -354,6 +360,13 @@ impl Ctx {
         });
         self.stats.kv(|k| k.resets += 1);
     }
+}
+
+/// This host's clock, Unix seconds.
+fn unix_now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Fetches batches `from..until` from a replay `ROUTER`, in a task of its own (within

@@ -50,8 +50,6 @@ pub async fn run_scraper(
     let stale_after_ms =
         (interval.as_millis() as u64).saturating_mul(u64::from(config.stale_after_intervals));
     let started_ms = shared.now_ms();
-    // KV-event restarts (sequence back to 0) the subscriber had seen at the last scrape.
-    let mut kv_restarts_seen = stats.kv.lock().as_ref().map_or(0, |k| k.restarts);
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
@@ -140,12 +138,19 @@ pub async fn run_scraper(
         // A new worker process has an empty cache: what the index holds for the endpoint is
         // the old process's. Reset it here; the KV subscriber is told below (its sequence
         // numbers and connection belong to the old process too).
-        // The KV subscriber may have seen this restart already (its stream went back to 0)
-        // and reset the index, then applied what the new process published: resetting again
-        // would lose that (without a replay socket), and count the restart twice.
-        let kv_restarts = stats.kv.lock().as_ref().map_or(0, |k| k.restarts);
-        let seen_by_kv = kv_restarts > kv_restarts_seen;
-        kv_restarts_seen = kv_restarts;
+        // The KV subscriber may have seen this restart already (its stream went back to 0
+        // after the new process started) and reset the index, then applied what the new
+        // process published: resetting again would lose that (without a replay socket), and
+        // count the restart twice.
+        // (The two clocks are the worker's and this host's: a restart the stream showed up to
+        // 5 s "before" the new process started is taken for this one.)
+        let seen_by_kv = stats
+            .kv
+            .lock()
+            .as_ref()
+            .and_then(|k| k.last_restart_unix_s)
+            .zip(s.process_start_s)
+            .is_some_and(|(seen, started)| seen >= started - 5.0);
         if restarted && seen_by_kv {
             tracing::info!(endpoint = %target.address, "worker process restarted (process_start_time_seconds changed); its KV events already showed it");
             restarted = false;
@@ -199,7 +204,6 @@ pub async fn run_scraper(
                 k.restarts += 1;
                 k.resets += 1;
             });
-            kv_restarts_seen += 1;
             stats.incarnation.send_modify(|n| *n += 1);
         }
     }

@@ -78,6 +78,10 @@ pub struct KvStatus {
     pub resets: u64,
     /// Publisher restarts seen (sequence back to 0).
     pub restarts: u64,
+    /// When the event stream last showed a restart (Unix seconds, this host's clock): the
+    /// scraper does not reset again for a new `process_start_time_seconds` at or before it.
+    #[serde(skip)]
+    pub last_restart_unix_s: Option<f64>,
     /// Duplicate batches dropped.
     pub duplicates: u64,
     /// Reconnections of the `SUB` socket.
