@@ -131,6 +131,17 @@ fn patches(
     .collect()
 }
 
+/// Condition `type_` of object `label` in the status patches.
+fn condition(p: &[(String, Value)], label: &str, type_: &str) -> Value {
+    p.iter().find(|(k, _)| k == label).unwrap().1["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap()
+        .clone()
+}
+
 fn live() -> LiveCounts {
     let mut l = LiveCounts::default();
     l.worker_sets.insert(
@@ -579,15 +590,7 @@ fn objects_of_the_policy_in_force_stay_ready_while_a_newer_bundle_is_refused() {
     let (outcome, diags) = gw.apply_bundle(&bundle);
     assert!(matches!(outcome, ApplyOutcome::Refused { .. }));
     let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
-    let cond = |label: &str, type_: &str| -> Value {
-        p.iter().find(|(k, _)| k == label).unwrap().1["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == type_)
-            .unwrap()
-            .clone()
-    };
+    let cond = |label: &str, type_: &str| condition(&p, label, type_);
 
     // Unchanged and serving: Accepted=False (bundle refused), Ready=True.
     let door = cond("GatewayBackend/llm/front", "Ready");
@@ -700,18 +703,7 @@ fn a_provider_without_health_information_is_not_ready_as_its_pool_counts_it() {
     let (outcome, diags) = gw.apply_bundle(&bundle);
     let ready_of = |live: &LiveCounts| {
         let p = patches(&s, &gw, &bundle, &outcome, &diags, live);
-        let body = &p
-            .iter()
-            .find(|(k, _)| k == "InferenceProvider/llm/openai")
-            .unwrap()
-            .1;
-        let ready = body["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Ready")
-            .unwrap()
-            .clone();
+        let ready = condition(&p, "InferenceProvider/llm/openai", "Ready");
         (ready["status"].clone(), ready["message"].clone())
     };
     let (status, _) = ready_of(&live());
@@ -738,20 +730,7 @@ fn a_secret_whose_read_failed_is_reported_unreadable_not_fine() {
     let bundle = s.bundle();
     let (outcome, diags) = gw.apply_bundle(&bundle);
     let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
-    let body = &p
-        .iter()
-        .find(|(k, _)| k == "InferenceProvider/llm/openai")
-        .unwrap()
-        .1;
-    let cond = |t: &str| {
-        body["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == t)
-            .unwrap()
-            .clone()
-    };
+    let cond = |t: &str| condition(&p, "InferenceProvider/llm/openai", t);
     let refs = cond("ResolvedRefs");
     assert_eq!(refs["status"], "False", "{refs}");
     assert_eq!(refs["reason"], "SecretUnreadable");
@@ -789,18 +768,7 @@ async fn provider_status_follows_the_provider_pool_not_the_routing_state() {
     let why = &live.provider_credential_errors["llm/openai"];
     assert!(why.contains("credentials.secretRef"), "{why}");
     let p = patches(&s, &gw, &bundle, &outcome, &diags, &live);
-    let body = &p
-        .iter()
-        .find(|(k, _)| k == "InferenceProvider/llm/openai")
-        .unwrap()
-        .1;
-    let ready = body["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Ready")
-        .unwrap()
-        .clone();
+    let ready = condition(&p, "InferenceProvider/llm/openai", "Ready");
     assert_eq!(ready["status"], "False", "{ready}");
     assert_eq!(ready["reason"], "CredentialsUnavailable");
     assert!(
