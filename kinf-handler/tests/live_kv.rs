@@ -337,6 +337,39 @@ async fn joining_a_running_publisher_catches_up_from_its_replay_buffer_at_once()
     assert_eq!((k.gaps, k.replays, k.resets), (0, 1, 0));
 }
 
+/// A vLLM-like `/metrics` and `/health` server and the knobs the test turns.
+struct MetricsWorker {
+    address: String,
+    /// `process_start_time_seconds`.
+    start: Arc<std::sync::atomic::AtomicU64>,
+    /// Whether `/health` answers 200.
+    healthy: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl MetricsWorker {
+    async fn start() -> Self {
+        let start = Arc::new(std::sync::atomic::AtomicU64::new(1_795_960_000));
+        let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let address = metrics_server(start.clone(), healthy.clone()).await;
+        MetricsWorker {
+            address,
+            start,
+            healthy,
+        }
+    }
+
+    /// Ingestion of this worker, scraped every 50 ms, with KV events from `port` (and a replay
+    /// socket on `replay_port`).
+    fn ingest(&self, port: u16, replay_port: Option<u16>) -> (Arc<SharedState>, LiveIngest) {
+        let shared = state(&self.address);
+        let ingest = LiveIngest::with_config(shared.clone(), config());
+        let mut sp = spec(&self.address, Some(port), replay_port);
+        sp.metrics_interval = Duration::from_millis(50);
+        ingest.sync_endpoints(vec![sp]);
+        (shared, ingest)
+    }
+}
+
 /// A vLLM-like `/metrics` and `/health` whose `process_start_time_seconds` the test sets.
 async fn metrics_server(
     start: Arc<std::sync::atomic::AtomicU64>,
@@ -382,18 +415,13 @@ async fn metrics_server(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_restart_seen_in_its_metrics_resets_the_index_and_catches_up_the_new_process() {
     let fr = frames();
-    let start = Arc::new(std::sync::atomic::AtomicU64::new(1_795_960_000));
-    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let address = metrics_server(start.clone(), healthy).await;
+    let worker = MetricsWorker::start().await;
+    let (address, start) = (&worker.address, &worker.start);
     let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let buffer: Buffer = Arc::new(parking_lot::Mutex::new(fr[..4].to_vec()));
     let replay_port = replay_server(buffer.clone(), requests.clone()).await;
     let publ = Publisher::bind().await;
-    let shared = state(&address);
-    let ingest = LiveIngest::with_config(shared.clone(), config());
-    let mut sp = spec(&address, Some(publ.port), Some(replay_port));
-    sp.metrics_interval = Duration::from_millis(50);
-    ingest.sync_endpoints(vec![sp]);
+    let (shared, ingest) = worker.ingest(publ.port, Some(replay_port));
     wait_until("old process caught up", || {
         kv(&ingest, &address).last_seq == Some(3)
     })
@@ -563,15 +591,10 @@ async fn reconnects_to_a_restarted_publisher_and_resets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_health_checks_fail_is_shown_disconnected_at_once() {
-    let start = Arc::new(std::sync::atomic::AtomicU64::new(1_795_960_000));
-    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let address = metrics_server(start, healthy.clone()).await;
+    let worker = MetricsWorker::start().await;
+    let (address, healthy) = (&worker.address, &worker.healthy);
     let mut publ = Publisher::bind().await;
-    let shared = state(&address);
-    let ingest = LiveIngest::with_config(shared.clone(), config());
-    let mut sp = spec(&address, Some(publ.port), None);
-    sp.metrics_interval = Duration::from_millis(50);
-    ingest.sync_endpoints(vec![sp]);
+    let (_shared, ingest) = worker.ingest(publ.port, None);
     publ.await_subscriber(&ingest, &address).await;
     assert!(kv(&ingest, &address).connected);
     // The worker dies: its publisher is gone and its health checks fail. The subscriber does
@@ -586,15 +609,10 @@ async fn a_worker_whose_health_checks_fail_is_shown_disconnected_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_the_kv_events_showed_first_is_not_counted_or_reset_again_by_the_metrics() {
     let fr = frames();
-    let start = Arc::new(std::sync::atomic::AtomicU64::new(1_795_960_000));
-    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let address = metrics_server(start.clone(), healthy).await;
+    let worker = MetricsWorker::start().await;
+    let (address, start) = (&worker.address, &worker.start);
     let mut publ = Publisher::bind().await;
-    let shared = state(&address);
-    let ingest = LiveIngest::with_config(shared.clone(), config());
-    let mut sp = spec(&address, Some(publ.port), None);
-    sp.metrics_interval = Duration::from_millis(50);
-    ingest.sync_endpoints(vec![sp]);
+    let (shared, ingest) = worker.ingest(publ.port, None);
     publ.await_subscriber(&ingest, &address).await;
     for f in &fr[..4] {
         publ.publish(f).await;
