@@ -423,7 +423,7 @@ async fn a_worker_restart_seen_in_its_metrics_resets_the_index_and_catches_up_th
     let publ = Publisher::bind().await;
     let (shared, ingest) = worker.ingest(publ.port, Some(replay_port));
     wait_until("old process caught up", || {
-        kv(&ingest, &address).last_seq == Some(3)
+        kv(&ingest, address).last_seq == Some(3)
     })
     .await;
     assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
@@ -445,13 +445,13 @@ async fn a_worker_restart_seen_in_its_metrics_resets_the_index_and_catches_up_th
         .collect();
     *buffer.lock() = new.clone();
     start.fetch_add(7_200, std::sync::atomic::Ordering::SeqCst);
-    wait_until("restart seen", || kv(&ingest, &address).restarts == 1).await;
+    wait_until("restart seen", || kv(&ingest, address).restarts == 1).await;
     wait_until("new process caught up", || {
-        kv(&ingest, &address).last_seq == Some(4)
+        kv(&ingest, address).last_seq == Some(4)
     })
     .await;
     assert_eq!(index(&shared), reference(&new, &[0, 1, 2, 3, 4]));
-    let scrape = ingest.endpoint_status(WS, &address).unwrap().scrape;
+    let scrape = ingest.endpoint_status(WS, address).unwrap().scrape;
     assert_eq!(scrape.worker_restarts, 1);
     assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
@@ -595,15 +595,15 @@ async fn a_worker_whose_health_checks_fail_is_shown_disconnected_at_once() {
     let (address, healthy) = (&worker.address, &worker.healthy);
     let mut publ = Publisher::bind().await;
     let (_shared, ingest) = worker.ingest(publ.port, None);
-    publ.await_subscriber(&ingest, &address).await;
-    assert!(kv(&ingest, &address).connected);
+    publ.await_subscriber(&ingest, address).await;
+    assert!(kv(&ingest, address).connected);
     // The worker dies: its publisher is gone and its health checks fail. The subscriber does
     // not wait out the 30 s idle timeout to say so.
     drop(publ);
     healthy.store(false, std::sync::atomic::Ordering::SeqCst);
-    wait_until("shown disconnected", || !kv(&ingest, &address).connected).await;
-    assert!(kv(&ingest, &address).reconnects >= 1);
-    assert!(!ingest.endpoint_status(WS, &address).unwrap().scrape.ready);
+    wait_until("shown disconnected", || !kv(&ingest, address).connected).await;
+    assert!(kv(&ingest, address).reconnects >= 1);
+    assert!(!ingest.endpoint_status(WS, address).unwrap().scrape.ready);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -613,12 +613,12 @@ async fn a_restart_the_kv_events_showed_first_is_not_counted_or_reset_again_by_t
     let (address, start) = (&worker.address, &worker.start);
     let mut publ = Publisher::bind().await;
     let (shared, ingest) = worker.ingest(publ.port, None);
-    publ.await_subscriber(&ingest, &address).await;
+    publ.await_subscriber(&ingest, address).await;
     for f in &fr[..4] {
         publ.publish(f).await;
     }
     wait_until("old process applied", || {
-        kv(&ingest, &address).last_seq == Some(3)
+        kv(&ingest, address).last_seq == Some(3)
     })
     .await;
     // The new process's first batch arrives before its metrics show the new start time.
@@ -627,12 +627,12 @@ async fn a_restart_the_kv_events_showed_first_is_not_counted_or_reset_again_by_t
         payload: fr[3].payload.clone(),
     })
     .await;
-    wait_until("seq restart", || kv(&ingest, &address).restarts == 1).await;
+    wait_until("seq restart", || kv(&ingest, address).restarts == 1).await;
     let after_seq_restart = index(&shared);
     start.fetch_add(7_200, std::sync::atomic::Ordering::SeqCst);
     wait_until("metrics restart seen", || {
         ingest
-            .endpoint_status(WS, &address)
+            .endpoint_status(WS, address)
             .unwrap()
             .scrape
             .worker_restarts
@@ -640,7 +640,7 @@ async fn a_restart_the_kv_events_showed_first_is_not_counted_or_reset_again_by_t
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let k = kv(&ingest, &address);
+    let k = kv(&ingest, address);
     assert_eq!((k.restarts, k.resets), (1, 1), "{k:?}");
     // What the new process published is kept (no replay socket to get it back).
     assert_eq!(index(&shared), after_seq_restart);
