@@ -28,6 +28,16 @@ fn mock() -> (Client, Handle) {
     (Client::new(svc, "llm"), handle)
 }
 
+/// A Kubernetes API error response (`Status`, as the API server sends it).
+fn api_error(code: u16, reason: &str, message: &str) -> Response<Body> {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "reason": reason, "code": code, "message": message});
+    Response::builder()
+        .status(code)
+        .body(Body::from(serde_json::to_vec(&status).unwrap()))
+        .unwrap()
+}
+
 fn load(c: &Controller, policy_obj: kube::api::DynamicObject) {
     list_all(c, policy_obj);
     c.update_store(|s| {
@@ -275,16 +285,11 @@ async fn a_replica_without_the_lease_sends_no_status_until_it_wins_it() {
         req.uri().to_string(),
         "/apis/coordination.k8s.io/v1/namespaces/llm/leases/kinference-leader"
     );
-    send.send_response(
-        Response::builder()
-            .status(404)
-            .body(Body::from(
-                serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                    "reason": "NotFound", "code": 404, "message": "leases \"kinference-leader\" not found"}))
-                .unwrap(),
-            ))
-            .unwrap(),
-    );
+    send.send_response(api_error(
+        404,
+        "NotFound",
+        "leases \"kinference-leader\" not found",
+    ));
     let (req, send) = handle.next_request().await.unwrap();
     assert_eq!(req.method(), "POST");
     assert_eq!(
@@ -351,18 +356,7 @@ async fn a_lease_held_by_another_replica_is_respected_until_it_expires() {
     assert_eq!(body["spec"]["holderIdentity"], "pod-a");
     assert_eq!(body["spec"]["leaseTransitions"], 3);
     // Another replica won the race: 409, not leader.
-    send.send_response(
-        Response::builder()
-            .status(409)
-            .body(Body::from(
-                serde_json::to_vec(
-                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                    "reason": "Conflict", "code": 409, "message": "conflict"}),
-                )
-                .unwrap(),
-            ))
-            .unwrap(),
-    );
+    send.send_response(api_error(409, "Conflict", "conflict"));
     assert!(!round.await.unwrap().unwrap());
 }
 
@@ -501,16 +495,7 @@ async fn a_leader_whose_lease_requests_hang_steps_down_before_the_lease_can_be_t
     // First round: no Lease (404), created (201): leader.
     let (req, send) = handle.next_request().await.unwrap();
     assert_eq!(req.method(), "GET");
-    send.send_response(
-        Response::builder()
-            .status(404)
-            .body(Body::from(
-                serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1",
-                    "status": "Failure", "reason": "NotFound", "code": 404, "message": "nf"}))
-                .unwrap(),
-            ))
-            .unwrap(),
-    );
+    send.send_response(api_error(404, "NotFound", "nf"));
     let renewed = tokio::time::Instant::now();
     let (req, send) = handle.next_request().await.unwrap();
     assert_eq!(req.method(), "POST");
@@ -578,16 +563,7 @@ async fn the_first_bundle_waits_until_every_referenced_secret_was_read_once() {
         req.uri().path(),
         "/api/v1/namespaces/llm/secrets/openai-key"
     );
-    send.send_response(
-        Response::builder()
-            .status(500)
-            .body(Body::from(
-                serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1",
-                    "status": "Failure", "reason": "InternalError", "code": 500, "message": "boom"}))
-                .unwrap(),
-            ))
-            .unwrap(),
-    );
+    send.send_response(api_error(500, "InternalError", "boom"));
     reader.await.unwrap();
     assert!(c.first_bundle_ready());
     assert_eq!(
@@ -770,17 +746,7 @@ async fn while_a_bundle_is_refused_the_secrets_in_force_are_still_read() {
         pending.push(send);
     }
     for send in pending {
-        send.send_response(
-            Response::builder()
-                .status(404)
-                .body(Body::from(
-                    serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1",
-                        "status": "Failure", "reason": "NotFound", "code": 404,
-                        "message": "not found"}))
-                    .unwrap(),
-                ))
-                .unwrap(),
-        );
+        send.send_response(api_error(404, "NotFound", "not found"));
     }
     reading.await.unwrap();
     asked.sort();
@@ -806,17 +772,11 @@ async fn a_forbidden_secret_is_reported_as_forbidden_not_missing() {
         .await
         .expect("a Secret read")
         .unwrap();
-    send.send_response(
-        Response::builder()
-            .status(403)
-            .body(Body::from(
-                serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1",
-                    "status": "Failure", "reason": "Forbidden", "code": 403,
-                    "message": "secrets \"openai-key\" is forbidden"}))
-                .unwrap(),
-            ))
-            .unwrap(),
-    );
+    send.send_response(api_error(
+        403,
+        "Forbidden",
+        "secrets \"openai-key\" is forbidden",
+    ));
     reading.await.unwrap();
     let why = c.with_store(|s| {
         (
