@@ -735,7 +735,9 @@ fn a_secret_whose_read_failed_is_reported_unreadable_not_fine() {
     assert_eq!(refs["status"], "False", "{refs}");
     assert_eq!(refs["reason"], "SecretUnreadable");
     assert!(
-        refs["message"].as_str().unwrap().contains("timed out"),
+        refs["message"].as_str().unwrap().ends_with(
+            "cannot be read: the read timed out after 10s (help: the controller retries every 30 s)"
+        ),
         "{refs}"
     );
     assert_eq!(cond("Ready")["status"], "False");

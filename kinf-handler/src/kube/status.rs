@@ -358,7 +358,7 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
                     .secrets_error(&o.key.namespace, name)
                     .map(|e| {
                         format!(
-                            "{path}: Secret `{}/{name}` cannot be read: {e} (help: the controller                              retries every 30 s)",
+                            "{path}: Secret `{}/{name}` cannot be read: {e} (help: the controller retries every 30 s)",
                             o.key.namespace
                         )
                     }),
