@@ -353,40 +353,43 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
             let state = input
                 .secrets
                 .get(&(o.key.namespace.clone(), name.to_owned()));
+            // `(ResolvedRefs reason, message)`.
             let problem = match (state, key) {
                 (None, _) => input
                     .secrets_error(&o.key.namespace, name)
                     .map(|e| {
-                        format!(
+                        let m = format!(
                             "{path}: Secret `{}/{name}` cannot be read: {e} (help: the controller retries every 30 s)",
                             o.key.namespace
-                        )
+                        );
+                        ("SecretUnreadable", m)
                     }),
-                (Some(None), _) => Some(format!(
-                    "{path}: Secret `{}/{name}` not found (help: create it in that namespace)",
-                    o.key.namespace
+                (Some(None), _) => Some((
+                    "SecretNotFound",
+                    format!(
+                        "{path}: Secret `{}/{name}` not found (help: create it in that namespace)",
+                        o.key.namespace
+                    ),
                 )),
-                (Some(Some(keys)), Some(k)) if !keys.contains(k) => Some(format!(
-                    "{path}: Secret `{}/{name}` has no key `{k}` (help: it has: {})",
-                    o.key.namespace,
-                    keys.iter().cloned().collect::<Vec<_>>().join(", ")
+                (Some(Some(keys)), Some(k)) if !keys.contains(k) => Some((
+                    "SecretNotFound",
+                    format!(
+                        "{path}: Secret `{}/{name}` has no key `{k}` (help: it has: {})",
+                        o.key.namespace,
+                        keys.iter().cloned().collect::<Vec<_>>().join(", ")
+                    ),
                 )),
                 _ => None,
             };
             secret_problem = problem;
         }
         let (refs_ok, refs_reason, refs_message) = if !unresolved.is_empty() {
-            if let Some(p) = &secret_problem {
+            if let Some((_, p)) = &secret_problem {
                 unresolved.push(p.clone());
             }
             (false, "RefNotFound", unresolved.join("\n"))
-        } else if let Some(p) = &secret_problem {
-            let reason = if p.contains("cannot be read") {
-                "SecretUnreadable"
-            } else {
-                "SecretNotFound"
-            };
-            (false, reason, p.clone())
+        } else if let Some((reason, p)) = &secret_problem {
+            (false, *reason, p.clone())
         } else {
             (true, "ResolvedRefs", "every reference resolves".to_owned())
         };
