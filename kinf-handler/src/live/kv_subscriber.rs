@@ -377,14 +377,7 @@ pub async fn replay(
     until: i64,
     config: LiveConfig,
 ) -> Result<Vec<EventBatch>, String> {
-    let t = config.replay_timeout;
-    let task = tokio::spawn(async move {
-        match tokio::time::timeout(t, replay_inner(&endpoint, from, until)).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("{endpoint}: timed out after {t:?}")),
-        }
-    });
-    task.await.map_err(|e| format!("replay task failed: {e}"))?
+    replay_task(endpoint, from, Some(until), config).await
 }
 
 /// Fetches every batch a replay `ROUTER` still buffers, oldest first (within
@@ -393,28 +386,23 @@ pub async fn replay_buffered(
     endpoint: String,
     config: LiveConfig,
 ) -> Result<Vec<EventBatch>, String> {
+    replay_task(endpoint, 0, None, config).await
+}
+
+async fn replay_task(
+    endpoint: String,
+    from: i64,
+    until: Option<i64>,
+    config: LiveConfig,
+) -> Result<Vec<EventBatch>, String> {
     let t = config.replay_timeout;
     let task = tokio::spawn(async move {
-        match tokio::time::timeout(t, replay_all(&endpoint)).await {
+        match tokio::time::timeout(t, replay_inner(&endpoint, from, until)).await {
             Ok(r) => r,
             Err(_) => Err(format!("{endpoint}: timed out after {t:?}")),
         }
     });
     task.await.map_err(|e| format!("replay task failed: {e}"))?
-}
-
-async fn replay_all(endpoint: &str) -> Result<Vec<EventBatch>, String> {
-    let mut d = replay_request(endpoint, 0).await?;
-    let mut out: Vec<EventBatch> = Vec::new();
-    loop {
-        let m = d.recv().await.map_err(|e| format!("receive: {e}"))?;
-        let frames: Vec<&[u8]> = m.iter().map(|b| b.as_ref()).collect();
-        match decode_replay_reply(&frames).map_err(|e| format!("decode: {e}"))? {
-            ReplayItem::End => return Ok(out),
-            ReplayItem::Batch(b) if out.last().is_some_and(|l| b.seq <= l.seq) => {}
-            ReplayItem::Batch(b) => out.push(b),
-        }
-    }
 }
 
 /// A `DEALER` connected to a replay `ROUTER` that has been asked for `from` onwards.
@@ -432,9 +420,15 @@ async fn replay_request(endpoint: &str, from: i64) -> Result<DealerSocket, Strin
     Ok(d)
 }
 
-async fn replay_inner(endpoint: &str, from: i64, until: i64) -> Result<Vec<EventBatch>, String> {
+/// Batches `from..until` in order, or with `until: None` every batch still buffered from
+/// `from` on (the buffer may start later; the end marker ends it).
+async fn replay_inner(
+    endpoint: &str,
+    from: i64,
+    until: Option<i64>,
+) -> Result<Vec<EventBatch>, String> {
     let mut out = Vec::new();
-    if from >= until {
+    if until.is_some_and(|u| from >= u) {
         return Ok(out);
     }
     let mut d = replay_request(endpoint, from).await?;
@@ -444,19 +438,22 @@ async fn replay_inner(endpoint: &str, from: i64, until: i64) -> Result<Vec<Event
         let frames: Vec<&[u8]> = m.iter().map(|b| b.as_ref()).collect();
         match decode_replay_reply(&frames).map_err(|e| format!("decode: {e}"))? {
             ReplayItem::End => {
-                return Err(format!("replay ended at {next}, before {until}"));
+                return match until {
+                    None => Ok(out),
+                    Some(until) => Err(format!("replay ended at {next}, before {until}")),
+                };
             }
             ReplayItem::Batch(b) if b.seq < next => {}
-            ReplayItem::Batch(b) if b.seq > next => {
+            ReplayItem::Batch(b) if b.seq > next && until.is_some() => {
                 return Err(format!(
                     "replay skipped from {next} to {} (no longer buffered)",
                     b.seq
                 ));
             }
             ReplayItem::Batch(b) => {
+                next = b.seq + 1;
                 out.push(b);
-                next += 1;
-                if next >= until {
+                if until.is_some_and(|u| next >= u) {
                     return Ok(out);
                 }
             }
