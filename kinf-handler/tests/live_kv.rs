@@ -74,6 +74,7 @@ fn state(address: &str) -> Arc<SharedState> {
             ttft: TtftModel::from_prior(5000.0, 0.02),
             routed: kinf_router::state::speculative_index(),
             positions: Default::default(),
+            floor: Default::default(),
         },
     );
     SharedState::new(st)

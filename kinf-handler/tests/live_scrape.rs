@@ -76,6 +76,7 @@ fn state(addresses: &[&str]) -> Arc<SharedState> {
             ttft: TtftModel::from_prior(5000.0, 0.02),
             routed: kinf_router::state::speculative_index(),
             positions: Default::default(),
+            floor: Default::default(),
         },
     );
     SharedState::new(st)

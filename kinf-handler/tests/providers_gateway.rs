@@ -261,8 +261,8 @@ async fn pii_never_leaves_and_is_rejected_when_no_local_worker_can_take_it() {
     worker.stop();
     gw.state.with(|st| {
         for ws in st.worker_sets.values_mut() {
-            for ep in &mut ws.endpoints {
-                ep.ready = false;
+            for i in 0..ws.endpoints.len() {
+                ws.set_ready(i, false);
             }
         }
     });

@@ -12,6 +12,7 @@ pub mod classify;
 pub mod decide;
 pub mod decision;
 pub mod kv_events;
+pub mod load_floor;
 pub mod predictor;
 pub mod prefix_index;
 pub mod request;

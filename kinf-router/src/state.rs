@@ -15,6 +15,7 @@ use ahash::AHashMap;
 use kinf_lang::check::DEFAULT_WINDOW;
 
 use crate::kv_events::KvEvent;
+use crate::load_floor::LoadFloor;
 use crate::predictor::TtftModel;
 use crate::prefix_index::{ApproxIndex, EndpointId, PrefixIndex};
 use crate::request::Request;
@@ -576,6 +577,15 @@ pub struct WorkerSetState {
     /// endpoint it names, so that a missing or outdated entry costs a scan, never a wrong
     /// answer. [`ClusterState::from_policy`] fills it; `Default` leaves it empty.
     pub positions: EndpointPositions,
+    /// The smallest prediction inputs over the usable endpoints, so that a decision scores only
+    /// the endpoints that hold part of the prompt when none of the others can rank better
+    /// ([`LoadFloor`]). The methods that change an endpoint's readiness, staleness, load or
+    /// in-flight counts keep it current ([`push_load`](Self::push_load),
+    /// [`set_ready`](Self::set_ready), [`set_stale`](Self::set_stale),
+    /// [`ClusterState::begin_request`] and the like); after changing those fields directly,
+    /// call [`rebuild_floor`](Self::rebuild_floor). A floor built for another list of endpoints
+    /// (the `Default` one included) is not used.
+    pub floor: LoadFloor,
 }
 
 /// [`WorkerSetState::positions`].
@@ -606,6 +616,48 @@ impl WorkerSetState {
     fn endpoint_mut(&mut self, address: &str) -> Option<&mut EndpointState> {
         let i = self.position(address)?;
         self.endpoints.get_mut(i)
+    }
+
+    /// Applies `change` to the endpoint at `address` and brings the load floor up to date.
+    fn change_endpoint(&mut self, address: &str, change: impl FnOnce(&mut EndpointState)) {
+        let Some(i) = self.position(address) else {
+            return;
+        };
+        self.change_at(i, change);
+    }
+
+    /// Applies `change` to the endpoint at position `i` and brings the load floor up to date.
+    fn change_at(&mut self, i: usize, change: impl FnOnce(&mut EndpointState)) {
+        if let Some(ep) = self.endpoints.get_mut(i) {
+            change(ep);
+            self.floor.update(i, ep);
+        }
+    }
+
+    /// Adds a load sample to the endpoint at position `i` ([`LoadWindow::push`]).
+    pub fn push_load(&mut self, i: usize, sample: LoadSample) {
+        self.change_at(i, |ep| ep.load.push(sample));
+    }
+
+    /// Sets whether the endpoint at position `i` passes health checks.
+    pub fn set_ready(&mut self, i: usize, ready: bool) {
+        self.change_at(i, |ep| ep.ready = ready);
+    }
+
+    /// Sets whether the endpoint at position `i` has stale metrics.
+    pub fn set_stale(&mut self, i: usize, stale: bool) {
+        self.change_at(i, |ep| ep.stale = stale);
+    }
+
+    /// Sets the cached prompt tokens to assume for the endpoint at position `i`
+    /// ([`EndpointState::assumed_cached_tokens`]).
+    pub fn set_assumed_cached_tokens(&mut self, i: usize, tokens: Option<u32>) {
+        self.change_at(i, |ep| ep.assumed_cached_tokens = tokens);
+    }
+
+    /// Rebuilds the load floor from the endpoints, after their fields were changed directly.
+    pub fn rebuild_floor(&mut self) {
+        self.floor = LoadFloor::build(&self.endpoints);
     }
 
     /// The prefix-index id of the endpoint at `address`.
@@ -748,6 +800,7 @@ impl ClusterState {
                 st.worker_sets.insert(
                     key,
                     WorkerSetState {
+                        floor: LoadFloor::build(&endpoints),
                         positions,
                         endpoints,
                         prefix,
@@ -825,15 +878,9 @@ impl ClusterState {
         Some(ws.block_size)
     }
 
-    fn endpoint_mut(
-        &mut self,
-        namespace: &str,
-        worker_set: &str,
-        address: &str,
-    ) -> Option<&mut EndpointState> {
+    fn worker_set_mut(&mut self, namespace: &str, worker_set: &str) -> Option<&mut WorkerSetState> {
         self.worker_sets
-            .get_mut(format!("{namespace}/{worker_set}").as_str())?
-            .endpoint_mut(address)
+            .get_mut(format!("{namespace}/{worker_set}").as_str())
     }
 
     /// Counts a request routed to an endpoint with `uncached_tokens` to prefill
@@ -847,12 +894,14 @@ impl ClusterState {
         address: &str,
         uncached_tokens: u32,
     ) {
-        if let Some(ep) = self.endpoint_mut(namespace, worker_set, address) {
-            ep.inflight.requests = ep.inflight.requests.saturating_add(1);
-            ep.inflight.prefill_tokens = ep
-                .inflight
-                .prefill_tokens
-                .saturating_add(u64::from(uncached_tokens));
+        if let Some(ws) = self.worker_set_mut(namespace, worker_set) {
+            ws.change_endpoint(address, |ep| {
+                ep.inflight.requests = ep.inflight.requests.saturating_add(1);
+                ep.inflight.prefill_tokens = ep
+                    .inflight
+                    .prefill_tokens
+                    .saturating_add(u64::from(uncached_tokens));
+            });
         }
     }
 
@@ -864,11 +913,13 @@ impl ClusterState {
         address: &str,
         uncached_tokens: u32,
     ) {
-        if let Some(ep) = self.endpoint_mut(namespace, worker_set, address) {
-            ep.inflight.prefill_tokens = ep
-                .inflight
-                .prefill_tokens
-                .saturating_sub(u64::from(uncached_tokens));
+        if let Some(ws) = self.worker_set_mut(namespace, worker_set) {
+            ws.change_endpoint(address, |ep| {
+                ep.inflight.prefill_tokens = ep
+                    .inflight
+                    .prefill_tokens
+                    .saturating_sub(u64::from(uncached_tokens));
+            });
         }
     }
 
@@ -882,14 +933,16 @@ impl ClusterState {
         uncached_tokens: u32,
         prefill_pending: bool,
     ) {
-        if let Some(ep) = self.endpoint_mut(namespace, worker_set, address) {
-            ep.inflight.requests = ep.inflight.requests.saturating_sub(1);
-            if prefill_pending {
-                ep.inflight.prefill_tokens = ep
-                    .inflight
-                    .prefill_tokens
-                    .saturating_sub(u64::from(uncached_tokens));
-            }
+        if let Some(ws) = self.worker_set_mut(namespace, worker_set) {
+            ws.change_endpoint(address, |ep| {
+                ep.inflight.requests = ep.inflight.requests.saturating_sub(1);
+                if prefill_pending {
+                    ep.inflight.prefill_tokens = ep
+                        .inflight
+                        .prefill_tokens
+                        .saturating_sub(u64::from(uncached_tokens));
+                }
+            });
         }
     }
 
@@ -973,6 +1026,7 @@ impl ClusterState {
                     ep.inflight = p.inflight;
                 }
             }
+            ws.rebuild_floor();
         }
         for (key, p) in &mut self.providers {
             if let Some(prev) = old.providers.remove(key) {

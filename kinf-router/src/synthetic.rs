@@ -66,6 +66,7 @@ pub fn decide_scenario(
             }
         }
     }
+    ws.rebuild_floor();
     state.set_now(60_000);
     let mut req = Request::new("model", prompt_tokens as u32);
     req.token_ids = Some(tokens);

@@ -109,6 +109,7 @@ fn state_for(
                 kv_usage: s.kv,
             });
         }
+        ws.rebuild_floor();
     }
     for (k, p) in st.providers.iter_mut() {
         let (ready, ttft) = if k.ends_with("cloud-a") {
@@ -371,6 +372,7 @@ fn stale_endpoints_are_used_only_when_no_fresh_one_is_ready() {
             kv_usage: 0.5,
         });
     }
+    ws.rebuild_floor();
     let req = Request::new("m", 1000);
     let d = Decider::decide(&policy, &req, &state);
     let ep = &d.route().unwrap().endpoint;
@@ -380,8 +382,8 @@ fn stale_endpoints_are_used_only_when_no_fresh_one_is_ready() {
     );
 
     let ws = state.worker_sets.get_mut("default/local").unwrap();
-    for ep in &mut ws.endpoints {
-        ep.stale = true;
+    for i in 0..ws.endpoints.len() {
+        ws.set_stale(i, true);
     }
     let d = Decider::decide(&policy, &req, &state);
     assert_eq!(d.route().unwrap().backend_type, BackendType::Local);
@@ -459,15 +461,9 @@ fn one_ttft_model_per_worker_set_learns_from_every_endpoint() {
     // The prediction for endpoint `i`, with only that endpoint ready.
     let predicted_on = |state: &ClusterState, i: usize| {
         let mut st = state.clone();
-        for (j, ep) in st
-            .worker_sets
-            .get_mut("default/local")
-            .unwrap()
-            .endpoints
-            .iter_mut()
-            .enumerate()
-        {
-            ep.ready = i == j;
+        let ws = st.worker_sets.get_mut("default/local").unwrap();
+        for j in 0..ws.endpoints.len() {
+            ws.set_ready(j, i == j);
         }
         Decider::decide(&policy, &req, &st)
             .route()

@@ -179,6 +179,7 @@ fn state_for(
             kv_usage: e.kv,
         });
     }
+    ws.rebuild_floor();
     for (k, p) in st.providers.iter_mut() {
         p.ready = providers.0 || k.ends_with("cloud-b");
         p.ttft_s = Some(providers.1);
@@ -233,5 +234,118 @@ proptest! {
         let mut other = req.clone();
         other.block_hashes = Some((32, Arc::from(vec![1u64, 2, 3])));
         prop_assert_eq!(&Decider::decide_with(&policy, &other, &st, TraceDetail::Summary), &summary);
+    }
+}
+
+/// One change to the state between decisions, through the methods that keep the load floor
+/// current.
+#[derive(Debug, Clone)]
+enum Op {
+    Begin {
+        ep: usize,
+        tokens: u32,
+    },
+    FirstToken {
+        ep: usize,
+        tokens: u32,
+    },
+    End {
+        ep: usize,
+        tokens: u32,
+        pending: bool,
+    },
+    Sample {
+        ep: usize,
+        queued: f64,
+        running: f64,
+    },
+    Ready {
+        ep: usize,
+        ready: bool,
+    },
+    Stale {
+        ep: usize,
+        stale: bool,
+    },
+    Route {
+        ep: usize,
+        blocks: usize,
+    },
+    Decide {
+        prompt: usize,
+        max_tokens: u32,
+    },
+}
+
+fn op(n: usize) -> impl Strategy<Value = Op> {
+    let ep = 0..n;
+    prop_oneof![
+        4 => (ep.clone(), prop::sample::select(vec![0u32, 256, 2048])).prop_map(|(ep, tokens)| Op::Begin { ep, tokens }),
+        2 => (ep.clone(), prop::sample::select(vec![0u32, 256, 2048])).prop_map(|(ep, tokens)| Op::FirstToken { ep, tokens }),
+        2 => (ep.clone(), prop::sample::select(vec![0u32, 256, 2048]), any::<bool>()).prop_map(|(ep, tokens, pending)| Op::End { ep, tokens, pending }),
+        3 => (ep.clone(), 0.0..6.0f64, 0.0..6.0f64).prop_map(|(ep, q, r)| Op::Sample { ep, queued: q.floor(), running: r.floor() }),
+        1 => (ep.clone(), prop::bool::weighted(0.8)).prop_map(|(ep, ready)| Op::Ready { ep, ready }),
+        1 => (ep.clone(), prop::bool::weighted(0.2)).prop_map(|(ep, stale)| Op::Stale { ep, stale }),
+        2 => (ep.clone(), 0usize..40).prop_map(|(ep, blocks)| Op::Route { ep, blocks }),
+        6 => (0usize..3, prop::sample::select(vec![1u32, 128, 1024])).prop_map(|(prompt, max_tokens)| Op::Decide { prompt, max_tokens }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The bounded scan (only the endpoints holding part of the prompt are scored while the
+    /// load floor shows that no other can rank lower) decides as the general path after any
+    /// sequence of in-flight changes, samples, readiness and staleness changes and routed
+    /// prompts; the incrementally kept floor equals a rebuilt one throughout.
+    #[test]
+    fn bounded_scan_decides_as_the_general_path_as_the_state_changes(
+        (n, ops) in (1usize..48).prop_flat_map(|n| (Just(n), prop::collection::vec(op(n), 1..60))),
+        which in prop::sample::select(vec![0usize, 2]),
+    ) {
+        let policy = compile(&bundle(n, which));
+        let mut st = ClusterState::from_policy(&policy, 16);
+        let key = st.worker_sets.keys().next().cloned().expect("a worker set");
+        let (ns, name) = key.split_once('/').expect("namespace/name");
+        let (ns, name) = (ns.to_string(), name.to_string());
+        // Three system prompts, 40 blocks each, and a unique tail.
+        let prompts: Vec<Vec<u32>> = (0..3u32)
+            .map(|p| (0..(40 * 16 + 7)).map(|t| t * 7 + 3 + p * 1_000_003).collect())
+            .collect();
+        let mut now = 1_000u64;
+        for op in ops {
+            now += 100;
+            st.set_now(now);
+            let addr = |ep: usize| format!("10.0.0.{ep}:8000");
+            match op {
+                Op::Begin { ep, tokens } => st.begin_request(&ns, &name, &addr(ep), tokens),
+                Op::FirstToken { ep, tokens } => st.first_token(&ns, &name, &addr(ep), tokens),
+                Op::End { ep, tokens, pending } => st.end_request(&ns, &name, &addr(ep), tokens, pending),
+                Op::Sample { ep, queued, running } => {
+                    let ws = st.worker_sets.get_mut(&*key).expect("the worker set");
+                    ws.push_load(ep, LoadSample { at_ms: now, queued, running, kv_usage: 0.3 });
+                }
+                Op::Ready { ep, ready } => st.worker_sets.get_mut(&*key).expect("ws").set_ready(ep, ready),
+                Op::Stale { ep, stale } => st.worker_sets.get_mut(&*key).expect("ws").set_stale(ep, stale),
+                Op::Route { ep, blocks } => {
+                    let p = &prompts[ep % 3];
+                    let n = (blocks * 16).min(p.len());
+                    let mut routed = Request::new("m", n as u32);
+                    routed.token_ids = Some(p[..n].into());
+                    st.record_routed(&ns, &name, &addr(ep), &routed, 0, now);
+                }
+                Op::Decide { prompt, max_tokens } => {
+                    let ws = st.worker_sets.get(&*key).expect("the worker set");
+                    prop_assert!(ws.floor.agrees_with(&ws.endpoints), "the kept floor differs from a rebuilt one");
+                    let mut req = Request::new("m", prompts[prompt].len() as u32);
+                    req.token_ids = Some(prompts[prompt].clone().into());
+                    req.max_tokens = max_tokens;
+                    let full = Decider::decide_with(&policy, &req, &st, TraceDetail::Full);
+                    let summary = Decider::decide_with(&policy, &req, &st, TraceDetail::Summary);
+                    let expected = Decision { trace: without_candidate_lists(&full.trace), ..full };
+                    prop_assert_eq!(&summary, &expected);
+                }
+            }
+        }
     }
 }

@@ -185,6 +185,10 @@ impl StateFile {
                 ));
             }
         }
+        // The endpoints' fields were set directly: bring each worker set's load floor up to date.
+        for ws in st.worker_sets.values_mut() {
+            ws.rebuild_floor();
+        }
         for (name, p) in &self.providers {
             let key = st
                 .providers

@@ -193,14 +193,17 @@ impl SimRouter for Kinference {
         let Some(ws) = self.state.worker_sets.values_mut().next() else {
             return;
         };
-        for (ep, v) in ws.endpoints.iter_mut().zip(engines) {
+        for (i, v) in engines.iter().enumerate().take(ws.endpoints.len()) {
             let g = v.gauges();
-            ep.load.push(LoadSample {
-                at_ms,
-                queued: g.waiting as f64,
-                running: g.running as f64,
-                kv_usage: g.kv_cache_usage,
-            });
+            ws.push_load(
+                i,
+                LoadSample {
+                    at_ms,
+                    queued: g.waiting as f64,
+                    running: g.running as f64,
+                    kv_usage: g.kv_cache_usage,
+                },
+            );
         }
         // The scraped values are visible from now on: the window ends at the next decision.
         self.last_ms = None;

@@ -1126,9 +1126,9 @@ fn mark_unready(gw: &Gateway, c: &Chosen) {
         if let Some(ws) = st
             .worker_sets
             .get_mut(format!("{}/{}", c.namespace, c.destination).as_str())
-            && let Some(ep) = ws.endpoints.iter_mut().find(|e| e.address == c.endpoint)
+            && let Some(i) = ws.endpoints.iter().position(|e| e.address == c.endpoint)
         {
-            ep.ready = false;
+            ws.set_ready(i, false);
         }
     });
 }

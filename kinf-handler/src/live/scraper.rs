@@ -173,16 +173,17 @@ pub async fn run_scraper(
                 );
             }
             let bs = ws.block_size;
-            let ep = ws
+            let i = ws
                 .endpoints
-                .iter_mut()
-                .find(|e| e.address == target.address)?;
+                .iter()
+                .position(|e| e.address == target.address)?;
+            // Through the worker set's methods, which keep its load floor current.
             if let Some(sample) = sample {
-                ep.load.push(sample);
+                ws.push_load(i, sample);
             }
-            ep.stale = stale;
+            ws.set_stale(i, stale);
             if let Some(r) = ready {
-                ep.ready = r;
+                ws.set_ready(i, r);
             }
             Some(scraped_bs.is_some_and(|b| b as usize != bs))
         });

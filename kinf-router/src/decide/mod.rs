@@ -30,7 +30,7 @@ pub struct Decider;
 /// The inputs of an endpoint's TTFT prediction for a request with `uncached` tokens to
 /// prefill: the newest scraped sample (not a window average: the queue changes faster than any
 /// window) combined with what this gateway knows is in flight there.
-fn prediction_inputs(ep: &EndpointState, uncached: u32) -> PredictionInputs {
+pub(crate) fn prediction_inputs(ep: &EndpointState, uncached: u32) -> PredictionInputs {
     let (queued, running) = ep
         .load
         .latest()

@@ -18,6 +18,8 @@ use smallvec::SmallVec;
 
 use super::{Candidate, Ctx, TraceDetail, charge, cond_holds, cost, drop_holds, predict};
 use crate::decision::{StagesTrace, TierTrace};
+use crate::load_floor::{FloorInputs, Usable};
+use crate::state::WorkerSetState;
 
 /// Where a scored candidate is: endpoint `endpoint` of the `slot`-th scanned Local destination,
 /// or the `slot`-th scanned Provider candidate.
@@ -38,22 +40,13 @@ enum Scanned {
 /// A Local endpoint's inputs to its measures, from pass 1.
 #[derive(Clone, Copy)]
 struct Scored {
-    /// Prompt tokens it would prefill; `u32::MAX`: not a candidate, or dropped.
+    /// Prompt tokens it would prefill.
     uncached: u32,
     /// The prediction's queued and running requests.
     queued: f64,
     running: f64,
     /// The predicted TTFT (before capacity costs).
     total_s: f64,
-}
-
-impl Scored {
-    const NONE: Scored = Scored {
-        uncached: u32::MAX,
-        queued: 0.0,
-        running: 0.0,
-        total_s: 0.0,
-    };
 }
 
 /// The best candidate so far of one scope: its measure and where it is.
@@ -111,17 +104,43 @@ impl<'a> Ctx<'a> {
         filters: &[&ExcludeFilter],
         tiers: &[SelectTier],
     ) -> (Option<Candidate<'a>>, StagesTrace) {
+        // Bounding the endpoints that hold none of the prompt by their load floor needs every
+        // tier to rank by PredictedTTFT, the measure the floor bounds.
+        let bounded = !tiers.is_empty()
+            && tiers
+                .iter()
+                .all(|t| matches!(t.pick, Pick::Minimize(Measure::PredictedTtft)));
+        if bounded && let Some(decided) = self.scan_once(consider, filters, tiers, true) {
+            return decided;
+        }
+        self.scan_once(consider, filters, tiers, false)
+            .unwrap_or_default()
+    }
+
+    /// One scan. With `bounded`, a Local destination whose load floor is usable scores only
+    /// the endpoints that hold part of the prompt; `None` when a skipped endpoint could have
+    /// ranked as well as the pick (the caller then scans every endpoint). Without it, never
+    /// `None`.
+    fn scan_once(
+        &self,
+        consider: &[ConsiderEntry],
+        filters: &[&ExcludeFilter],
+        tiers: &[SelectTier],
+        bounded: bool,
+    ) -> Option<(Option<Candidate<'a>>, StagesTrace)> {
         let mut st = StagesTrace::default();
         let pairs = self.dest_pairs(consider);
         let now = self.state.now_ms;
         // Pass 1, in candidate order: which endpoints are surviving candidates and the prompt
-        // tokens each would prefill (`u32::MAX`: not a candidate or dropped), the surviving
+        // tokens each would prefill, the surviving
         // Provider candidates, and the fewest tokens any surviving Local candidate would
         // prefill.
         let mut locals = Vec::new();
         let mut providers = Vec::new();
         let mut order: SmallVec<[Scanned; 8]> = SmallVec::new();
         let mut fewest: Option<u32> = None;
+        // Bounded destinations with endpoints not scored: their worker set and load floor.
+        let mut skipped: SmallVec<[(&WorkerSetState, FloorInputs); 2]> = SmallVec::new();
         for &pair in &pairs {
             let (dest, upstream, dest_pos) = pair;
             let Some(d) = self.policy.destination(dest) else {
@@ -133,13 +152,48 @@ impl<'a> Ctx<'a> {
                         continue;
                     };
                     let cached_blocks = self.prefix_matches(ws);
-                    let any_fresh = ws.endpoints.iter().any(|e| e.ready && !e.stale);
-                    let mut scored = Vec::with_capacity(ws.endpoints.len());
-                    for ep in &ws.endpoints {
+                    // The positions to score: every endpoint, or, bounded by the load floor,
+                    // those that hold part of the prompt (and the unavailable ones, which are
+                    // reported as such, in position order: holders report nothing).
+                    let floor = match (bounded, ws.floor.usable(&ws.endpoints)) {
+                        (true, Usable::Yes { floor, unavailable }) => {
+                            // The floor must be current; it is kept so by the state's methods.
+                            debug_assert!(ws.floor.agrees_with(&ws.endpoints), "stale load floor");
+                            for &i in unavailable {
+                                if let Some(ep) = ws.endpoints.get(i) {
+                                    let _ = self.local_cached_tokens(
+                                        d,
+                                        ws,
+                                        ep,
+                                        &cached_blocks,
+                                        true,
+                                        &mut st,
+                                    );
+                                }
+                            }
+                            Some((floor, unavailable))
+                        }
+                        _ => None,
+                    };
+                    let any_fresh =
+                        floor.is_some() || ws.endpoints.iter().any(|e| e.ready && !e.stale);
+                    let positions: Vec<usize> = match floor {
+                        Some((_, unavailable)) => cached_blocks
+                            .iter()
+                            .enumerate()
+                            .filter(|&(i, &b)| b > 0 && !unavailable.contains(&i))
+                            .map(|(i, _)| i)
+                            .collect(),
+                        None => (0..ws.endpoints.len()).collect(),
+                    };
+                    let mut scored = Vec::with_capacity(positions.len());
+                    for i in positions {
+                        let Some(ep) = ws.endpoints.get(i) else {
+                            continue;
+                        };
                         let Some(cached) =
                             self.local_cached_tokens(d, ws, ep, &cached_blocks, any_fresh, &mut st)
                         else {
-                            scored.push(Scored::NONE);
                             continue;
                         };
                         let (p, ttft) = predict(ws, ep, self.req.prompt_tokens - cached);
@@ -155,17 +209,24 @@ impl<'a> Ctx<'a> {
                             )
                         });
                         if dropped {
-                            scored.push(Scored::NONE);
                             continue;
                         }
                         let u = p.uncached_tokens;
                         fewest = Some(fewest.map_or(u, |f| f.min(u)));
-                        scored.push(Scored {
-                            uncached: u,
-                            queued: p.queued,
-                            running: p.running,
-                            total_s: ttft.total_s,
-                        });
+                        scored.push((
+                            i,
+                            Scored {
+                                uncached: u,
+                                queued: p.queued,
+                                running: p.running,
+                                total_s: ttft.total_s,
+                            },
+                        ));
+                    }
+                    if let Some((floor, _)) = floor
+                        && !floor.is_none()
+                    {
+                        skipped.push((ws, floor));
                     }
                     order.push(Scanned::Local(locals.len()));
                     locals.push((pair, d, ws, scored));
@@ -223,10 +284,10 @@ impl<'a> Ctx<'a> {
                         continue;
                     };
                     let m = &ws.ttft;
-                    for (i, (ep, sc)) in ws.endpoints.iter().zip(scored).enumerate() {
-                        if sc.uncached == u32::MAX {
+                    for &(i, ref sc) in scored {
+                        let Some(ep) = ws.endpoints.get(i) else {
                             continue;
-                        }
+                        };
                         let u = sc.uncached;
                         let extra = u.saturating_sub(fewest.unwrap_or(u));
                         let recompute_s = m.recompute_cost(f64::from(extra), sc.queued, sc.running);
@@ -266,7 +327,7 @@ impl<'a> Ctx<'a> {
                 At::Local { slot, endpoint } => {
                     let (pair, d, ws, scored) = locals.get(slot)?;
                     let ep = ws.endpoints.get(endpoint)?;
-                    let u = scored.get(endpoint)?.uncached;
+                    let u = scored.iter().find(|(i, _)| *i == endpoint)?.1.uncached;
                     let mut c = self.local_candidate(
                         *pair,
                         d,
@@ -281,6 +342,9 @@ impl<'a> Ctx<'a> {
                 At::Provider { slot } => providers.get(slot).cloned(),
             }
         };
+        if !skipped.is_empty() && !self.skipped_rank_higher(&skipped, tiers, &bests, fewest) {
+            return None;
+        }
         let mut picked_any = None;
         for (tier, best) in tiers.iter().zip(&bests) {
             let best = match (best, &tier.pick) {
@@ -305,6 +369,60 @@ impl<'a> Ctx<'a> {
                 break;
             }
         }
-        (picked_any, st)
+        Some((picked_any, st))
+    }
+
+    /// Whether every endpoint a bounded scan skipped ranks strictly higher than the pick: for
+    /// each tier up to the one that picks, which may take a Local candidate, its best must be
+    /// strictly below the rank of each skipped set's floor, an endpoint that holds none of the
+    /// prompt with the smallest of every prediction input (see [`crate::load_floor`]). Ties and
+    /// tiers without a best fall back to scoring every endpoint, so that the order decides
+    /// exactly as an unbounded scan does.
+    fn skipped_rank_higher(
+        &self,
+        skipped: &[(&WorkerSetState, FloorInputs)],
+        tiers: &[SelectTier],
+        bests: &[TierBest],
+        fewest: Option<u32>,
+    ) -> bool {
+        // A cold endpoint is charged the recompute of what the survivor with the fewest
+        // uncached tokens holds; without a surviving holder, the cold ones set that minimum.
+        let Some(fewest) = fewest else {
+            return false;
+        };
+        let prompt = self.req.prompt_tokens;
+        let decode_tokens = f64::from(self.req.max_tokens);
+        let floor_rank = |ws: &WorkerSetState, f: &FloorInputs| -> f64 {
+            let ttft = ws.ttft.predict_behind(
+                f64::from(prompt),
+                f.pending_prefill_tokens as f64,
+                f.queued,
+                f.running,
+            );
+            let extra = prompt.saturating_sub(fewest);
+            let recompute_s = ws
+                .ttft
+                .recompute_cost(f64::from(extra), f.queued, f.running);
+            let decode_s = ws.ttft.decode_cost(decode_tokens, f.queued, f.running);
+            ttft.total_s + recompute_s + decode_s
+        };
+        for (tier, best) in tiers.iter().zip(bests) {
+            let best = match best {
+                TierBest::Minimize(_, b) => *b,
+                TierBest::Order => return false,
+            };
+            if tier.backend.is_none_or(|b| b == BackendType::Local) {
+                let Some(best) = best else {
+                    return false;
+                };
+                if !skipped.iter().all(|(ws, f)| best.value < floor_rank(ws, f)) {
+                    return false;
+                }
+            }
+            if best.is_some() {
+                return true;
+            }
+        }
+        true
     }
 }
