@@ -11,6 +11,12 @@
 //!
 //! With a thousand endpoints a candidate's record, its trace entries and the intermediate
 //! lists were most of a decision's cost.
+//!
+//! When every tier ranks by PredictedTTFT, a worker set whose load floor is usable
+//! ([`crate::load_floor`]) has only its endpoints that hold part of the prompt scored; the
+//! others are bounded by the floor's rank, an endpoint that holds nothing with the smallest of
+//! every prediction input. The pick stands when it ranks strictly below every such bound; else
+//! the scan is repeated over every endpoint, so that ties are broken by order as above.
 
 use kinf_lang::compiled::{CompiledRule, ConsiderEntry, DestId, ExcludeFilter, Pick, SelectTier};
 use kinf_policy::{BackendType, Measure};
@@ -131,10 +137,9 @@ impl<'a> Ctx<'a> {
         let mut st = StagesTrace::default();
         let pairs = self.dest_pairs(consider);
         let now = self.state.now_ms;
-        // Pass 1, in candidate order: which endpoints are surviving candidates and the prompt
-        // tokens each would prefill, the surviving
-        // Provider candidates, and the fewest tokens any surviving Local candidate would
-        // prefill.
+        // Pass 1, in candidate order: the surviving Local candidates (position and the prompt
+        // tokens each would prefill), the surviving Provider candidates, and the fewest tokens
+        // any surviving Local candidate would prefill.
         let mut locals = Vec::new();
         let mut providers = Vec::new();
         let mut order: SmallVec<[Scanned; 8]> = SmallVec::new();
