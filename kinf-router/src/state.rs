@@ -601,7 +601,7 @@ pub fn speculative_index() -> ApproxIndex {
 
 impl WorkerSetState {
     /// The position in `endpoints` of the endpoint at `address`.
-    fn position(&self, address: &str) -> Option<usize> {
+    pub fn position(&self, address: &str) -> Option<usize> {
         if let Some(&i) = self.positions.get(address)
             && self
                 .endpoints
@@ -647,12 +647,6 @@ impl WorkerSetState {
     /// Sets whether the endpoint at position `i` has stale metrics.
     pub fn set_stale(&mut self, i: usize, stale: bool) {
         self.change_at(i, |ep| ep.stale = stale);
-    }
-
-    /// Sets the cached prompt tokens to assume for the endpoint at position `i`
-    /// ([`EndpointState::assumed_cached_tokens`]).
-    pub fn set_assumed_cached_tokens(&mut self, i: usize, tokens: Option<u32>) {
-        self.change_at(i, |ep| ep.assumed_cached_tokens = tokens);
     }
 
     /// Rebuilds the load floor from the endpoints, after their fields were changed directly.

@@ -1126,7 +1126,7 @@ fn mark_unready(gw: &Gateway, c: &Chosen) {
         if let Some(ws) = st
             .worker_sets
             .get_mut(format!("{}/{}", c.namespace, c.destination).as_str())
-            && let Some(i) = ws.endpoints.iter().position(|e| e.address == c.endpoint)
+            && let Some(i) = ws.position(&c.endpoint)
         {
             ws.set_ready(i, false);
         }

@@ -173,10 +173,7 @@ pub async fn run_scraper(
                 );
             }
             let bs = ws.block_size;
-            let i = ws
-                .endpoints
-                .iter()
-                .position(|e| e.address == target.address)?;
+            let i = ws.position(&target.address)?;
             // Through the worker set's methods, which keep its load floor current.
             if let Some(sample) = sample {
                 ws.push_load(i, sample);

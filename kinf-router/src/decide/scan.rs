@@ -182,17 +182,22 @@ impl<'a> Ctx<'a> {
                     };
                     let any_fresh =
                         floor.is_some() || ws.endpoints.iter().any(|e| e.ready && !e.stale);
-                    let positions: Vec<usize> = match floor {
-                        Some((_, unavailable)) => cached_blocks
+                    // Bounded: the holders' positions; else every position, 0..n.
+                    let holders: Option<SmallVec<[usize; 8]>> = floor.map(|(_, unavailable)| {
+                        cached_blocks
                             .iter()
                             .enumerate()
                             .filter(|&(i, &b)| b > 0 && !unavailable.contains(&i))
                             .map(|(i, _)| i)
-                            .collect(),
-                        None => (0..ws.endpoints.len()).collect(),
+                            .collect()
+                    });
+                    let all = if holders.is_none() {
+                        ws.endpoints.len()
+                    } else {
+                        0
                     };
-                    let mut scored = Vec::with_capacity(positions.len());
-                    for i in positions {
+                    let mut scored = Vec::with_capacity(holders.as_ref().map_or(all, |h| h.len()));
+                    for i in holders.iter().flatten().copied().chain(0..all) {
                         let Some(ep) = ws.endpoints.get(i) else {
                             continue;
                         };
