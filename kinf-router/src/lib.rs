@@ -8,6 +8,7 @@
 //! Also here: vLLM KV-event decoding ([`kv_events`]), the KV-cache prefix index
 //! ([`prefix_index`]), the TTFT predictor ([`predictor`]) and token accounting ([`usage`]).
 
+pub mod block_map;
 pub mod classify;
 pub mod decide;
 pub mod decision;

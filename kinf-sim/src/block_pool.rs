@@ -21,6 +21,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use kinf_router::block_map::{BATCH, BlockMap};
 use kinf_router::kv_events::{BlockRemoved, KvEvent, Medium};
 
 /// No block.
@@ -73,7 +74,7 @@ pub(crate) struct BlockPool {
     blocks: Vec<Block>,
     num_blocks: u32,
     num_free: u32,
-    cache: IdMap<u32>,
+    cache: BlockMap<u32>,
     emit: bool,
     events: Vec<KvEvent>,
 }
@@ -102,7 +103,7 @@ impl BlockPool {
             blocks,
             num_blocks,
             num_free: num_blocks,
-            cache: IdMap::default(),
+            cache: BlockMap::new(),
             emit,
             events: Vec::new(),
         }
@@ -147,7 +148,23 @@ impl BlockPool {
     /// A block holding `hash`, if any.
     #[inline]
     pub(crate) fn lookup(&self, hash: u64) -> Option<u32> {
-        self.cache.get(&hash).copied()
+        self.cache.get(hash)
+    }
+
+    /// Appends to `out` a block for each leading hash of `hashes` that is cached, stopping at
+    /// the first that is not. Looks the hashes up [`BATCH`] at a time, so that their memory
+    /// accesses overlap.
+    pub(crate) fn lookup_prefix(&self, hashes: &[u64], out: &mut Vec<u32>) {
+        let mut found = [None; BATCH];
+        for chunk in hashes.chunks(BATCH) {
+            self.cache.get_batch(chunk, &mut found);
+            for f in found.iter().take(chunk.len()) {
+                match f {
+                    Some(b) => out.push(*b),
+                    None => return,
+                }
+            }
+        }
     }
 
     #[inline]
@@ -233,7 +250,7 @@ impl BlockPool {
         if self.b(block).cached {
             return false;
         }
-        let (fresh, next) = match self.cache.get_mut(&hash) {
+        let (fresh, next) = match self.cache.get_mut(hash) {
             Some(head) => {
                 let old = *head;
                 *head = block;
@@ -260,12 +277,12 @@ impl BlockPool {
             b.cached = false;
             b.dup_next = NIL;
         }
-        let Some(&head) = self.cache.get(&hash) else {
+        let Some(head) = self.cache.get(hash) else {
             return;
         };
         if head == block {
             if dup_next == NIL {
-                self.cache.remove(&hash);
+                self.cache.remove(hash);
                 if self.emit {
                     let mut r = BlockRemoved {
                         medium: Some(Medium::Gpu),
@@ -275,7 +292,7 @@ impl BlockPool {
                     r.block_hashes.push(hash);
                     self.events.push(KvEvent::BlockRemoved(r));
                 }
-            } else if let Some(h) = self.cache.get_mut(&hash) {
+            } else if let Some(h) = self.cache.get_mut(hash) {
                 *h = dup_next;
             }
             return;
@@ -327,7 +344,7 @@ impl BlockPool {
 
     /// Every distinct hash held, sorted.
     pub(crate) fn cached_hashes(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.cache.keys().copied().collect();
+        let mut v: Vec<u64> = self.cache.iter().map(|(h, _)| h).collect();
         v.sort_unstable();
         v
     }
@@ -373,7 +390,7 @@ impl BlockPool {
             return Err("free queue differs from the blocks with ref_cnt 0".into());
         }
         let mut chained = 0usize;
-        for (&h, &head) in &self.cache {
+        for (h, head) in self.cache.iter() {
             let mut cur = head;
             while cur != NIL {
                 let b = self.b(cur);

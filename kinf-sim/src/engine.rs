@@ -988,12 +988,8 @@ impl Engine {
         };
         let max_blocks = (seq.num_tokens() as usize - 1) / bs;
         ensure_hashes(seq, max_blocks, bs, vocab, &mut self.scratch_tokens);
-        for h in seq.hashes.iter().take(max_blocks) {
-            match self.pool.lookup(*h) {
-                Some(b) => self.scratch_blocks.push(b),
-                None => break,
-            }
-        }
+        let hashes = seq.hashes.get(..max_blocks).unwrap_or(&seq.hashes);
+        self.pool.lookup_prefix(hashes, &mut self.scratch_blocks);
         self.scratch_blocks.len() as u32
     }
 

@@ -1,16 +1,13 @@
 //! The exact prefix index, fed by vLLM KV events.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
-
 use smallvec::SmallVec;
+
+use crate::block_map::{BATCH, BlockMap};
 
 use super::holders::{HolderStore, Holders, Removed, View, bit};
 use super::slots::Slots;
 use super::{EndpointId, chain_blocks, chain_root, chain_root_lora_id};
 use crate::kv_events::{BlockRemoved, BlockStored, KvEvent, Medium};
-
-type Map<K, V> = HashMap<K, V, ahash::RandomState>;
 
 /// Counters of a [`PrefixIndex`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,7 +33,7 @@ pub struct IndexStats {
 /// Per-endpoint state: engine hash → own hash of every block the endpoint stored.
 #[derive(Debug, Clone, Default)]
 struct Endpoint {
-    engine: Map<u64, u64>,
+    engine: BlockMap<u64>,
     pairs: usize,
 }
 
@@ -67,7 +64,7 @@ struct Endpoint {
 pub struct PrefixIndex {
     block_size: usize,
     group: Option<u32>,
-    blocks: Map<u64, Holders>,
+    blocks: BlockMap<Holders>,
     store: HolderStore,
     endpoints: Slots<Endpoint>,
     pairs: usize,
@@ -88,7 +85,7 @@ impl PrefixIndex {
         Self {
             block_size: block_size.max(1),
             group: Some(0),
-            blocks: Map::default(),
+            blocks: BlockMap::new(),
             store: HolderStore::default(),
             endpoints: Slots::default(),
             pairs: 0,
@@ -194,8 +191,8 @@ impl PrefixIndex {
                 (None, Some(id)) => chain_root_lora_id(id),
                 (None, None) => chain_root(None),
             },
-            Some(p) => match state.engine.get(&p) {
-                Some(&own) => own,
+            Some(p) => match state.engine.get(p) {
+                Some(own) => own,
                 None => {
                     *orphaned += n as u64;
                     return;
@@ -214,13 +211,8 @@ impl PrefixIndex {
                 *pairs -= 1;
                 state.pairs -= 1;
             }
-            let added = match blocks.entry(own) {
-                Entry::Vacant(v) => {
-                    v.insert(Holders::one(slot));
-                    true
-                }
-                Entry::Occupied(mut o) => store.insert(o.get_mut(), slot),
-            };
+            let (holders, inserted) = blocks.get_or_insert_with(own, || Holders::one(slot));
+            let added = inserted || store.insert(holders, slot);
             if added {
                 *pairs += 1;
                 state.pairs += 1;
@@ -246,7 +238,7 @@ impl PrefixIndex {
             return;
         };
         for engine in &r.block_hashes {
-            match state.engine.remove(engine) {
+            match state.engine.remove(*engine) {
                 Some(own) => {
                     if remove_pair(blocks, store, slot, own) {
                         *pairs -= 1;
@@ -279,7 +271,7 @@ impl PrefixIndex {
         };
         // Replace the map (rather than clear it) so that its capacity is released.
         let engine = std::mem::take(&mut state.engine);
-        for (_, own) in engine {
+        for (_, own) in engine.iter() {
             if remove_pair(blocks, store, slot, own) {
                 *pairs -= 1;
             }
@@ -295,7 +287,7 @@ impl PrefixIndex {
 
     /// Forgets everything (keeps the configuration and the cumulative counters).
     pub fn clear(&mut self) {
-        self.blocks = Map::default();
+        self.blocks = BlockMap::new();
         self.store.clear();
         self.endpoints = Slots::default();
         self.pairs = 0;
@@ -303,8 +295,8 @@ impl PrefixIndex {
 
     /// Whether `ep` holds the block with own hash `own`.
     pub fn contains(&self, ep: EndpointId, own: u64) -> bool {
-        match (self.endpoints.slot(ep), self.blocks.get(&own)) {
-            (Some(slot), Some(h)) => self.store.view(*h).contains(slot),
+        match (self.endpoints.slot(ep), self.blocks.get(own)) {
+            (Some(slot), Some(h)) => self.store.view(h).contains(slot),
             _ => false,
         }
     }
@@ -316,7 +308,7 @@ impl PrefixIndex {
             .endpoints
             .slot(ep)
             .and_then(|s| self.endpoints.get(s))
-            .map(|e| e.engine.keys().copied().collect())
+            .map(|e| e.engine.iter().map(|(k, _)| k).collect())
             .unwrap_or_default();
         v.sort_unstable();
         v
@@ -345,21 +337,19 @@ impl PrefixIndex {
     /// the smaller of the two sets (or a word-wise AND of two bitsets).
     pub fn match_prefix(&self, request_hashes: &[u64], out: &mut Vec<(EndpointId, u32)>) {
         out.clear();
-        let Some(first) = request_hashes.first().and_then(|h| self.blocks.get(h)) else {
+        let Some(first) = request_hashes.first().and_then(|&h| self.blocks.get(h)) else {
             return;
         };
         let ids = self.endpoints.ids();
-        let mut active = Active::new(self.store.view(*first));
-        // The table lookups of a few blocks are made before any of them is used: they do not
-        // depend on each other, so their cache misses overlap instead of following one another
-        // (in a fleet-sized index nearly every lookup is a miss). Lookups past the end of the
-        // match are wasted, at most LOOKAHEAD - 1 of them.
+        let mut active = Active::new(self.store.view(first));
+        // The table lookups of a few blocks are made before any of them is used
+        // (`BlockMap::get_batch`): they do not depend on each other, so their cache misses
+        // overlap instead of following one another (in a fleet-sized index nearly every lookup
+        // is a miss). Lookups past the end of the match are wasted, at most LOOKAHEAD - 1.
         let mut depth = 1;
+        let mut found = [None; BATCH];
         for chunk in request_hashes.get(1..).unwrap_or(&[]).chunks(LOOKAHEAD) {
-            let mut found: [Option<Holders>; LOOKAHEAD] = [None; LOOKAHEAD];
-            for (slot, h) in found.iter_mut().zip(chunk) {
-                *slot = self.blocks.get(h).copied();
-            }
+            self.blocks.get_batch(chunk, &mut found);
             for holders in found.iter().take(chunk.len()) {
                 match holders {
                     None => {
@@ -395,14 +385,13 @@ impl PrefixIndex {
     /// Estimated heap bytes held by the index (hash tables at their real bucket counts, holder
     /// sets, per-endpoint maps). Walks the holder arena: O(blocks held by ≥ 3 endpoints).
     pub fn memory_bytes(&self) -> usize {
-        let entry = std::mem::size_of::<(u64, Holders)>();
         let per_endpoint: usize = self
             .endpoints
             .iter()
-            .map(|(_, e)| table_bytes(e.engine.capacity(), std::mem::size_of::<(u64, u64)>()))
+            .map(|(_, e)| e.engine.heap_bytes())
             .sum();
         std::mem::size_of::<Self>()
-            + table_bytes(self.blocks.capacity(), entry)
+            + self.blocks.heap_bytes()
             + self.store.heap_bytes()
             + self.endpoints.heap_bytes()
             + per_endpoint
@@ -411,26 +400,26 @@ impl PrefixIndex {
 
 /// Removes `slot` from block `own`; returns whether it held it.
 fn remove_pair(
-    blocks: &mut Map<u64, Holders>,
+    blocks: &mut BlockMap<Holders>,
     store: &mut HolderStore,
     slot: u32,
     own: u64,
 ) -> bool {
-    let Entry::Occupied(mut o) = blocks.entry(own) else {
+    let Some(holders) = blocks.get_mut(own) else {
         return false;
     };
-    match store.remove(o.get_mut(), slot) {
+    match store.remove(holders, slot) {
         Removed::NotHeld => false,
         Removed::Held => true,
         Removed::Empty => {
-            o.remove();
+            blocks.remove(own);
             true
         }
     }
 }
 
 /// Shrinks a table to twice its length when it is at most a quarter full (and not tiny).
-fn shrink_if_sparse<V>(m: &mut Map<u64, V>) {
+fn shrink_if_sparse<V: Copy + Default>(m: &mut BlockMap<V>) {
     if m.capacity() >= 1024 && m.len() * 4 < m.capacity() {
         m.shrink_to(m.len() * 2);
     }
@@ -735,7 +724,7 @@ mod tests {
 
     #[test]
     fn table_bytes_matches_hashbrown_growth() {
-        let mut m: Map<u64, u64> = Map::default();
+        let mut m: std::collections::HashMap<u64, u64, ahash::RandomState> = Default::default();
         for i in 0..1000 {
             m.insert(i, i);
         }

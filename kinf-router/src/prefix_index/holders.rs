@@ -166,6 +166,14 @@ pub(crate) struct HolderStore {
     free: Vec<u32>,
 }
 
+/// Only fills the empty slots of a [`BlockMap`](crate::block_map::BlockMap); never read as a
+/// set.
+impl Default for Holders {
+    fn default() -> Self {
+        Self(0)
+    }
+}
+
 impl Holders {
     #[inline]
     pub(crate) fn one(s: u32) -> Self {
