@@ -8,13 +8,15 @@
 //!   resolves them: the first reads do not depend on each other, so their misses overlap instead
 //!   of following one another. A prompt's blocks are looked up this way.
 //! - Linear probing, at most three quarters full; removal shifts the following entries back
-//!   (no tombstones). Keys are spread by a multiplicative hash, so any keys work, not only
-//!   uniform ones. Key 0 marks an empty slot; an entry for key 0 is kept on the side.
+//!   (no tombstones). Key 0 marks an empty slot; an entry for key 0 is kept on the side.
+//! - **Keys chosen by clients cannot pile up.** A key's home slot is the top bits of the key
+//!   times a random odd multiplier drawn for each map (multiply-shift hashing, a universal
+//!   family): two distinct keys share a home slot with probability about 2 / slots whatever
+//!   they are, so prompts crafted to make colliding block hashes gain nothing without the
+//!   multiplier. Any keys work, not only uniform ones.
 //!
 //! Iteration order is unspecified.
 
-/// Fibonacci hashing's multiplier (2^64 / φ, odd).
-const SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
 /// The key of an empty slot.
 const EMPTY: u64 = 0;
 /// Smallest table allocated.
@@ -39,6 +41,13 @@ pub struct BlockMap<V> {
     zero: Option<V>,
     /// `64 - log2(slots.len())`.
     shift: u32,
+    /// The multiply-shift hash's random odd multiplier.
+    mul: u64,
+}
+
+/// A random odd multiplier (from `ahash`'s per-process random state).
+fn random_multiplier() -> u64 {
+    ahash::RandomState::new().hash_one(0x6b69_6e66_2d6d_6170_u64) | 1
 }
 
 impl<V: Copy + Default> Default for BlockMap<V> {
@@ -55,6 +64,7 @@ impl<V: Copy + Default> BlockMap<V> {
             len: 0,
             zero: None,
             shift: 64,
+            mul: random_multiplier(),
         }
     }
 
@@ -95,7 +105,7 @@ impl<V: Copy + Default> BlockMap<V> {
     #[inline]
     fn home(&self, key: u64) -> usize {
         // `shift` is 64 only while `slots` is empty, where no caller indexes.
-        key.wrapping_mul(SPREAD)
+        key.wrapping_mul(self.mul)
             .checked_shr(self.shift)
             .unwrap_or(0) as usize
     }
@@ -258,7 +268,10 @@ impl<V: Copy + Default> BlockMap<V> {
 
     /// Removes every entry and frees the table.
     pub fn clear(&mut self) {
-        *self = Self::new();
+        self.slots = Vec::new();
+        self.len = 0;
+        self.zero = None;
+        self.shift = 64;
     }
 
     /// Shrinks the table to hold at least `min` entries (and every current one).
@@ -327,7 +340,7 @@ mod tests {
     }
 
     /// Keys from a small range, so that operations collide, probe runs wrap around the table
-    /// and key 0 turns up; and keys that share their home slot.
+    /// and key 0 turns up; keys that differ only in their top bits; any keys.
     fn key() -> impl Strategy<Value = u64> {
         prop_oneof![0u64..64, (0u64..8).prop_map(|k| k << 58), any::<u64>()]
     }
@@ -378,6 +391,13 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn each_map_draws_its_own_multiplier() {
+        let (a, b) = (BlockMap::<u32>::new(), BlockMap::<u32>::new());
+        assert_eq!(a.mul & 1, 1);
+        assert_ne!(a.mul, b.mul, "equal with probability 2^-63");
     }
 
     #[test]
