@@ -104,10 +104,9 @@ impl<V: Copy + Default> BlockMap<V> {
 
     #[inline]
     fn home(&self, key: u64) -> usize {
-        // `shift` is 64 only while `slots` is empty, where no caller indexes.
-        key.wrapping_mul(self.mul)
-            .checked_shr(self.shift)
-            .unwrap_or(0) as usize
+        // `shift` is 64 only while `slots` is empty; the index is then out of range, and every
+        // caller reads slots with `get` or only when the table is non-empty.
+        (key.wrapping_mul(self.mul) >> (self.shift & 63)) as usize
     }
 
     /// The slot holding `key` (≠ 0), if any.
