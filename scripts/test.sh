@@ -52,6 +52,8 @@ for p in bench/experiments/*.patch; do
 done
 echo "== Prometheus rules and Grafana dashboards"
 bash scripts/e2e/prometheus_check.sh
+echo "== rustdoc -D warnings (broken intra-doc links)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked -q
 echo "== doc tests"
 cargo test --workspace --locked --doc -q
 echo "== tests"

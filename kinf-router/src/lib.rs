@@ -6,7 +6,8 @@
 //! and rule) — always with a full trace. Synchronous, no I/O, no async runtime.
 //!
 //! Also here: vLLM KV-event decoding ([`kv_events`]), the KV-cache prefix index
-//! ([`prefix_index`]), the TTFT predictor ([`predictor`]) and token accounting ([`usage`]).
+//! ([`prefix_index`]) and the block-hash table behind it ([`block_map`]), the TTFT predictor
+//! ([`predictor`]) and token accounting ([`usage`]).
 
 pub mod block_map;
 pub mod classify;

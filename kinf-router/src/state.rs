@@ -878,7 +878,8 @@ impl ClusterState {
     }
 
     /// Counts a request routed to an endpoint with `uncached_tokens` to prefill
-    /// ([`Route::uncached_tokens`](crate::Route::uncached_tokens)) as in flight, so that the
+    /// ([`PredictionInputs::uncached_tokens`](crate::PredictionInputs::uncached_tokens) of the
+    /// route's prediction) as in flight, so that the
     /// next decisions see the work at once. Pair with [`first_token`](Self::first_token) and
     /// [`end_request`](Self::end_request).
     pub fn begin_request(

@@ -1,6 +1,6 @@
 //! `kinf-sim serve`: a real-time simulated vLLM 0.32 worker.
 //!
-//! One task owns an [`Engine`](crate::Engine) and advances it to the wall clock
+//! One task owns an [`Engine`] and advances it to the wall clock
 //! (× `--speed`) ([`driver`]); an axum server speaks vLLM's HTTP API ([`openai`],
 //! [`anthropic`], [`metrics_text`]); a ZMQ publisher sends KV events in vLLM's frames and serves
 //! replay ([`kv_publisher`]); [`faults`] injects failures. See `docs/reference/kinf-sim.md`.
