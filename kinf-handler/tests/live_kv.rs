@@ -105,6 +105,17 @@ fn config() -> LiveConfig {
     }
 }
 
+/// Waits until a scrape has recorded the worker's current process start time: a restart is
+/// a change of it, so changing it before the first scrape would be seen as no restart.
+async fn wait_for_start_seen(ingest: &LiveIngest, address: &str) {
+    wait_until("the process start time scraped", || {
+        ingest
+            .endpoint_status(WS, address)
+            .is_some_and(|s| s.scrape.process_start_s.is_some())
+    })
+    .await;
+}
+
 async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !f() {
@@ -445,6 +456,7 @@ async fn a_worker_restart_seen_in_its_metrics_resets_the_index_and_catches_up_th
         })
         .collect();
     *buffer.lock() = new.clone();
+    wait_for_start_seen(&ingest, address).await;
     start.fetch_add(7_200, std::sync::atomic::Ordering::SeqCst);
     wait_until("restart seen", || kv(&ingest, address).restarts == 1).await;
     wait_until("new process caught up", || {
@@ -630,6 +642,7 @@ async fn a_restart_the_kv_events_showed_first_is_not_counted_or_reset_again_by_t
     .await;
     wait_until("seq restart", || kv(&ingest, address).restarts == 1).await;
     let after_seq_restart = index(&shared);
+    wait_for_start_seen(&ingest, address).await;
     start.fetch_add(7_200, std::sync::atomic::Ordering::SeqCst);
     wait_until("metrics restart seen", || {
         ingest
