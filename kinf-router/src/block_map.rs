@@ -4,9 +4,10 @@
 //! - **One cache line per lookup.** Key and value sit side by side in one slot, so a hit costs
 //!   one memory access (a general-purpose table reads a control byte and then the entry: two
 //!   accesses, the second waiting on the first).
-//! - **Batched lookups.** [`BlockMap::get_batch`] first reads the home slot of every key, then
-//!   resolves them: the first reads do not depend on each other, so their misses overlap instead
-//!   of following one another. A prompt's blocks are looked up this way.
+//! - **Batched lookups.** [`BlockMap::for_each_leading`] walks a prompt's chain of block
+//!   hashes a batch at a time: it reads the home slot of every key of a batch, then resolves
+//!   them. The first reads do not depend on each other, so their misses overlap instead of
+//!   following one another.
 //! - Linear probing, at most three quarters full; removal shifts the following entries back
 //!   (no tombstones). Key 0 marks an empty slot; an entry for key 0 is kept on the side.
 //! - **Keys chosen by clients cannot pile up.** A key's home slot is the top bits of the key
@@ -21,7 +22,7 @@
 const EMPTY: u64 = 0;
 /// Smallest table allocated.
 const MIN_SLOTS: usize = 16;
-/// Keys looked up together by [`BlockMap::get_batch`].
+/// The most keys looked up together by [`BlockMap::for_each_leading`].
 pub const BATCH: usize = 16;
 
 #[derive(Debug, Clone, Copy)]
@@ -66,15 +67,6 @@ impl<V: Copy + Default> BlockMap<V> {
             shift: 64,
             mul: random_multiplier(),
         }
-    }
-
-    /// An empty map that holds `n` entries without growing.
-    pub fn with_capacity(n: usize) -> Self {
-        let mut m = Self::new();
-        if n > 0 {
-            m.resize(slots_for(n));
-        }
-        m
     }
 
     /// Number of entries.
@@ -137,17 +129,30 @@ impl<V: Copy + Default> BlockMap<V> {
             .map(|s| s.value)
     }
 
-    /// Whether `key` has an entry.
+    /// Calls `f` with the value of each leading key of `keys` that has an entry, in order,
+    /// and stops at the first key without one, or when `f` returns `false`: the walk along a
+    /// prompt's chain of block hashes. Looks the keys up `batch` at a time (1 to [`BATCH`]),
+    /// reading a batch's home slots before resolving any, so that their memory accesses
+    /// overlap; lookups past the end of the run are wasted, at most `batch - 1`.
     #[inline]
-    pub fn contains_key(&self, key: u64) -> bool {
-        self.get(key).is_some()
+    pub fn for_each_leading(&self, keys: &[u64], batch: usize, mut f: impl FnMut(V) -> bool) {
+        let mut found = [None; BATCH];
+        for chunk in keys.chunks(batch.clamp(1, BATCH)) {
+            self.get_batch(chunk, &mut found);
+            for v in found.iter().take(chunk.len()) {
+                match v {
+                    Some(v) if f(*v) => {}
+                    _ => return,
+                }
+            }
+        }
     }
 
     /// The values of up to [`BATCH`] keys, written to `out[..keys.len()]` (extra keys are
     /// ignored). Reads every key's home slot before resolving any, so that the memory accesses
     /// overlap.
     #[inline]
-    pub fn get_batch(&self, keys: &[u64], out: &mut [Option<V>; BATCH]) {
+    fn get_batch(&self, keys: &[u64], out: &mut [Option<V>; BATCH]) {
         let keys = keys.get(..keys.len().min(BATCH)).unwrap_or(keys);
         if self.slots.is_empty() {
             for (o, &k) in out.iter_mut().zip(keys) {
@@ -381,6 +386,12 @@ mod tests {
             want.sort_unstable();
             prop_assert_eq!(got, want);
             let keys: Vec<u64> = (0..64).chain((0..8).map(|k| k << 58)).collect();
+            for batch in [1, 3, BATCH] {
+                let mut run = Vec::new();
+                m.for_each_leading(&keys, batch, |v| { run.push(v); true });
+                let want: Vec<u32> = keys.iter().map_while(|k| model.get(k).copied()).collect();
+                prop_assert_eq!(run, want);
+            }
             for chunk in keys.chunks(BATCH) {
                 let mut out = [None; BATCH];
                 m.get_batch(chunk, &mut out);

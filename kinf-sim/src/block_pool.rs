@@ -146,25 +146,19 @@ impl BlockPool {
     }
 
     /// A block holding `hash`, if any.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn lookup(&self, hash: u64) -> Option<u32> {
         self.cache.get(hash)
     }
 
-    /// Appends to `out` a block for each leading hash of `hashes` that is cached, stopping at
-    /// the first that is not. Looks the hashes up [`BATCH`] at a time, so that their memory
+    /// Calls `f` with a block for each leading hash of `hashes` that is cached, stopping at the
+    /// first that is not. Looks the hashes up [`BATCH`] at a time, so that their memory
     /// accesses overlap.
-    pub(crate) fn lookup_prefix(&self, hashes: &[u64], out: &mut Vec<u32>) {
-        let mut found = [None; BATCH];
-        for chunk in hashes.chunks(BATCH) {
-            self.cache.get_batch(chunk, &mut found);
-            for f in found.iter().take(chunk.len()) {
-                match f {
-                    Some(b) => out.push(*b),
-                    None => return,
-                }
-            }
-        }
+    pub(crate) fn for_each_cached_prefix(&self, hashes: &[u64], mut f: impl FnMut(u32)) {
+        self.cache.for_each_leading(hashes, BATCH, |b| {
+            f(b);
+            true
+        });
     }
 
     #[inline]

@@ -511,10 +511,9 @@ impl Engine {
     /// How many leading blocks of a chain of engine `hashes` the prefix cache holds now
     /// (ground truth; an oracle router may use it).
     pub fn cached_prefix_blocks(&self, hashes: &[u64]) -> usize {
-        hashes
-            .iter()
-            .take_while(|h| self.pool.lookup(**h).is_some())
-            .count()
+        let mut n = 0;
+        self.pool.for_each_cached_prefix(hashes, |_| n += 1);
+        n
     }
 
     /// Prompt tokens of `tokens` a request would find cached now (capped, as vLLM does, so
@@ -989,7 +988,8 @@ impl Engine {
         let max_blocks = (seq.num_tokens() as usize - 1) / bs;
         ensure_hashes(seq, max_blocks, bs, vocab, &mut self.scratch_tokens);
         let hashes = seq.hashes.get(..max_blocks).unwrap_or(&seq.hashes);
-        self.pool.lookup_prefix(hashes, &mut self.scratch_blocks);
+        let found = &mut self.scratch_blocks;
+        self.pool.for_each_cached_prefix(hashes, |b| found.push(b));
         self.scratch_blocks.len() as u32
     }
 

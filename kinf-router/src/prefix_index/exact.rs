@@ -2,7 +2,7 @@
 
 use smallvec::SmallVec;
 
-use crate::block_map::{BATCH, BlockMap};
+use crate::block_map::BlockMap;
 
 use super::holders::{HolderStore, Holders, Removed, View, bit};
 use super::slots::Slots;
@@ -343,30 +343,20 @@ impl PrefixIndex {
         let ids = self.endpoints.ids();
         let mut active = Active::new(self.store.view(first));
         // The table lookups of a few blocks are made before any of them is used
-        // (`BlockMap::get_batch`): they do not depend on each other, so their cache misses
-        // overlap instead of following one another (in a fleet-sized index nearly every lookup
-        // is a miss). Lookups past the end of the match are wasted, at most LOOKAHEAD - 1.
+        // (`BlockMap::for_each_leading`): they do not depend on each other, so their cache
+        // misses overlap instead of following one another (in a fleet-sized index nearly every
+        // lookup is a miss). Lookups past the end of the match are wasted, at most
+        // LOOKAHEAD - 1.
         let mut depth = 1;
-        let mut found = [None; BATCH];
-        for chunk in request_hashes.get(1..).unwrap_or(&[]).chunks(LOOKAHEAD) {
-            self.blocks.get_batch(chunk, &mut found);
-            for holders in found.iter().take(chunk.len()) {
-                match holders {
-                    None => {
-                        active.drain(depth, ids, out);
-                        return;
-                    }
-                    Some(holders) => {
-                        active.intersect(self.store.view(*holders), depth, ids, out);
-                        if active.is_empty() {
-                            return;
-                        }
-                    }
-                }
-                depth += 1;
-            }
-        }
-        active.drain(request_hashes.len() as u32, ids, out);
+        let rest = request_hashes.get(1..).unwrap_or(&[]);
+        self.blocks.for_each_leading(rest, LOOKAHEAD, |holders| {
+            active.intersect(self.store.view(holders), depth, ids, out);
+            depth += 1;
+            !active.is_empty()
+        });
+        // The walk ended at a block nobody left holds, or at the request's end (`depth` is
+        // then its length); whoever is still active matched `depth` blocks.
+        active.drain(depth, ids, out);
     }
 
     /// Counters and sizes.
