@@ -1,14 +1,21 @@
 //! The KV block pool: reference-counted blocks, the LRU queue of free blocks and the prefix
 //! cache (block hash → blocks), modelled on vLLM v1's `BlockPool`.
 //!
-//! - Every block is either in use (`ref_cnt > 0`) or in the **free queue**, a doubly linked list
-//!   in eviction order (head = least recently freed). Free blocks keep their cached contents
-//!   until they are reused.
+//! - Every block is either in use (`ref_cnt > 0`) or in the **free queue**, in eviction order
+//!   (head = least recently freed). Free blocks keep their cached contents until they are
+//!   reused.
 //! - Allocation pops from the head; a popped block that still holds a cached hash is evicted
 //!   from the prefix cache first.
 //! - A cache hit on a free block takes it out of the queue ("touch"); freeing appends to the
 //!   tail (the engine frees a request's blocks last-block-first, as vLLM does, so a prompt's
 //!   tail is evicted before its shared head).
+//! - vLLM's queue is a doubly linked list, so a touch unlinks the block from its neighbours:
+//!   three scattered memory accesses, which in a fleet of engines are cache misses. Here the
+//!   queue is a ring of `(block, sequence number)` entries with **lazy removal**: freeing
+//!   stamps the block with a new sequence number and appends an entry; a touch only takes the
+//!   reference, which makes the block's entry stale; allocation pops entries from the head and
+//!   skips the stale ones (a block in use, or freed again later under a newer number). The
+//!   order of eviction is exactly the linked list's.
 //! - Two requests computing the same block at the same time (a chunked prefill racing another)
 //!   both register it, as vLLM does; the cache maps a hash to the chain of blocks holding it.
 //!
@@ -18,7 +25,7 @@
 //! not, so that its event stream describes exactly the set of hashes the engine holds (and a
 //! consumer's index can be checked against [`BlockPool::cached_hashes`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use kinf_router::block_map::{BATCH, BlockMap};
@@ -57,23 +64,28 @@ pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 #[derive(Debug, Clone, Copy)]
 struct Block {
     ref_cnt: u32,
-    /// Free-queue links (valid while `ref_cnt == 0`).
-    prev: u32,
-    next: u32,
+    /// Sequence number of the block's live free-queue entry (meaningful while `ref_cnt == 0`).
+    free_seq: u32,
     /// Next block holding the same hash (cache chain).
     dup_next: u32,
+    cached: bool,
     /// The cached hash, when `cached`.
     hash: u64,
-    cached: bool,
 }
 
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub(crate) struct BlockPool {
-    /// `n` blocks followed by the free queue's sentinel at index `n`.
     blocks: Vec<Block>,
     num_blocks: u32,
     num_free: u32,
+    /// The free queue: `(block, sequence number)`, head first; an entry is live iff its block
+    /// is free and still stamped with its number, else stale (skipped when popped).
+    free_queue: VecDeque<(u32, u32)>,
+    /// The next sequence number. It wraps, harmlessly: the queue never holds more than
+    /// `2 × num_blocks + 64` entries, so an entry leaves it (popped or compacted away) fewer
+    /// than `4 × num_blocks + 128` appends after its own, far fewer than 2³².
+    next_seq: u32,
     cache: BlockMap<u32>,
     emit: bool,
     events: Vec<KvEvent>,
@@ -81,28 +93,22 @@ pub(crate) struct BlockPool {
 
 impl BlockPool {
     pub(crate) fn new(num_blocks: u32, emit: bool) -> Self {
-        let n = num_blocks as usize;
-        let mut blocks = Vec::with_capacity(n + 1);
-        for i in 0..=num_blocks {
-            blocks.push(Block {
+        // Block `i` starts free with sequence number `i`: the queue holds them in order.
+        let blocks = (0..num_blocks)
+            .map(|i| Block {
                 ref_cnt: 0,
-                prev: if i == 0 { num_blocks } else { i - 1 },
-                next: if i == num_blocks { 0 } else { i + 1 },
+                free_seq: i,
                 dup_next: NIL,
-                hash: 0,
                 cached: false,
-            });
-        }
-        if num_blocks == 0
-            && let Some(s) = blocks.first_mut()
-        {
-            s.prev = 0;
-            s.next = 0;
-        }
+                hash: 0,
+            })
+            .collect();
         Self {
             blocks,
             num_blocks,
             num_free: num_blocks,
+            free_queue: (0..num_blocks).map(|i| (i, i)).collect(),
+            next_seq: num_blocks,
             cache: BlockMap::new(),
             emit,
             events: Vec::new(),
@@ -166,44 +172,24 @@ impl BlockPool {
         self.b(block).ref_cnt
     }
 
-    #[inline]
-    fn unlink_free(&mut self, i: u32) {
-        let Block { prev, next, .. } = *self.b(i);
-        if let Some(p) = self.bm(prev) {
-            p.next = next;
-        }
-        if let Some(n) = self.bm(next) {
-            n.prev = prev;
-        }
-        self.num_free -= 1;
-    }
-
-    #[inline]
-    fn push_free_tail(&mut self, i: u32) {
-        let s = self.num_blocks;
-        let tail = self.b(s).prev;
-        if let Some(b) = self.bm(i) {
-            b.prev = tail;
-            b.next = s;
-        }
-        if let Some(t) = self.bm(tail) {
-            t.next = i;
-        }
-        if let Some(sent) = self.bm(s) {
-            sent.prev = i;
-        }
-        self.num_free += 1;
-    }
-
-    /// Takes a reference on `block` (a cache hit), removing it from the free queue if needed.
+    /// Takes a reference on `block` (a cache hit), taking it out of the free queue if needed
+    /// (its entry goes stale).
     #[inline]
     pub(crate) fn touch(&mut self, block: u32) {
-        if self.b(block).ref_cnt == 0 {
-            self.unlink_free(block);
+        let Some(b) = self.blocks.get_mut(block as usize) else {
+            return;
+        };
+        if b.ref_cnt == 0 {
+            self.num_free -= 1;
         }
-        if let Some(b) = self.bm(block) {
-            b.ref_cnt += 1;
-        }
+        b.ref_cnt += 1;
+    }
+
+    /// Whether a free-queue entry is live.
+    #[inline]
+    fn is_live(&self, (block, seq): (u32, u32)) -> bool {
+        let b = self.b(block);
+        b.ref_cnt == 0 && b.free_seq == seq
     }
 
     /// Allocates a block from the free queue's head, evicting its cached hash if any.
@@ -213,8 +199,14 @@ impl BlockPool {
         if self.num_free == 0 {
             return None;
         }
-        let head = self.b(self.num_blocks).next;
-        self.unlink_free(head);
+        // `num_free > 0`: a live entry is in the queue, so this stops before it runs dry.
+        let head = loop {
+            let entry = self.free_queue.pop_front()?;
+            if self.is_live(entry) {
+                break entry.0;
+            }
+        };
+        self.num_free -= 1;
         if self.b(head).cached {
             self.uncache(head);
         }
@@ -227,14 +219,31 @@ impl BlockPool {
     /// Drops a reference; a block reaching zero goes to the free queue's tail.
     #[inline]
     pub(crate) fn free(&mut self, block: u32) {
-        let Some(b) = self.bm(block) else { return };
+        let Some(b) = self.blocks.get_mut(block as usize) else {
+            return;
+        };
         if b.ref_cnt == 0 {
             return;
         }
         b.ref_cnt -= 1;
         if b.ref_cnt == 0 {
-            self.push_free_tail(block);
+            let seq = self.next_seq;
+            b.free_seq = seq;
+            self.next_seq = seq.wrapping_add(1);
+            self.num_free += 1;
+            self.free_queue.push_back((block, seq));
+            if self.free_queue.len() > 2 * self.num_blocks as usize + 64 {
+                self.compact_free_queue();
+            }
         }
+    }
+
+    /// Drops the stale entries of the free queue (amortised: it runs once the queue is over
+    /// twice the pool, and leaves at most the pool's size).
+    fn compact_free_queue(&mut self) {
+        let mut queue = std::mem::take(&mut self.free_queue);
+        queue.retain(|&e| self.is_live(e));
+        self.free_queue = queue;
     }
 
     /// Registers `block` as holding `hash`. Returns whether the hash was new to the cache (the
@@ -347,41 +356,41 @@ impl BlockPool {
     /// of exactly the blocks with `ref_cnt == 0`, and every cache chain holds exactly the
     /// cached blocks of its hash.
     pub(crate) fn check(&self) -> Result<(), String> {
-        let s = self.num_blocks;
-        let mut seen = 0u32;
-        let mut cur = self.b(s).next;
-        let mut prev = s;
-        while cur != s {
-            let b = self.b(cur);
-            if b.ref_cnt != 0 {
-                return Err(format!(
-                    "block {cur} in the free queue with ref_cnt {}",
-                    b.ref_cnt
-                ));
+        let mut seen = vec![false; self.num_blocks as usize];
+        let mut live = 0u32;
+        for &(block, seq) in &self.free_queue {
+            let b = self
+                .blocks
+                .get(block as usize)
+                .ok_or_else(|| format!("free queue entry for unknown block {block}"))?;
+            if b.ref_cnt != 0 || b.free_seq != seq {
+                continue; // stale
             }
-            if b.prev != prev {
-                return Err(format!("block {cur}: broken prev link"));
+            let slot = seen.get_mut(block as usize);
+            if slot.as_deref() == Some(&true) {
+                return Err(format!("block {block} live twice in the free queue"));
             }
-            seen += 1;
-            if seen > self.num_blocks {
-                return Err("free queue has a cycle".into());
+            if let Some(x) = slot {
+                *x = true;
             }
-            prev = cur;
-            cur = b.next;
+            live += 1;
         }
-        if seen != self.num_free {
+        if live != self.num_free {
             return Err(format!(
-                "free queue has {seen} blocks, num_free {}",
+                "free queue has {live} live entries, num_free {}",
                 self.num_free
             ));
         }
-        let zero = self
+        let unqueued = self
             .blocks
             .iter()
-            .take(s as usize)
-            .filter(|b| b.ref_cnt == 0);
-        if zero.count() != seen as usize {
-            return Err("free queue differs from the blocks with ref_cnt 0".into());
+            .zip(&seen)
+            .any(|(b, &queued)| b.ref_cnt == 0 && !queued);
+        if unqueued {
+            return Err("a block with ref_cnt 0 is not in the free queue".into());
+        }
+        if self.free_queue.len() > 2 * self.num_blocks as usize + 64 {
+            return Err("free queue not compacted".into());
         }
         let mut chained = 0usize;
         for (h, head) in self.cache.iter() {
@@ -398,7 +407,7 @@ impl BlockPool {
                 cur = b.dup_next;
             }
         }
-        let cached = self.blocks.iter().take(s as usize).filter(|b| b.cached);
+        let cached = self.blocks.iter().filter(|b| b.cached);
         if cached.count() != chained {
             return Err("cached blocks differ from the cache chains".into());
         }
@@ -408,11 +417,10 @@ impl BlockPool {
 
 const SENTINEL: Block = Block {
     ref_cnt: 0,
-    prev: NIL,
-    next: NIL,
+    free_seq: 0,
     dup_next: NIL,
-    hash: 0,
     cached: false,
+    hash: 0,
 };
 
 #[cfg(test)]
@@ -490,6 +498,95 @@ mod tests {
         assert_eq!(removed(&p.take_events()), vec![7]);
         assert_eq!(p.lookup(7), None);
         p.check().unwrap();
+    }
+
+    /// vLLM's free queue, as a list: free appends, a touch removes from anywhere, allocation
+    /// pops the head.
+    #[derive(Default)]
+    struct ListModel {
+        queue: std::collections::VecDeque<u32>,
+        refs: Vec<u32>,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc,
+        Touch(usize),
+        Free(usize),
+        /// A hit on a block and its release, repeated: stale entries pile up.
+        HitAndRelease(usize, u32),
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The lazily pruned ring evicts in exactly the linked list's order, through enough
+        /// touches and frees to compact the ring many times.
+        #[test]
+        fn free_queue_evicts_as_the_linked_list_does(
+            n in 1u32..12,
+            ops in proptest::collection::vec(
+                prop_oneof![
+                    2 => Just(Op::Alloc),
+                    3 => (0usize..64).prop_map(Op::Touch),
+                    3 => (0usize..64).prop_map(Op::Free),
+                    1 => (0usize..64, 1u32..60).prop_map(|(i, k)| Op::HitAndRelease(i, k)),
+                ],
+                1..400,
+            ),
+        ) {
+            let mut p = BlockPool::new(n, false);
+            let mut m = ListModel {
+                queue: (0..n).collect(),
+                refs: vec![0; n as usize],
+            };
+            for op in ops {
+                match op {
+                    Op::Alloc => {
+                        let want = m.queue.pop_front();
+                        if let Some(b) = want {
+                            m.refs[b as usize] = 1;
+                        }
+                        prop_assert_eq!(p.alloc(), want);
+                    }
+                    Op::Touch(i) => {
+                        let b = (i % n as usize) as u32;
+                        if m.refs[b as usize] == 0 {
+                            m.queue.retain(|&x| x != b);
+                        }
+                        m.refs[b as usize] += 1;
+                        p.touch(b);
+                    }
+                    Op::Free(i) => {
+                        let b = (i % n as usize) as u32;
+                        if m.refs[b as usize] > 0 {
+                            m.refs[b as usize] -= 1;
+                            if m.refs[b as usize] == 0 {
+                                m.queue.push_back(b);
+                            }
+                        }
+                        p.free(b);
+                    }
+                    Op::HitAndRelease(i, k) => {
+                        let b = (i % n as usize) as u32;
+                        for _ in 0..k {
+                            if m.refs[b as usize] == 0 {
+                                m.queue.retain(|&x| x != b);
+                            }
+                            m.refs[b as usize] += 1;
+                            p.touch(b);
+                            m.refs[b as usize] -= 1;
+                            if m.refs[b as usize] == 0 {
+                                m.queue.push_back(b);
+                            }
+                            p.free(b);
+                        }
+                    }
+                }
+                prop_assert_eq!(p.num_free() as usize, m.queue.len());
+                prop_assert_eq!(p.check(), Ok(()));
+            }
+        }
     }
 
     #[test]
