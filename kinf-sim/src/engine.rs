@@ -18,7 +18,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
-use kinf_router::kv_events::{BlockStored, KvEvent, Medium, encode_payload};
+use kinf_router::kv_events::{BlockHashes, BlockStored, KvEvent, Medium, encode_payload};
 use serde::Serialize;
 
 use crate::block_pool::{BlockPool, IdMap};
@@ -1070,18 +1070,25 @@ impl Engine {
                 continue;
             }
             if fresh {
-                let ev = run.get_or_insert_with(|| BlockStored {
-                    parent: if k == 0 {
-                        None
-                    } else {
-                        seq.hashes.get(k - 1).copied()
-                    },
-                    block_size: bs as u32,
-                    medium: Some(Medium::Gpu),
-                    extra_keys: Some(Vec::new()),
-                    group_idx: Some(0),
-                    kv_cache_spec_kind: Some("full_attention".into()),
-                    ..BlockStored::default()
+                let ev = run.get_or_insert_with(|| {
+                    // Sized for the rest of the blocks (a run rarely stops early): one
+                    // allocation per list instead of a chain of reallocations.
+                    let left = full - k;
+                    BlockStored {
+                        parent: if k == 0 {
+                            None
+                        } else {
+                            seq.hashes.get(k - 1).copied()
+                        },
+                        block_hashes: BlockHashes::with_capacity(left),
+                        token_ids: Vec::with_capacity(left * bs),
+                        block_size: bs as u32,
+                        medium: Some(Medium::Gpu),
+                        extra_keys: Some(Vec::with_capacity(left)),
+                        group_idx: Some(0),
+                        kv_cache_spec_kind: Some("full_attention".into()),
+                        ..BlockStored::default()
+                    }
                 });
                 ev.block_hashes.push(h);
                 for i in k * bs..(k + 1) * bs {
