@@ -1,32 +1,211 @@
 //! Approximate prefix tracking for workers that publish no KV events.
+//!
+//! Laid out for fleets where nearly every table lookup misses the CPU caches: a
+//! [`BlockMap`] from each block to its touches (one inline, the common case; two or more in an
+//! arena), and per endpoint an LRU queue whose entries are marked dead the moment they go stale
+//! (their touch released or renewed), so that trimming drops them without a lookup.
 
-use std::collections::hash_map::{Entry, OccupiedEntry};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use smallvec::SmallVec;
 
 use super::EndpointId;
-use super::exact::table_bytes;
 use super::slots::Slots;
-
-type Map<K, V> = HashMap<K, V, ahash::RandomState>;
+use crate::block_map::BlockMap;
 
 /// One endpoint's claim on a block.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Touch {
     slot: u32,
-    /// Index-wide counter value of the latest touch (identifies the live LRU queue entry).
-    tick: u64,
+    /// Position of the touch's live entry in its endpoint's LRU queue
+    /// ([`ApproxEndpoint::head`]).
+    seq: u32,
     /// Caller's clock at the latest touch, in milliseconds.
     at_ms: u64,
+}
+
+/// [`Touch::slot`] of a [`Packed`] that refers to an arena list (never a real slot, which
+/// fits in 31 bits).
+const LIST: u32 = u32::MAX;
+
+/// A block's touches as its table value: one touch inline or, when `slot` is [`LIST`], the
+/// index in [`Arena::lists`] of two or more, stored in `seq`. (`Default` only fills the empty
+/// slots of the table.)
+#[derive(Debug, Clone, Copy, Default)]
+struct Packed(Touch);
+
+impl Packed {
+    fn list_index(self) -> Option<usize> {
+        (self.0.slot == LIST).then_some(self.0.seq as usize)
+    }
+}
+
+/// The touches of a block touched by two or more endpoints, in touch order.
+type TouchList = SmallVec<[Touch; 2]>;
+
+/// The lists of [`Packed`] values, with reusable free entries.
+#[derive(Debug, Clone, Default)]
+struct Arena {
+    lists: Vec<TouchList>,
+    free: Vec<u32>,
+}
+
+impl Arena {
+    /// The touches `v` holds, in touch order.
+    fn touches<'a>(&'a self, v: &'a Packed) -> &'a [Touch] {
+        match v.list_index() {
+            None => std::slice::from_ref(&v.0),
+            Some(i) => self.lists.get(i).map_or(&[], |l| &l[..]),
+        }
+    }
+
+    fn touches_mut<'a>(&'a mut self, v: &'a mut Packed) -> &'a mut [Touch] {
+        match v.list_index() {
+            None => std::slice::from_mut(&mut v.0),
+            Some(i) => self.lists.get_mut(i).map_or(&mut [], |l| &mut l[..]),
+        }
+    }
+
+    /// Appends `t` to `v`'s touches (moving them to a list when `v` held one inline); false
+    /// if the arena is full (2^32 lists).
+    fn push(&mut self, v: &mut Packed, t: Touch) -> bool {
+        if let Some(i) = v.list_index() {
+            return self.lists.get_mut(i).is_some_and(|l| {
+                l.push(t);
+                true
+            });
+        }
+        let list = TouchList::from_buf([v.0, t]);
+        let i = match self.free.pop() {
+            Some(i) => {
+                if let Some(l) = self.lists.get_mut(i as usize) {
+                    *l = list;
+                }
+                i
+            }
+            None => {
+                let Ok(i) = u32::try_from(self.lists.len()) else {
+                    return false;
+                };
+                self.lists.push(list);
+                i
+            }
+        };
+        *v = Packed(Touch {
+            slot: LIST,
+            seq: i,
+            at_ms: 0,
+        });
+        true
+    }
+
+    /// Removes the touch of `slot` from `v`, keeping the others' order (back inline when one
+    /// is left); returns it and whether none is left.
+    fn remove(&mut self, v: &mut Packed, slot: u32) -> Option<(Touch, bool)> {
+        let Some(i) = v.list_index() else {
+            return (v.0.slot == slot).then_some((v.0, true));
+        };
+        let list = self.lists.get_mut(i)?;
+        let pos = list.iter().position(|t| t.slot == slot)?;
+        let t = list.remove(pos);
+        if list.len() > 1 {
+            return Some((t, false));
+        }
+        let last = list.first().copied();
+        *list = TouchList::new();
+        self.free.push(i as u32);
+        if let Some(last) = last {
+            *v = Packed(last);
+        }
+        Some((t, last.is_none()))
+    }
+
+    fn heap_bytes(&self) -> usize {
+        let spilled: usize = self
+            .lists
+            .iter()
+            .filter(|l| l.spilled())
+            .map(|l| l.capacity() * std::mem::size_of::<Touch>())
+            .sum();
+        self.lists.capacity() * std::mem::size_of::<TouchList>()
+            + spilled
+            + self.free.capacity() * 4
+    }
+}
+
+/// Block → its touches.
+#[derive(Debug, Clone, Default)]
+struct Blocks {
+    map: BlockMap<Packed>,
+    arena: Arena,
+}
+
+impl Blocks {
+    /// Removes the touch of `slot` from block `h` (and the block when no touch is left);
+    /// returns it.
+    fn take(&mut self, h: u64, slot: u32) -> Option<Touch> {
+        let v = self.map.get_mut(h)?;
+        let (t, empty) = self.arena.remove(v, slot)?;
+        if empty {
+            self.map.remove(h);
+        }
+        Some(t)
+    }
+
+    /// Sets the queue position of `slot`'s touch of block `h`.
+    fn set_seq(&mut self, h: u64, slot: u32, seq: u32) {
+        if let Some(v) = self.map.get_mut(h)
+            && let Some(t) = self
+                .arena
+                .touches_mut(v)
+                .iter_mut()
+                .find(|t| t.slot == slot)
+        {
+            t.seq = seq;
+        }
+    }
+}
+
+/// An entry of an endpoint's LRU queue.
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    block: u64,
+    /// The touch's time (while the entry is live).
+    at_ms: u64,
+    /// Whether the entry is its touch's, which was neither released, renewed nor evicted since;
+    /// dead entries wait to be popped.
+    live: bool,
 }
 
 #[derive(Debug, Clone, Default)]
 struct ApproxEndpoint {
     /// Blocks currently attributed to the endpoint.
     held: usize,
-    /// `(block, tick)` in touch order; entries whose tick is no longer the block's are stale.
-    lru: VecDeque<(u64, u64)>,
+    /// Position of `lru.front()` among all entries ever pushed, modulo 2^32 (unambiguous while
+    /// the queue holds fewer than 2^32 entries).
+    head: u32,
+    /// Touches in touch order; each touch of the endpoint has exactly one live entry.
+    lru: VecDeque<Queued>,
+}
+
+impl ApproxEndpoint {
+    /// The position the next pushed entry gets.
+    fn next_seq(&self) -> u32 {
+        self.head.wrapping_add(self.lru.len() as u32)
+    }
+
+    /// Marks the entry at position `seq` dead.
+    fn kill(&mut self, seq: u32) {
+        if let Some(e) = self.lru.get_mut(seq.wrapping_sub(self.head) as usize) {
+            e.live = false;
+        }
+    }
+
+    fn pop_front(&mut self) {
+        if self.lru.pop_front().is_some() {
+            self.head = self.head.wrapping_add(1);
+        }
+    }
 }
 
 /// Counters of an [`ApproxIndex`].
@@ -56,9 +235,8 @@ pub struct ApproxStats {
 pub struct ApproxIndex {
     capacity: usize,
     max_age_ms: u64,
-    blocks: Map<u64, Touches>,
+    blocks: Blocks,
     endpoints: Slots<ApproxEndpoint>,
-    tick: u64,
     pairs: usize,
     evicted: u64,
     expired: u64,
@@ -71,9 +249,8 @@ impl ApproxIndex {
         Self {
             capacity: capacity_blocks,
             max_age_ms,
-            blocks: Map::default(),
+            blocks: Blocks::default(),
             endpoints: Slots::default(),
-            tick: 0,
             pairs: 0,
             evicted: 0,
             expired: 0,
@@ -93,6 +270,7 @@ impl ApproxIndex {
         self.touch(ep, request_hashes, now_ms, false);
     }
 
+    /// One table lookup per block.
     fn touch(&mut self, ep: EndpointId, request_hashes: &[u64], now_ms: u64, refresh: bool) {
         let max_age_ms = self.max_age_ms;
         let Some(slot) = self.endpoints.slot_or_insert(ep, ApproxEndpoint::default) else {
@@ -101,7 +279,6 @@ impl ApproxIndex {
         let Self {
             blocks,
             endpoints,
-            tick,
             pairs,
             ..
         } = self;
@@ -111,38 +288,53 @@ impl ApproxIndex {
         // Touch the tail first so that the head is the most recently used: eviction then
         // shortens a cached prompt from its end, which keeps its prefix matchable.
         for &h in request_hashes.iter().rev() {
-            let touches = blocks.entry(h).or_default();
-            let held = touches.iter_mut().find(|t| t.slot == slot);
-            if !refresh
-                && held
-                    .as_ref()
-                    .is_some_and(|t| now_ms.saturating_sub(t.at_ms) <= max_age_ms)
-            {
-                continue;
-            }
-            *tick += 1;
-            match held {
-                Some(t) => {
-                    t.tick = *tick;
-                    t.at_ms = now_ms;
+            let new = Touch {
+                slot,
+                seq: state.next_seq(),
+                at_ms: now_ms,
+            };
+            let (v, inserted) = blocks.map.get_or_insert_with(h, || Packed(new));
+            let renewed = if inserted {
+                None
+            } else {
+                match blocks
+                    .arena
+                    .touches_mut(v)
+                    .iter_mut()
+                    .find(|t| t.slot == slot)
+                {
+                    Some(t) => {
+                        if !refresh && now_ms.saturating_sub(t.at_ms) <= max_age_ms {
+                            continue;
+                        }
+                        Some(std::mem::replace(t, new))
+                    }
+                    None => {
+                        if !blocks.arena.push(v, new) {
+                            continue;
+                        }
+                        None
+                    }
                 }
+            };
+            match renewed {
+                Some(old) => state.kill(old.seq),
                 None => {
-                    touches.push(Touch {
-                        slot,
-                        tick: *tick,
-                        at_ms: now_ms,
-                    });
                     state.held += 1;
                     *pairs += 1;
                 }
             }
-            state.lru.push_back((h, *tick));
+            state.lru.push_back(Queued {
+                block: h,
+                at_ms: now_ms,
+                live: true,
+            });
         }
         self.trim(slot, now_ms);
     }
 
     /// Forgets that `ep` holds block `h` (something else now accounts for it); its queue
-    /// entry is dropped later, as a stale one.
+    /// entry is marked dead and dropped later.
     pub fn release(&mut self, ep: EndpointId, h: u64) {
         if let Some(mut r) = self.releaser(ep) {
             r.release(h);
@@ -165,7 +357,8 @@ impl ApproxIndex {
     }
 
     /// Evicts LRU entries of `slot` beyond capacity or older than the maximum age, and compacts
-    /// its queue when stale entries dominate.
+    /// its queue when dead entries dominate. Dropping a dead entry costs no table lookup; an
+    /// eviction costs one.
     fn trim(&mut self, slot: u32, now_ms: u64) {
         let Self {
             blocks,
@@ -180,26 +373,20 @@ impl ApproxIndex {
         let Some(state) = endpoints.get_mut(slot) else {
             return;
         };
-        while let Some(&(h, tick)) = state.lru.front() {
-            // One lookup per entry: the block's touches are read and, if the entry goes,
-            // updated through the same entry.
-            let Entry::Occupied(touches) = blocks.entry(h) else {
-                state.lru.pop_front(); // stale: the block is no longer held at all
+        while let Some(&front) = state.lru.front() {
+            if !front.live {
+                state.pop_front();
                 continue;
-            };
-            let ts = touches.get();
-            let Some(pos) = ts.iter().position(|t| t.slot == slot && t.tick == tick) else {
-                state.lru.pop_front(); // stale: the block was touched again later
-                continue;
-            };
-            let too_old = ts
-                .get(pos)
-                .is_some_and(|t| now_ms.saturating_sub(t.at_ms) > *max_age_ms);
+            }
+            // A live entry's time is its touch's.
+            let too_old = now_ms.saturating_sub(front.at_ms) > *max_age_ms;
             if state.held <= *capacity && !too_old {
                 break;
             }
-            state.lru.pop_front();
-            remove_touch(touches, pos);
+            state.pop_front();
+            if blocks.take(front.block, slot).is_none() {
+                continue; // not reached: a live entry's touch exists
+            }
             state.held -= 1;
             *pairs -= 1;
             if too_old {
@@ -209,11 +396,11 @@ impl ApproxIndex {
             }
         }
         if state.lru.len() > 2 * state.held + 64 {
-            state.lru.retain(|&(h, tick)| {
-                blocks
-                    .get(&h)
-                    .is_some_and(|ts| ts.iter().any(|t| t.slot == slot && t.tick == tick))
-            });
+            state.lru.retain(|e| e.live);
+            // The live entries moved: renumber their touches.
+            for (i, e) in state.lru.iter().enumerate() {
+                blocks.set_seq(e.block, slot, state.head.wrapping_add(i as u32));
+            }
         }
     }
 
@@ -231,9 +418,8 @@ impl ApproxIndex {
         let Some(state) = endpoints.get_mut(slot) else {
             return;
         };
-        for (h, tick) in std::mem::take(&mut state.lru) {
-            // Only the live entry of a block (its latest touch) removes it.
-            if take_touch(blocks, h, |t| t.slot == slot && t.tick == tick) {
+        for e in std::mem::take(&mut state.lru) {
+            if e.live && blocks.take(e.block, slot).is_some() {
                 *pairs -= 1;
             }
         }
@@ -257,15 +443,22 @@ impl ApproxIndex {
     ) {
         out.clear();
         let fresh = |t: &&Touch| now_ms.saturating_sub(t.at_ms) <= self.max_age_ms;
-        let Some(first) = request_hashes.first().and_then(|h| self.blocks.get(h)) else {
+        let arena = &self.blocks.arena;
+        let Some(first) = request_hashes.first().and_then(|&h| self.blocks.map.get(h)) else {
             return;
         };
-        let mut active: SmallVec<[u32; 16]> = first.iter().filter(fresh).map(|t| t.slot).collect();
-        for (depth, h) in request_hashes.iter().enumerate().skip(1) {
+        let mut active: SmallVec<[u32; 16]> = arena
+            .touches(&first)
+            .iter()
+            .filter(fresh)
+            .map(|t| t.slot)
+            .collect();
+        for (depth, &h) in request_hashes.iter().enumerate().skip(1) {
             if active.is_empty() {
                 return;
             }
-            let touches = self.blocks.get(h).map_or(&[][..], |t| &t[..]);
+            let v = self.blocks.map.get(h);
+            let touches = v.as_ref().map_or(&[][..], |v| arena.touches(v));
             active.retain(|s| {
                 let keep = touches.iter().filter(fresh).any(|t| t.slot == *s);
                 if !keep {
@@ -290,7 +483,7 @@ impl ApproxIndex {
     /// one lacks.
     pub fn extend_matches(&self, request_hashes: &[u64], now_ms: u64, depths: &mut Vec<u32>) {
         let n = request_hashes.len() as u32;
-        if n == 0 || self.blocks.is_empty() {
+        if n == 0 || self.blocks.map.is_empty() {
             return;
         }
         // Depths to look up, smallest first; 0 for endpoints that matched nothing.
@@ -307,13 +500,13 @@ impl ApproxIndex {
                 continue;
             }
             last = Some(d);
-            let Some(touches) = request_hashes
+            let Some(v) = request_hashes
                 .get(d as usize)
-                .and_then(|h| self.blocks.get(h))
+                .and_then(|&h| self.blocks.map.get(h))
             else {
                 continue;
             };
-            for t in touches {
+            for t in self.blocks.arena.touches(&v) {
                 if now_ms.saturating_sub(t.at_ms) > self.max_age_ms {
                     continue;
                 }
@@ -337,7 +530,7 @@ impl ApproxIndex {
     pub fn stats(&self) -> ApproxStats {
         ApproxStats {
             endpoints: self.endpoints.len(),
-            blocks: self.blocks.len(),
+            blocks: self.blocks.map.len(),
             pairs: self.pairs,
             evicted: self.evicted,
             expired: self.expired,
@@ -346,34 +539,16 @@ impl ApproxIndex {
 
     /// Estimated heap bytes held by the index.
     pub fn memory_bytes(&self) -> usize {
-        let entry = std::mem::size_of::<(u64, Touches)>();
-        let spilled: usize = self
-            .blocks
-            .values()
-            .filter(|t| t.spilled())
-            .map(|t| t.capacity() * std::mem::size_of::<Touch>())
-            .sum();
         let queues: usize = self
             .endpoints
             .iter()
-            .map(|(_, e)| e.lru.capacity() * 16)
+            .map(|(_, e)| e.lru.capacity() * std::mem::size_of::<Queued>())
             .sum();
         std::mem::size_of::<Self>()
-            + table_bytes(self.blocks.capacity(), entry)
-            + spilled
+            + self.blocks.map.heap_bytes()
+            + self.blocks.arena.heap_bytes()
             + queues
             + self.endpoints.heap_bytes()
-    }
-}
-
-type Touches = SmallVec<[Touch; 2]>;
-
-/// Removes the touch at `pos` of a block's touches, and the block when none is left.
-fn remove_touch(mut touches: OccupiedEntry<'_, u64, Touches>, pos: usize) {
-    let ts = touches.get_mut();
-    ts.remove(pos);
-    if ts.is_empty() {
-        touches.remove();
     }
 }
 
@@ -384,31 +559,19 @@ pub(crate) struct Releaser<'a> {
 }
 
 impl Releaser<'_> {
-    /// Forgets that the endpoint holds block `h`, as [`ApproxIndex::release`] does.
+    /// Forgets that the endpoint holds block `h`, as [`ApproxIndex::release`] does: one table
+    /// lookup, and the touch's queue entry marked dead.
     pub(crate) fn release(&mut self, h: u64) {
-        let slot = self.slot;
         let index = &mut *self.index;
-        if !take_touch(&mut index.blocks, h, |t| t.slot == slot) {
+        let Some(t) = index.blocks.take(h, self.slot) else {
             return;
-        }
+        };
         index.pairs -= 1;
-        if let Some(state) = index.endpoints.get_mut(slot) {
+        if let Some(state) = index.endpoints.get_mut(self.slot) {
             state.held = state.held.saturating_sub(1);
+            state.kill(t.seq);
         }
     }
-}
-
-/// Removes block `h`'s first touch that `which` selects (with one table lookup); returns
-/// whether there was one.
-fn take_touch(blocks: &mut Map<u64, Touches>, h: u64, which: impl Fn(&Touch) -> bool) -> bool {
-    let Entry::Occupied(touches) = blocks.entry(h) else {
-        return false;
-    };
-    let Some(pos) = touches.get().iter().position(which) else {
-        return false;
-    };
-    remove_touch(touches, pos);
-    true
 }
 
 #[cfg(test)]
@@ -419,6 +582,49 @@ mod tests {
     fn sorted(mut v: Vec<(EndpointId, u32)>) -> Vec<(EndpointId, u32)> {
         v.sort();
         v
+    }
+
+    /// Checks the bookkeeping: every touch has exactly one live queue entry, at its `seq`,
+    /// with its time; `held` and `pairs` count the touches; no block is without touches; the
+    /// arena's lists hold two or more touches and the others are free.
+    fn check(ix: &ApproxIndex) {
+        let mut pairs = 0;
+        let mut lists = 0;
+        for (h, v) in ix.blocks.map.iter() {
+            let ts = ix.blocks.arena.touches(&v);
+            match v.list_index() {
+                Some(_) => {
+                    assert!(ts.len() >= 2);
+                    lists += 1;
+                }
+                None => assert_eq!(ts.len(), 1),
+            }
+            for t in ts {
+                let state = ix.endpoints.get(t.slot).unwrap();
+                let e = state.lru[t.seq.wrapping_sub(state.head) as usize];
+                assert!(e.live && e.block == h && e.at_ms == t.at_ms, "{h:#x}");
+            }
+            pairs += ts.len();
+        }
+        assert_eq!(ix.pairs, pairs);
+        for (slot, state) in ix.endpoints.iter() {
+            let touches = ix
+                .blocks
+                .map
+                .iter()
+                .flat_map(|(_, v)| ix.blocks.arena.touches(&v).to_vec())
+                .filter(|t| t.slot == slot)
+                .count();
+            assert_eq!(state.held, touches);
+        }
+        assert_eq!(
+            lists + ix.blocks.arena.free.len(),
+            ix.blocks.arena.lists.len()
+        );
+        for (_, state) in ix.endpoints.iter() {
+            let live = state.lru.iter().filter(|e| e.live).count();
+            assert_eq!(state.held, live);
+        }
     }
 
     #[test]
@@ -498,5 +704,127 @@ mod tests {
             }
         );
         assert!(ix.memory_bytes() > 0);
+    }
+
+    #[test]
+    fn a_block_with_one_touch_takes_24_bytes_of_table() {
+        assert_eq!(std::mem::size_of::<Packed>(), 16);
+    }
+
+    #[test]
+    fn touches_keep_their_order_through_spills_and_releases() {
+        let mut ix = ApproxIndex::new(100, 1_000);
+        let (a, b, c) = (EndpointId(7), EndpointId(3), EndpointId(5));
+        let mut out = Vec::new();
+        for ep in [a, b, c] {
+            ix.claim(ep, &[1, 2], 0);
+            check(&ix);
+        }
+        // Ordered by first touch, not by id or slot.
+        ix.match_prefix(&[1], 0, &mut out);
+        assert_eq!(out, vec![(a, 1), (b, 1), (c, 1)]);
+        ix.release(b, 1);
+        check(&ix);
+        ix.match_prefix(&[1], 0, &mut out);
+        assert_eq!(out, vec![(a, 1), (c, 1)]);
+        // Endpoints that stop early come first, the others in the order of the first block's
+        // touches.
+        ix.match_prefix(&[2, 1], 0, &mut out);
+        assert_eq!(out, vec![(b, 1), (a, 2), (c, 2)]);
+        // Back inline, then a new touch goes last; renewing one keeps its place.
+        ix.release(a, 1);
+        check(&ix);
+        assert_eq!(ix.blocks.arena.free.len(), 1);
+        ix.record(b, &[1], 1);
+        ix.record(c, &[1], 2);
+        check(&ix);
+        ix.match_prefix(&[1], 2, &mut out);
+        assert_eq!(out, vec![(c, 1), (b, 1)]);
+        assert_eq!(ix.blocks.arena.free.len(), 0, "the free list is reused");
+        let mut r = ix.releaser(c).unwrap();
+        r.release(1);
+        r.release(2);
+        r.release(99);
+        check(&ix);
+        assert_eq!(ix.stats().pairs, 3);
+        assert_eq!(ix.stats().blocks, 2);
+    }
+
+    #[test]
+    fn dead_entries_are_dropped_and_the_queue_stays_bounded() {
+        let mut ix = ApproxIndex::new(1_000, 1_000);
+        let a = EndpointId(0);
+        let queue = |ix: &ApproxIndex| ix.endpoints.get(0).unwrap().lru.len();
+        // Block 1 stays live at the front of the queue, so dead entries pile up behind it.
+        ix.record(a, &[1], 0);
+        let mut compacted = 0;
+        for round in 0..200u64 {
+            let blocks: Vec<u64> = (10..20).map(|b| b + 100 * (round % 3)).collect();
+            let before = queue(&ix);
+            ix.record(a, &blocks, round);
+            if queue(&ix) < before {
+                compacted += 1;
+            }
+            check(&ix);
+            // Release half, renew the others (each leaves a dead entry).
+            for &b in blocks.iter().step_by(2) {
+                ix.release(a, b);
+            }
+            check(&ix);
+            let held = ix.endpoints.get(0).unwrap().held;
+            assert!(queue(&ix) <= 2 * held + 64 + blocks.len(), "{round}");
+        }
+        assert!(compacted > 10, "{compacted}");
+        let mut out = Vec::new();
+        ix.match_prefix(&[1], 500, &mut out);
+        assert_eq!(out, vec![(a, 1)]);
+        ix.match_prefix(&[211, 213], 500, &mut out);
+        assert_eq!(out, vec![(a, 2)]);
+        ix.match_prefix(&[210], 500, &mut out);
+        assert!(out.is_empty());
+        // After compaction the touches point at their new positions: trimming and clearing
+        // find them.
+        ix.expire(1_100);
+        check(&ix);
+        ix.clear_endpoint(a);
+        check(&ix);
+        assert_eq!(ix.stats().pairs, 0);
+        assert_eq!(ix.stats().blocks, 0);
+    }
+
+    proptest::proptest! {
+        /// Random operations on a few endpoints and blocks keep the bookkeeping consistent.
+        #[test]
+        fn bookkeeping_stays_consistent(
+            cap in 1usize..20,
+            ops in proptest::collection::vec(
+                (0u8..7, 0u32..3, proptest::collection::vec(0u64..12, 1..6), 0u64..300),
+                1..300,
+            ),
+        ) {
+            let mut ix = ApproxIndex::new(cap, 1_000);
+            let mut now = 0;
+            for (kind, ep, blocks, dt) in ops {
+                let ep = EndpointId(ep);
+                now += dt / 4;
+                match kind {
+                    0 | 1 => ix.record(ep, &blocks, now),
+                    2 | 3 => ix.claim(ep, &blocks, now),
+                    4 => {
+                        if let Some(mut r) = ix.releaser(ep) {
+                            for &b in &blocks {
+                                r.release(b);
+                            }
+                        }
+                    }
+                    5 => ix.expire(now),
+                    _ => if dt % 2 == 0 { ix.clear_endpoint(ep) } else { ix.remove_endpoint(ep) },
+                }
+                check(&ix);
+                for (_, state) in ix.endpoints.iter() {
+                    proptest::prop_assert!(state.held <= cap);
+                }
+            }
+        }
     }
 }
