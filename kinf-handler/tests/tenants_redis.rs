@@ -179,7 +179,11 @@ async fn redis_tokens_requests_concurrency() {
         e.retry_after_ms
     );
     assert_eq!(e.retry_after_secs(), 20);
-    assert_eq!(e.headers.tokens.unwrap().remaining, 1000);
+    // 1,000 left, plus what refilled (100 tokens/s) since the first admission: under a loaded
+    // test run more than 10 ms can pass between the two calls (the same 200 ms slack as the
+    // retry time above).
+    let remaining = e.headers.tokens.unwrap().remaining;
+    assert!((1000..=1020).contains(&remaining), "{remaining}");
     // Another tenant is unaffected.
     let b = l
         .admit(
