@@ -21,7 +21,8 @@ if [[ -z "${CARGO_TARGET_DIR:-}" ]]; then
     fi
     # Keep the two most recently used build directories (about 8 GB each), and drop the single
     # shared one of earlier versions of this script.
-    ls -dt "$_kinf_cache"/target-* 2>/dev/null | tail -n +3 | xargs -r rm -rf
+    # (`|| true`: on a machine without any, `ls` fails, and callers run under `pipefail`.)
+    { ls -dt "$_kinf_cache"/target-* 2>/dev/null || true; } | tail -n +3 | xargs -r rm -rf
     rm -rf "$_kinf_cache/target"
   fi
   touch "$CARGO_TARGET_DIR" 2>/dev/null || true
