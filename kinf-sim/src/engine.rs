@@ -22,7 +22,7 @@ use kinf_router::kv_events::{BlockHashes, BlockStored, KvEvent, Medium, encode_p
 use serde::Serialize;
 
 use crate::block_pool::{BlockPool, IdMap};
-use crate::hash::{NONE_HASH, block_hash, output_token};
+use crate::hash::{NONE_HASH, PrefixHashes, block_hash, output_token};
 use crate::metrics::{Counters, EngineMetrics, Gauges};
 use crate::profile::Profile;
 
@@ -40,6 +40,9 @@ pub struct Request {
     pub max_tokens: u32,
     /// Seed of the generated token ids ([`crate::output_token`]); defaults to `id`.
     pub output_seed: u64,
+    /// The block hashes of the prompt's leading tokens, if the caller had them
+    /// ([`with_prefix_hashes`](Self::with_prefix_hashes)).
+    prefix_hashes: Option<PrefixHashes>,
 }
 
 impl Request {
@@ -50,7 +53,23 @@ impl Request {
             prompt: prompt.into(),
             max_tokens,
             output_seed: id,
+            prefix_hashes: None,
         }
+    }
+
+    /// Attaches the precomputed hashes of a prefix of the prompt, which the engine then does
+    /// not compute again. Ignored (the request is returned unchanged) unless the prompt begins
+    /// with the prefix's tokens; an engine ignores it unless the block size is its own.
+    pub fn with_prefix_hashes(mut self, prefix: &PrefixHashes) -> Self {
+        if self.prompt.starts_with(prefix.tokens()) {
+            self.prefix_hashes = Some(prefix.clone());
+        }
+        self
+    }
+
+    /// The prefix hashes attached with [`with_prefix_hashes`](Self::with_prefix_hashes).
+    pub fn prefix_hashes(&self) -> Option<&PrefixHashes> {
+        self.prefix_hashes.as_ref()
     }
 
     /// Sets the seed of the generated tokens.
@@ -620,6 +639,15 @@ impl Engine {
         let plen = req.prompt.len() as u32;
         let max_tokens = req.max_tokens.min(self.max_len - plen);
         let ready = now + self.profile.frontend.delay(req.prompt.len());
+        // Hashes the caller computed once for a shared prefix (the rest are computed lazily).
+        let hashes = match &req.prefix_hashes {
+            Some(p) if p.block_size() == self.bs => {
+                let mut v = Vec::with_capacity(((plen + max_tokens) / self.bs) as usize);
+                v.extend_from_slice(p.hashes());
+                v
+            }
+            _ => Vec::new(),
+        };
         let seq = Seq {
             id: req.id,
             prompt: req.prompt,
@@ -627,7 +655,7 @@ impl Engine {
             output_seed: req.output_seed,
             output_len: 0,
             num_computed: 0,
-            hashes: Vec::new(),
+            hashes,
             blocks: Vec::new(),
             num_cached_blocks: 0,
             state: State::Pending,

@@ -14,6 +14,8 @@
 //! request is [`output_token`]`(output_seed, i, vocab)`, so a workload generator can reproduce a
 //! conversation's earlier answers exactly (multi-turn prefix reuse depends on it).
 
+use std::sync::Arc;
+
 use xxhash_rust::xxh3::{Xxh3, xxh3_64_with_seed};
 
 /// Seed of the engine block hash (`"kinf-sim"`), distinct from the router's own hash seed.
@@ -84,6 +86,47 @@ pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
         out.push(parent);
     }
     out
+}
+
+/// The engine hashes of a prompt prefix that many requests share, computed once.
+///
+/// A simulation that sends the same system prompt thousands of times attaches it to each
+/// request ([`Request::with_prefix_hashes`](crate::Request::with_prefix_hashes)), so that
+/// engines do not hash the prefix again for every request. It is a hint: it saves work and
+/// never changes an outcome. It holds the prefix's tokens, so a request accepts it only if its
+/// prompt begins with them, and an engine uses it only if its block size is the engine's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixHashes {
+    tokens: Arc<[u32]>,
+    block_size: u32,
+    hashes: Arc<[u64]>,
+}
+
+impl PrefixHashes {
+    /// The hashes of the full blocks of `tokens` for blocks of `block_size` tokens.
+    pub fn new(tokens: Arc<[u32]>, block_size: u32) -> Self {
+        let hashes = block_hashes(&tokens, block_size as usize).into();
+        Self {
+            tokens,
+            block_size,
+            hashes,
+        }
+    }
+
+    /// The prefix's tokens.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The block size the hashes are for.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// The hashes of the prefix's full blocks, in order.
+    pub fn hashes(&self) -> &[u64] {
+        &self.hashes
+    }
 }
 
 /// SplitMix64 finaliser: a bijective 64-bit mix.

@@ -63,6 +63,6 @@ pub use engine::{
     Rejected, Request, RequestId, RequestStats, StepInfo,
 };
 pub use fleet::{EngineView, Fleet, Router, RunSummary};
-pub use hash::output_token;
+pub use hash::{PrefixHashes, output_token};
 pub use metrics::{Counters, EngineMetrics, Gauges, Histogram, Histograms};
 pub use profile::{FrontendModel, PROFILE_NAMES, Profile, StepModel};

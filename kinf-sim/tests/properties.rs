@@ -4,8 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
-use kinf_sim::{Engine, EngineOptions, FinishReason, Output, Profile, Request};
+use kinf_sim::{Engine, EngineOptions, FinishReason, Output, PrefixHashes, Profile, Request};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -109,4 +110,86 @@ proptest! {
         prop_assert_eq!(e.gauges().kv_cache_usage, 0.0);
         prop_assert!(e.reset_prefix_cache());
     }
+}
+
+/// Runs the case's requests on one engine; `hint` says which shared prefix's hashes (and for
+/// which block size) to attach to request `id` whose prompt begins with prefix `pre`.
+fn outputs_with(c: &Case, hint: impl Fn(usize, usize) -> Option<(usize, u32)>) -> Vec<Output> {
+    let mut p = Profile::tiny();
+    p.block_size = c.block_size;
+    p.num_gpu_blocks = c.blocks;
+    p.max_num_seqs = c.max_num_seqs;
+    p.max_num_batched_tokens = c.budget.max(40);
+    p.enable_chunked_prefill = c.chunked;
+    p.max_model_len = p.max_num_batched_tokens;
+    let mut e = Engine::new(
+        p,
+        EngineOptions {
+            kv_events: true,
+            token_outputs: true,
+        },
+    )
+    .unwrap();
+    let prefixes: Vec<Arc<[u32]>> = (0..4u32)
+        .map(|k| (0..(5 + 7 * k)).map(|i| i * 13 + k).collect())
+        .collect();
+    let mut reqs = c.requests.clone();
+    reqs.sort_by_key(|r| r.0);
+    let mut out = Vec::new();
+    for (id, (ms, pre, extra, max, abort)) in reqs.iter().enumerate() {
+        let t = f64::from(*ms) * 1e-3;
+        e.advance_into(t, &mut out);
+        let mut prompt = prefixes[*pre as usize].to_vec();
+        prompt.extend((0..u32::from(*extra)).map(|i| 5000 + id as u32 * 100 + i));
+        let mut r = Request::new(id as u64, prompt, *max);
+        if let Some((k, bs)) = hint(id, *pre as usize) {
+            r = r.with_prefix_hashes(&PrefixHashes::new(prefixes[k].clone(), bs));
+        }
+        if e.submit(r, t).is_ok() && *abort {
+            e.abort(id as u64);
+        }
+    }
+    while e.advance_next(&mut out).is_some() {}
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Precomputed prefix hashes save work and change nothing: the right prefix, a prefix the
+    /// prompt does not begin with (ignored by the request) and hashes for another block size
+    /// (ignored by the engine) all give the outputs of an engine that hashes everything
+    /// itself, KV events and tokens included.
+    #[test]
+    fn prefix_hashes_change_no_output(c in case(), picks in prop::collection::vec(0u8..4, 40)) {
+        let plain = outputs_with(&c, |_, _| None);
+        let hinted = outputs_with(&c, |id, pre| match picks[id % picks.len()] {
+            0 => None,
+            1 | 2 => Some((pre, c.block_size)),
+            _ => Some((pre, c.block_size + 1)),
+        });
+        prop_assert_eq!(&plain, &hinted);
+        let wrong = outputs_with(&c, |_, pre| Some(((pre + 1) % 4, c.block_size)));
+        prop_assert_eq!(&plain, &wrong);
+    }
+}
+
+#[test]
+fn a_request_takes_prefix_hashes_only_for_its_own_prefix() {
+    let prefix: Arc<[u32]> = (0..40).collect();
+    let hashes = PrefixHashes::new(prefix.clone(), 16);
+    assert_eq!(
+        hashes.hashes(),
+        kinf_sim::hash::block_hashes(&prefix, 16).as_slice()
+    );
+    assert_eq!(hashes.hashes().len(), 2);
+    let mut prompt = prefix.to_vec();
+    prompt.extend([7, 8, 9]);
+    let r = Request::new(1, prompt.clone(), 4).with_prefix_hashes(&hashes);
+    assert_eq!(r.prefix_hashes(), Some(&hashes));
+    prompt[3] = 99;
+    let r = Request::new(2, prompt, 4).with_prefix_hashes(&hashes);
+    assert_eq!(r.prefix_hashes(), None);
+    let r = Request::new(3, vec![0, 1, 2], 4).with_prefix_hashes(&hashes);
+    assert_eq!(r.prefix_hashes(), None);
 }

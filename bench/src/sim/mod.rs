@@ -438,7 +438,8 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
     let mut fleet = Fleet::new(&profile, opts, cfg.workers).map_err(|e| e.to_string())?;
     let mut router = make_router(cfg, block)?;
     let mut generator = Generator::new(cfg.workload, cfg.seed, vocab, cfg.scale, cfg.workers)
-        .with_multiturn_sizes(cfg.multiturn);
+        .with_multiturn_sizes(cfg.multiturn)
+        .with_prefix_hashes(profile.block_size);
     let mut wb = WallBreakdown {
         setup_s: started.elapsed().as_secs_f64(),
         ..WallBreakdown::default()
@@ -607,6 +608,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
         };
         let id = next_id;
         next_id += 1;
+        let hashed_prefix = turn.prefix;
         let req = SimRequest {
             id,
             prompt: turn.prompt,
@@ -630,7 +632,10 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
                 measured: t >= cfg.warmup_s && t < cfg.duration_s,
             },
         );
-        let ereq = Request::new(id, req.prompt, req.max_tokens);
+        let mut ereq = Request::new(id, req.prompt, req.max_tokens);
+        if let Some(p) = &hashed_prefix {
+            ereq = ereq.with_prefix_hashes(p);
+        }
         outs.clear();
         let t0 = Instant::now();
         fleet.submit_to(w, ereq, t, &mut |i, o| outs.push((i, o)));

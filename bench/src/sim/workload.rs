@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use clap::ValueEnum;
 use kinf_policy::Qos;
+use kinf_sim::PrefixHashes;
 use kinf_sim::hash::Rng;
 use serde::Serialize;
 
@@ -98,6 +99,9 @@ pub struct Turn {
     pub max_tokens: u32,
     /// Tenant and QoS.
     pub meta: Meta,
+    /// The engine hashes of the shared prefix the prompt begins with, when the generator
+    /// computes them ([`Generator::with_prefix_hashes`]).
+    pub prefix: Option<PrefixHashes>,
 }
 
 /// A session: requests sent one after another (each once the previous finished).
@@ -221,6 +225,10 @@ pub struct Generator {
     scale: usize,
     /// The multiturn workload's sizes.
     multiturn: MultiturnSizes,
+    /// The block size to hash `prefixes` for, if any ([`Self::with_prefix_hashes`]).
+    hash_block_size: Option<u32>,
+    /// `prefixes`' hashes, computed on first use.
+    prefix_hashes: Vec<Option<PrefixHashes>>,
 }
 
 impl Generator {
@@ -297,7 +305,29 @@ impl Generator {
             tenants,
             scale,
             multiturn: MultiturnSizes::default(),
+            hash_block_size: None,
+            prefix_hashes: Vec::new(),
         }
+    }
+
+    /// Attaches to each turn that begins with a shared prefix (shared-prefix, hotspot, chat)
+    /// the prefix's engine hashes for blocks of `block_size` tokens, computed once per prefix,
+    /// so that engines do not hash it again for every request. Outcomes are the same.
+    pub fn with_prefix_hashes(mut self, block_size: u32) -> Self {
+        self.hash_block_size = Some(block_size);
+        self.prefix_hashes = vec![None; self.prefixes.len()];
+        self
+    }
+
+    /// The hashes of prefix `p`, if the generator computes them.
+    fn hashes_of(&mut self, p: usize) -> Option<PrefixHashes> {
+        let bs = self.hash_block_size?;
+        let tokens = self.prefixes.get(p)?;
+        let slot = self.prefix_hashes.get_mut(p)?;
+        Some(
+            slot.get_or_insert_with(|| PrefixHashes::new(tokens.clone(), bs))
+                .clone(),
+        )
     }
 
     /// Uses `sizes` for multiturn conversations instead of the default.
@@ -358,6 +388,7 @@ impl Generator {
                     prompt,
                     max_tokens: self.out(256),
                     meta: interactive,
+                    prefix: self.hashes_of(p),
                 })
             }
             WorkloadKind::Chat => {
@@ -372,6 +403,7 @@ impl Generator {
                     prompt,
                     max_tokens: self.out(128),
                     meta: interactive,
+                    prefix: self.hashes_of(p),
                 })
             }
             WorkloadKind::Independent => {
@@ -380,6 +412,7 @@ impl Generator {
                     prompt,
                     max_tokens: self.out(256),
                     meta: interactive,
+                    prefix: None,
                 })
             }
             WorkloadKind::Multiturn => {
@@ -395,6 +428,7 @@ impl Generator {
                         prompt,
                         max_tokens: self.out(self.multiturn.output_tokens),
                         meta: interactive.clone(),
+                        prefix: None,
                     });
                 }
                 Session {
@@ -439,6 +473,7 @@ impl Generator {
                     prompt,
                     max_tokens: self.out(out),
                     meta,
+                    prefix: None,
                 })
             }
         }

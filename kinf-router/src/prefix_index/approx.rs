@@ -66,6 +66,11 @@ impl Arena {
         }
     }
 
+    /// The touch of `slot` among `v`'s, if any.
+    fn find_mut<'a>(&'a mut self, v: &'a mut Packed, slot: u32) -> Option<&'a mut Touch> {
+        self.touches_mut(v).iter_mut().find(|t| t.slot == slot)
+    }
+
     /// Appends `t` to `v`'s touches (moving them to a list when `v` held one inline); false
     /// if the arena is full (2^32 lists).
     fn push(&mut self, v: &mut Packed, t: Touch) -> bool {
@@ -155,11 +160,7 @@ impl Blocks {
     /// Sets the queue position of `slot`'s touch of block `h`.
     fn set_seq(&mut self, h: u64, slot: u32, seq: u32) {
         if let Some(v) = self.map.get_mut(h)
-            && let Some(t) = self
-                .arena
-                .touches_mut(v)
-                .iter_mut()
-                .find(|t| t.slot == slot)
+            && let Some(t) = self.arena.find_mut(v, slot)
         {
             t.seq = seq;
         }
@@ -297,12 +298,7 @@ impl ApproxIndex {
             let renewed = if inserted {
                 None
             } else {
-                match blocks
-                    .arena
-                    .touches_mut(v)
-                    .iter_mut()
-                    .find(|t| t.slot == slot)
-                {
+                match blocks.arena.find_mut(v, slot) {
                     Some(t) => {
                         if !refresh && now_ms.saturating_sub(t.at_ms) <= max_age_ms {
                             continue;
