@@ -57,13 +57,12 @@ impl Request {
         }
     }
 
-    /// Attaches the precomputed hashes of a prefix of the prompt, which the engine then does
-    /// not compute again. Ignored (the request is returned unchanged) unless the prompt begins
-    /// with the prefix's tokens; an engine ignores it unless the block size is its own.
+    /// Attaches the precomputed hashes of a shared prefix, which the engine then does not
+    /// compute again. The engine checks them when the request is submitted and ignores them
+    /// unless the prompt begins with the prefix's tokens and the block size is its own, so a
+    /// hint never changes an outcome.
     pub fn with_prefix_hashes(mut self, prefix: &PrefixHashes) -> Self {
-        if self.prompt.starts_with(prefix.tokens()) {
-            self.prefix_hashes = Some(prefix.clone());
-        }
+        self.prefix_hashes = Some(prefix.clone());
         self
     }
 
@@ -639,9 +638,11 @@ impl Engine {
         let plen = req.prompt.len() as u32;
         let max_tokens = req.max_tokens.min(self.max_len - plen);
         let ready = now + self.profile.frontend.delay(req.prompt.len());
-        // Hashes the caller computed once for a shared prefix (the rest are computed lazily).
+        // Hashes the caller computed once for a shared prefix, if they are this prompt's (the
+        // rest are computed lazily). Checked here rather than when attached, since `prompt` is
+        // a public field; the prompt was just built, so the comparison reads warm memory.
         let hashes = match &req.prefix_hashes {
-            Some(p) if p.block_size() == self.bs => {
+            Some(p) if p.block_size() == self.bs && req.prompt.starts_with(p.tokens()) => {
                 let mut v = Vec::with_capacity(((plen + max_tokens) / self.bs) as usize);
                 v.extend_from_slice(p.hashes());
                 v

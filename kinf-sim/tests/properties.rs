@@ -157,9 +157,9 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     /// Precomputed prefix hashes save work and change nothing: the right prefix, a prefix the
-    /// prompt does not begin with (ignored by the request) and hashes for another block size
-    /// (ignored by the engine) all give the outputs of an engine that hashes everything
-    /// itself, KV events and tokens included.
+    /// prompt does not begin with and hashes for another block size (both ignored by the
+    /// engine) all give the outputs of an engine that hashes everything itself, KV events and
+    /// tokens included.
     #[test]
     fn prefix_hashes_change_no_output(c in case(), picks in prop::collection::vec(0u8..4, 40)) {
         let plain = outputs_with(&c, |_, _| None);
@@ -175,7 +175,7 @@ proptest! {
 }
 
 #[test]
-fn a_request_takes_prefix_hashes_only_for_its_own_prefix() {
+fn prefix_hashes_are_the_engine_hashes_of_the_prefix() {
     let prefix: Arc<[u32]> = (0..40).collect();
     let hashes = PrefixHashes::new(prefix.clone(), 16);
     assert_eq!(
@@ -183,13 +183,13 @@ fn a_request_takes_prefix_hashes_only_for_its_own_prefix() {
         kinf_sim::hash::block_hashes(&prefix, 16).as_slice()
     );
     assert_eq!(hashes.hashes().len(), 2);
+    assert_eq!((hashes.tokens(), hashes.block_size()), (&prefix[..], 16));
     let mut prompt = prefix.to_vec();
-    prompt.extend([7, 8, 9]);
-    let r = Request::new(1, prompt.clone(), 4).with_prefix_hashes(&hashes);
+    prompt.extend(40..56);
+    assert_eq!(
+        kinf_sim::hash::block_hashes(&prompt, 16)[..2],
+        *hashes.hashes()
+    );
+    let r = Request::new(1, prompt, 4).with_prefix_hashes(&hashes);
     assert_eq!(r.prefix_hashes(), Some(&hashes));
-    prompt[3] = 99;
-    let r = Request::new(2, prompt, 4).with_prefix_hashes(&hashes);
-    assert_eq!(r.prefix_hashes(), None);
-    let r = Request::new(3, vec![0, 1, 2], 4).with_prefix_hashes(&hashes);
-    assert_eq!(r.prefix_hashes(), None);
 }
