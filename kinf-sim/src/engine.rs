@@ -61,8 +61,8 @@ impl Request {
     /// compute again. The engine checks them when the request is submitted and ignores them
     /// unless the prompt begins with the prefix's tokens and the block size is its own, so a
     /// hint never changes an outcome.
-    pub fn with_prefix_hashes(mut self, prefix: &PrefixHashes) -> Self {
-        self.prefix_hashes = Some(prefix.clone());
+    pub fn with_prefix_hashes(mut self, prefix: PrefixHashes) -> Self {
+        self.prefix_hashes = Some(prefix);
         self
     }
 

@@ -93,8 +93,8 @@ pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
 /// A simulation that sends the same system prompt thousands of times attaches it to each
 /// request ([`Request::with_prefix_hashes`](crate::Request::with_prefix_hashes)), so that
 /// engines do not hash the prefix again for every request. It is a hint: it saves work and
-/// never changes an outcome. It holds the prefix's tokens, so a request accepts it only if its
-/// prompt begins with them, and an engine uses it only if its block size is the engine's.
+/// never changes an outcome. It holds the prefix's tokens, and an engine uses it only if the
+/// request's prompt begins with them and its block size is the engine's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrefixHashes {
     tokens: Arc<[u32]>,

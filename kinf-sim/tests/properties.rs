@@ -143,7 +143,7 @@ fn outputs_with(c: &Case, hint: impl Fn(usize, usize) -> Option<(usize, u32)>) -
         prompt.extend((0..u32::from(*extra)).map(|i| 5000 + id as u32 * 100 + i));
         let mut r = Request::new(id as u64, prompt, *max);
         if let Some((k, bs)) = hint(id, *pre as usize) {
-            r = r.with_prefix_hashes(&PrefixHashes::new(prefixes[k].clone(), bs));
+            r = r.with_prefix_hashes(PrefixHashes::new(prefixes[k].clone(), bs));
         }
         if e.submit(r, t).is_ok() && *abort {
             e.abort(id as u64);
@@ -190,6 +190,6 @@ fn prefix_hashes_are_the_engine_hashes_of_the_prefix() {
         kinf_sim::hash::block_hashes(&prompt, 16)[..2],
         *hashes.hashes()
     );
-    let r = Request::new(1, prompt, 4).with_prefix_hashes(&hashes);
+    let r = Request::new(1, prompt, 4).with_prefix_hashes(hashes.clone());
     assert_eq!(r.prefix_hashes(), Some(&hashes));
 }

@@ -633,7 +633,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, String> {
             },
         );
         let mut ereq = Request::new(id, req.prompt, req.max_tokens);
-        if let Some(p) = &hashed_prefix {
+        if let Some(p) = hashed_prefix {
             ereq = ereq.with_prefix_hashes(p);
         }
         outs.clear();

@@ -225,10 +225,9 @@ pub struct Generator {
     scale: usize,
     /// The multiturn workload's sizes.
     multiturn: MultiturnSizes,
-    /// The block size to hash `prefixes` for, if any ([`Self::with_prefix_hashes`]).
-    hash_block_size: Option<u32>,
-    /// `prefixes`' hashes, computed on first use.
-    prefix_hashes: Vec<Option<PrefixHashes>>,
+    /// `prefixes`' engine hashes, index for index ([`Self::with_prefix_hashes`]); empty when
+    /// the generator does not attach them.
+    prefix_hashes: Vec<PrefixHashes>,
 }
 
 impl Generator {
@@ -305,7 +304,6 @@ impl Generator {
             tenants,
             scale,
             multiturn: MultiturnSizes::default(),
-            hash_block_size: None,
             prefix_hashes: Vec::new(),
         }
     }
@@ -314,20 +312,17 @@ impl Generator {
     /// the prefix's engine hashes for blocks of `block_size` tokens, computed once per prefix,
     /// so that engines do not hash it again for every request. Outcomes are the same.
     pub fn with_prefix_hashes(mut self, block_size: u32) -> Self {
-        self.hash_block_size = Some(block_size);
-        self.prefix_hashes = vec![None; self.prefixes.len()];
+        self.prefix_hashes = self
+            .prefixes
+            .iter()
+            .map(|p| PrefixHashes::new(p.clone(), block_size))
+            .collect();
         self
     }
 
-    /// The hashes of prefix `p`, if the generator computes them.
-    fn hashes_of(&mut self, p: usize) -> Option<PrefixHashes> {
-        let bs = self.hash_block_size?;
-        let tokens = self.prefixes.get(p)?;
-        let slot = self.prefix_hashes.get_mut(p)?;
-        Some(
-            slot.get_or_insert_with(|| PrefixHashes::new(tokens.clone(), bs))
-                .clone(),
-        )
+    /// The hashes of prefix `p`, if the generator attaches them.
+    fn hashes_of(&self, p: usize) -> Option<PrefixHashes> {
+        self.prefix_hashes.get(p).cloned()
     }
 
     /// Uses `sizes` for multiturn conversations instead of the default.
