@@ -54,6 +54,12 @@ struct ServeArgs {
     /// kernel's host name, else `kinference-<pid>`.
     #[arg(long)]
     identity: Option<String>,
+    /// Kubernetes mode: namespaces (comma-separated, or `*` for all) whose Bedrock providers
+    /// without a `secretRef` may sign with this process's own `AWS_*` credentials. Default:
+    /// none, so that whoever may write an InferenceProvider cannot spend the controller's AWS
+    /// identity.
+    #[arg(long, conflicts_with = "config", value_parser = kinf_handler::providers::credentials::AmbientAws::parse)]
+    ambient_aws_credentials: Option<kinf_handler::providers::credentials::AmbientAws>,
     /// Client-facing address (`/v1/*`, `/healthz`, `/readyz`, `/metrics`). Port 0 picks one.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -169,6 +175,7 @@ impl ServeArgs {
             }
             None => k.lease_name = self.lease.clone(),
         }
+        k.ambient_aws = self.ambient_aws_credentials.clone().unwrap_or_default();
         k
     }
 }

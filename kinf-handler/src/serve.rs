@@ -96,6 +96,11 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
         upstream_timeout: opts.upstream_timeout,
         limit_store,
         body_read_timeout: opts.body_read_timeout,
+        ambient_aws: opts
+            .kubernetes
+            .as_ref()
+            .map(|k| k.ambient_aws.clone())
+            .unwrap_or_default(),
     });
     if let Some(path) = &opts.slo_file {
         let slos = crate::accounting::SloSet::from_file(path)

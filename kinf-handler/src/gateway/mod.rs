@@ -54,6 +54,9 @@ pub struct GatewayOptions {
     pub limit_store: Arc<dyn crate::tenants::LimitStore>,
     /// Longest wait for a client's whole request body (408 past it).
     pub body_read_timeout: Duration,
+    /// Kubernetes mode: the namespaces whose Bedrock providers may sign with this process's
+    /// own `AWS_*` credentials (`--ambient-aws-credentials`; default none).
+    pub ambient_aws: crate::providers::credentials::AmbientAws,
 }
 
 impl std::fmt::Debug for GatewayOptions {
@@ -72,6 +75,7 @@ impl Default for GatewayOptions {
             upstream_timeout: Duration::from_secs(600),
             limit_store: Arc::new(crate::tenants::MemoryStore::new()),
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            ambient_aws: crate::providers::credentials::AmbientAws::default(),
         }
     }
 }
@@ -107,10 +111,35 @@ pub const PROVIDER_PROBE_INTERVAL: Duration = Duration::from_secs(10);
 /// Provider credentials. In standalone mode (no Secrets): environment variables, and files with
 /// relative paths resolved against the configuration directory. In Kubernetes mode (Secrets
 /// given): Secrets only, refusing `env` and `file` (see
-/// [`CredentialError::LocalInKubernetes`](crate::providers::credentials::CredentialError::LocalInKubernetes)).
-struct DirCredentials(PathBuf, Option<Arc<crate::bundle::SecretValues>>);
+/// [`CredentialError::LocalInKubernetes`](crate::providers::credentials::CredentialError::LocalInKubernetes)),
+/// and Bedrock's fallback on the process's own `AWS_*` variables outside the namespaces the
+/// third field allows (see
+/// [`CredentialError::AmbientAwsRefused`](crate::providers::credentials::CredentialError::AmbientAwsRefused)).
+struct DirCredentials(
+    PathBuf,
+    Option<Arc<crate::bundle::SecretValues>>,
+    crate::providers::credentials::AmbientAws,
+);
 
 impl crate::providers::credentials::CredentialSource for DirCredentials {
+    fn aws_env(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<
+        Option<crate::providers::credentials::Secret>,
+        crate::providers::credentials::CredentialError,
+    > {
+        if self.1.is_some() && !self.2.allows(namespace) {
+            return Err(
+                crate::providers::credentials::CredentialError::AmbientAwsRefused(
+                    namespace.to_owned(),
+                ),
+            );
+        }
+        crate::providers::credentials::StandaloneCredentials.aws_env(namespace, name)
+    }
+
     fn resolve(
         &self,
         namespace: &str,
@@ -279,6 +308,7 @@ impl Gateway {
                 &DirCredentials(
                     self.options.base_dir.clone(),
                     resolved.kubernetes.then(|| resolved.secrets.clone()),
+                    self.options.ambient_aws.clone(),
                 ),
                 &crate::providers::PoolOptions::default(),
                 Some(&previous),
@@ -607,7 +637,7 @@ pub(crate) fn not_ready(api: Api) -> Response {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::providers::credentials::{CredentialError, CredentialSource};
+    use crate::providers::credentials::{AmbientAws, CredentialError, CredentialSource};
     use kinf_lang::compiled::CredentialRef;
 
     #[test]
@@ -618,7 +648,7 @@ mod tests {
         let file = CredentialRef::File(dir.join("token").to_string_lossy().into());
         let env = CredentialRef::Env("PATH".into());
         // Standalone: the operator's own files and environment.
-        let standalone = DirCredentials(dir.clone(), None);
+        let standalone = DirCredentials(dir.clone(), None, AmbientAws::Nowhere);
         assert_eq!(
             standalone.resolve("llm", &file).unwrap().expose(),
             "controller-service-account-token"
@@ -635,7 +665,7 @@ mod tests {
             )]
             .into(),
         );
-        let kube = DirCredentials(dir.clone(), Some(Arc::new(secrets)));
+        let kube = DirCredentials(dir.clone(), Some(Arc::new(secrets)), AmbientAws::Nowhere);
         for r in [&file, &env] {
             let e = kube.resolve("llm", r).unwrap_err();
             assert!(matches!(e, CredentialError::LocalInKubernetes(_)), "{e}");
@@ -647,5 +677,55 @@ mod tests {
         };
         assert_eq!(kube.resolve("llm", &secret).unwrap().expose(), "sk-1");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn kubernetes_mode_signs_bedrock_with_the_controllers_aws_identity_only_where_allowed() {
+        use crate::providers::credentials::resolve_aws;
+        let dir = std::env::temp_dir();
+        let kube = |ambient| {
+            DirCredentials(
+                dir.clone(),
+                Some(Arc::new(crate::bundle::SecretValues::new())),
+                ambient,
+            )
+        };
+        // No `credentials`, and `env: AWS_ACCESS_KEY_ID` (which reads the standard trio):
+        // both fall back on the process's own AWS identity.
+        let standard = CredentialRef::Env("AWS_ACCESS_KEY_ID".into());
+        for r in [None, Some(&standard)] {
+            let e = resolve_aws(&kube(AmbientAws::Nowhere), "team-a", r).unwrap_err();
+            assert_eq!(e, CredentialError::AmbientAwsRefused("team-a".into()));
+            assert!(
+                e.to_string().contains("--ambient-aws-credentials team-a"),
+                "{e}"
+            );
+            assert!(e.to_string().contains("credentials.secretRef"), "{e}");
+            let only_b = kube(AmbientAws::parse("team-b").unwrap());
+            assert_eq!(
+                resolve_aws(&only_b, "team-a", r).unwrap_err(),
+                CredentialError::AmbientAwsRefused("team-a".into())
+            );
+            // Allowed: the variables are read (what they hold is the environment's business;
+            // a refusal would come before any read).
+            for allowed in [
+                kube(AmbientAws::parse("team-a").unwrap()),
+                kube(AmbientAws::Everywhere),
+            ] {
+                assert!(
+                    !matches!(
+                        resolve_aws(&allowed, "team-a", r),
+                        Err(CredentialError::AmbientAwsRefused(_))
+                    ),
+                    "refused although allowed"
+                );
+            }
+        }
+        // Standalone: one operator writes the whole configuration; the fallback stays.
+        let standalone = DirCredentials(dir.clone(), None, AmbientAws::Nowhere);
+        assert!(!matches!(
+            resolve_aws(&standalone, "team-a", None),
+            Err(CredentialError::AmbientAwsRefused(_))
+        ));
     }
 }

@@ -68,6 +68,9 @@ pub struct KubeOptions {
     pub secret_refresh: Duration,
     /// Quiet time after a change before a bundle is published (batches bursts of events).
     pub debounce: Duration,
+    /// Namespaces whose Bedrock providers may sign with this process's own `AWS_*`
+    /// credentials (`--ambient-aws-credentials`); default none.
+    pub ambient_aws: crate::providers::credentials::AmbientAws,
 }
 
 impl KubeOptions {
@@ -82,6 +85,7 @@ impl KubeOptions {
             status_interval: Duration::from_secs(10),
             secret_refresh: Duration::from_secs(30),
             debounce: Duration::from_millis(200),
+            ambient_aws: crate::providers::credentials::AmbientAws::default(),
         }
     }
 }

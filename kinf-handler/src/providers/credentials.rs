@@ -116,6 +116,63 @@ pub enum CredentialError {
     /// AWS credentials lack a field.
     #[error("AWS credentials from {0} lack `aws_access_key_id` or `aws_secret_access_key`")]
     AwsIncomplete(String),
+    /// A Bedrock provider without a `secretRef` in Kubernetes mode, in a namespace the
+    /// operator has not allowed to sign with the controller's own AWS identity
+    /// (`--ambient-aws-credentials`).
+    #[error(
+        "the controller's own AWS credentials (`AWS_ACCESS_KEY_ID`, …) are not used for providers in namespace `{0}`: put an AWS credentials document in a Secret of that namespace and use `credentials.secretRef`, or start kinference with `--ambient-aws-credentials {0}`"
+    )]
+    AmbientAwsRefused(String),
+}
+
+/// Which namespaces' Bedrock providers may sign with the controller's own AWS credentials
+/// (its `AWS_*` environment) in Kubernetes mode, where anyone who may write an
+/// `InferenceProvider` in a watched namespace could otherwise spend that identity. Standalone
+/// mode always may: one operator writes the whole configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum AmbientAws {
+    /// No namespace (the default).
+    #[default]
+    Nowhere,
+    /// Every namespace (`*`).
+    Everywhere,
+    /// These namespaces.
+    Namespaces(Vec<String>),
+}
+
+impl AmbientAws {
+    /// Parses `--ambient-aws-credentials`: `*`, or namespaces separated by commas.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s == "*" {
+            return Ok(Self::Everywhere);
+        }
+        let mut out = Vec::new();
+        for n in s.split(',').map(str::trim) {
+            let valid = !n.is_empty()
+                && n.len() <= 63
+                && n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !n.starts_with('-')
+                && !n.ends_with('-');
+            if !valid {
+                return Err(format!(
+                    "`{n}` is not a namespace name (lowercase letters, digits and `-`; or `*` for every namespace)"
+                ));
+            }
+            out.push(n.to_owned());
+        }
+        Ok(Self::Namespaces(out))
+    }
+
+    /// Whether providers in `namespace` may use the controller's own AWS credentials.
+    pub fn allows(&self, namespace: &str) -> bool {
+        match self {
+            Self::Nowhere => false,
+            Self::Everywhere => true,
+            Self::Namespaces(v) => v.iter().any(|n| n == namespace),
+        }
+    }
 }
 
 /// Where secret values come from. The standalone source reads environment variables and files;
@@ -124,9 +181,12 @@ pub trait CredentialSource: Send + Sync {
     /// The raw value referenced by `r`, for a provider in `namespace`.
     fn resolve(&self, namespace: &str, r: &CredentialRef) -> Result<Secret, CredentialError>;
 
-    /// An environment variable, for Bedrock's fallback on the standard `AWS_*` variables.
-    fn env(&self, name: &str) -> Option<Secret> {
-        std::env::var(name).ok().map(|v| Secret::new(&v))
+    /// One of the process's own `AWS_*` variables, for Bedrock's fallback, on behalf of a
+    /// provider in `namespace` (`Ok(None)`: not set). A source may refuse it
+    /// ([`CredentialError::AmbientAwsRefused`]).
+    fn aws_env(&self, namespace: &str, name: &str) -> Result<Option<Secret>, CredentialError> {
+        let _ = namespace;
+        Ok(std::env::var(name).ok().map(|v| Secret::new(&v)))
     }
 }
 
@@ -180,7 +240,8 @@ pub fn resolve_api_key(
 /// Resolves AWS credentials (Bedrock). With a reference, its value is a credentials document
 /// (see [`parse_aws_document`]); an `env` reference to `AWS_ACCESS_KEY_ID` itself reads the
 /// standard trio. Without one, the standard variables `AWS_ACCESS_KEY_ID`,
-/// `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` are read.
+/// `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` are read, if the source allows it for
+/// `namespace` ([`CredentialSource::aws_env`]).
 pub fn resolve_aws(
     source: &dyn CredentialSource,
     namespace: &str,
@@ -188,15 +249,17 @@ pub fn resolve_aws(
 ) -> Result<ProviderCredentials, CredentialError> {
     let standard = || -> Result<ProviderCredentials, CredentialError> {
         let id = source
-            .env("AWS_ACCESS_KEY_ID")
+            .aws_env(namespace, "AWS_ACCESS_KEY_ID")?
             .ok_or_else(|| CredentialError::EnvMissing("AWS_ACCESS_KEY_ID".into()))?;
         let secret = source
-            .env("AWS_SECRET_ACCESS_KEY")
+            .aws_env(namespace, "AWS_SECRET_ACCESS_KEY")?
             .ok_or_else(|| CredentialError::EnvMissing("AWS_SECRET_ACCESS_KEY".into()))?;
         Ok(ProviderCredentials::Aws(AwsCredentials {
             access_key_id: id,
             secret_access_key: secret,
-            session_token: source.env("AWS_SESSION_TOKEN").filter(|t| !t.is_empty()),
+            session_token: source
+                .aws_env(namespace, "AWS_SESSION_TOKEN")?
+                .filter(|t| !t.is_empty()),
         }))
     };
     match r {
@@ -297,5 +360,18 @@ mod tests {
         assert!(parse_aws_document("aws_access_key_id=x").is_none());
         let env = "export AWS_ACCESS_KEY_ID=\"A\"\nexport AWS_SECRET_ACCESS_KEY='B'";
         assert!(parse_aws_document(env).is_some());
+    }
+
+    #[test]
+    fn ambient_aws_namespaces() {
+        assert_eq!(AmbientAws::parse("*"), Ok(AmbientAws::Everywhere));
+        let a = AmbientAws::parse("team-a, llm").unwrap_or_default();
+        assert!(a.allows("team-a") && a.allows("llm") && !a.allows("team-b"));
+        assert!(!AmbientAws::default().allows("default"));
+        assert!(AmbientAws::Everywhere.allows("anything"));
+        for bad in ["", "a,,b", "Team", "-a", "a_b", "a,*"] {
+            let e = AmbientAws::parse(bad).unwrap_err();
+            assert!(e.contains("namespace name"), "{bad}: {e}");
+        }
     }
 }
