@@ -150,6 +150,8 @@ pub struct Served<'a> {
     pub mean_itl_s: Option<f64>,
     /// Time from receiving the request to the end of the response.
     pub duration_s: f64,
+    /// Sequences generated in parallel (a streamed request's `n`; 0 or 1: one).
+    pub sequences: u64,
     /// Tokens used (reported, or estimated when `estimated`).
     pub usage: TokenUsage,
     /// The upstream did not report usage: `usage` is the gateway's estimate.
@@ -157,13 +159,16 @@ pub struct Served<'a> {
 }
 
 impl Served<'_> {
-    /// Time per output token after the first: `(e2e − ttft) / (output − 1)`.
+    /// Time per output token after the first, of one sequence: `(e2e − ttft) / (output / n
+    /// − 1)`, where `n` is the number of sequences generated in parallel (their tokens are all
+    /// counted in `output`, and they decode side by side).
     pub fn tpot_s(&self) -> Option<f64> {
         let ttft = self.ttft_s?;
-        if self.usage.output_tokens < 2 {
+        let per_sequence = self.usage.output_tokens as f64 / self.sequences.max(1) as f64;
+        if per_sequence < 2.0 {
             return None;
         }
-        Some((self.duration_s - ttft).max(0.0) / (self.usage.output_tokens - 1) as f64)
+        Some((self.duration_s - ttft).max(0.0) / (per_sequence - 1.0))
     }
 
     /// Decode-slot seconds: end-to-end minus time to first token (all of it for responses
@@ -373,6 +378,7 @@ mod tests {
             ttft_s: ttft,
             mean_itl_s: ttft.map(|_| 0.02),
             duration_s: dur,
+            sequences: 1,
             usage: TokenUsage {
                 cached_prompt_tokens: 100,
                 uncached_prompt_tokens: 900,
@@ -388,6 +394,17 @@ mod tests {
         assert!((s.tpot_s().unwrap() - 0.1).abs() < 1e-12);
         assert!((s.decode_s() - 1.0).abs() < 1e-12);
         assert_eq!(served(Some(0.5), 1, 1.5).tpot_s(), None);
+        // `n: 2`: 22 output tokens are 11 per sequence, decoded side by side.
+        let two = Served {
+            sequences: 2,
+            ..served(Some(0.5), 22, 1.5)
+        };
+        assert!((two.tpot_s().unwrap() - 0.1).abs() < 1e-12);
+        let short = Served {
+            sequences: 2,
+            ..served(Some(0.5), 3, 1.5)
+        };
+        assert_eq!(short.tpot_s(), None);
         assert_eq!(served(None, 5, 1.5).decode_s(), 1.5);
     }
 

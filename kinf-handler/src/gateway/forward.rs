@@ -163,6 +163,9 @@ pub struct ResponseObservation {
     /// Token-carrying events seen (streamed responses): the output-token estimate when the
     /// upstream reported no usage.
     pub token_events: u64,
+    /// Sequences that produced tokens (streamed responses): the request's `n`, once each of
+    /// its choices has begun.
+    pub sequences: u64,
     /// The client went away before the upstream ended the response: its latency says nothing
     /// of the service's, so it counts for no latency objective.
     pub client_gone: bool,
@@ -180,16 +183,19 @@ impl ResponseObservation {
         ResponseObservation {
             status,
             ttft_s: o
+                .tokens
                 .first_token_at
                 .map(|t| t.duration_since(started).as_secs_f64()),
             upstream_ttft_s: o
+                .tokens
                 .first_token_at
                 .map(|t| t.duration_since(sent_at).as_secs_f64()),
-            mean_itl_s: (o.token_events > 1).then(|| o.gaps_sum_s / (o.token_events - 1) as f64),
+            mean_itl_s: o.tokens.mean_itl_s(),
             usage: o.usage,
             completed: o.completed,
             duration_s: started.elapsed().as_secs_f64(),
-            token_events: o.token_events,
+            token_events: o.tokens.token_events,
+            sequences: o.tokens.sequences(),
             client_gone: false,
         }
     }
@@ -277,6 +283,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
             ttft_s: o.ttft_s,
             mean_itl_s: o.mean_itl_s,
             duration_s: o.duration_s,
+            sequences: o.sequences,
             usage,
             estimated,
         },
@@ -1109,6 +1116,7 @@ fn respond_provider(
                 completed: o.completed,
                 duration_s,
                 token_events: 0,
+                sequences: o.sequences,
                 client_gone: false,
             };
             report(&gw2, api, &chosen, &obs);
@@ -1413,7 +1421,7 @@ fn tap_stream(
             match frames.next().await {
                 Some(Ok(chunk)) => {
                     let out = fin.tap.feed(&chunk, Instant::now());
-                    if fin.tap.observed.first_token_at.is_some() {
+                    if fin.tap.observed.tokens.first_token_at.is_some() {
                         fin.first_token();
                     }
                     if !out.is_empty() {
@@ -1493,11 +1501,8 @@ mod tests {
         let started = Instant::now();
         // 40 ms in the gateway (body, classifiers, limiter, decision), then 100 ms upstream.
         let sent_at = started + Duration::from_millis(40);
-        let o = super::super::sse_tap::Observed {
-            first_token_at: Some(sent_at + Duration::from_millis(100)),
-            token_events: 1,
-            ..Default::default()
-        };
+        let mut o = super::super::sse_tap::Observed::default();
+        o.tokens.token(0, sent_at + Duration::from_millis(100));
         let obs = ResponseObservation::from_tap(200, &o, sent_at, started);
         assert!((obs.ttft_s.unwrap() - 0.140).abs() < 1e-9, "{obs:?}");
         assert!(

@@ -12,17 +12,61 @@ use serde_json::Value;
 use super::errors::Api;
 use crate::providers::translate::{merge_anthropic_usage, usage_anthropic, usage_openai};
 
+/// When the tokens of one response arrived. A response with `n > 1` interleaves the chunks of
+/// its `n` sequences (choices); inter-token gaps are measured within each sequence, so that
+/// the mean gap is a sequence's, not `1/n` of it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenTimes {
+    /// When the first token (of any sequence) arrived.
+    pub first_token_at: Option<Instant>,
+    /// When the last token (of any sequence) arrived.
+    pub last_token_at: Option<Instant>,
+    /// Token-carrying events seen, all sequences together.
+    pub token_events: u64,
+    /// Sum of the gaps between consecutive tokens of the same sequence (seconds).
+    pub gaps_sum_s: f64,
+    /// Per sequence seen (choice index): when its last token arrived.
+    last_per_sequence: Vec<(u64, Instant)>,
+}
+
+impl TokenTimes {
+    /// A token of sequence `choice` (0 for APIs with one sequence) arrived at `now`.
+    pub fn token(&mut self, choice: u64, now: Instant) {
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(now);
+        }
+        self.last_token_at = Some(now);
+        self.token_events += 1;
+        match self
+            .last_per_sequence
+            .iter_mut()
+            .find(|(c, _)| *c == choice)
+        {
+            Some((_, last)) => {
+                self.gaps_sum_s += now.duration_since(*last).as_secs_f64();
+                *last = now;
+            }
+            None => self.last_per_sequence.push((choice, now)),
+        }
+    }
+
+    /// Sequences that produced a token.
+    pub fn sequences(&self) -> u64 {
+        self.last_per_sequence.len() as u64
+    }
+
+    /// Mean gap between consecutive tokens of a sequence (`None` without any gap).
+    pub fn mean_itl_s(&self) -> Option<f64> {
+        let gaps = self.token_events.saturating_sub(self.sequences());
+        (gaps > 0).then(|| self.gaps_sum_s / gaps as f64)
+    }
+}
+
 /// What was observed on one response.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Observed {
-    /// When the first token arrived.
-    pub first_token_at: Option<Instant>,
-    /// When the last token arrived.
-    pub last_token_at: Option<Instant>,
-    /// Token-carrying events seen.
-    pub token_events: u64,
-    /// Sum of gaps between token-carrying events (seconds).
-    pub gaps_sum_s: f64,
+    /// Token arrival times.
+    pub tokens: TokenTimes,
     /// Usage reported by the upstream.
     pub usage: Option<TokenUsage>,
     /// The upstream ended the stream properly (`[DONE]` / `message_stop`).
@@ -116,24 +160,15 @@ impl SseTap {
         }
     }
 
-    fn token(&mut self, now: Instant) {
-        if let Some(last) = self.observed.last_token_at {
-            self.observed.gaps_sum_s += now.duration_since(last).as_secs_f64();
-        } else {
-            self.observed.first_token_at = Some(now);
-        }
-        self.observed.last_token_at = Some(now);
-        self.observed.token_events += 1;
-    }
-
     fn openai_chunk(&mut self, v: &Value, now: Instant) -> bool {
         if v.get("error").is_some_and(|e| !e.is_null()) {
             self.observed.errored = true;
         }
         let choices = v.get("choices").and_then(Value::as_array);
         let choices_empty = choices.is_none_or(|c| c.is_empty());
-        if choices.is_some_and(|c| c.iter().any(carries_output)) {
-            self.token(now);
+        for c in choices.into_iter().flatten().filter(|c| carries_output(c)) {
+            let index = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+            self.observed.tokens.token(index, now);
         }
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
             self.observed.usage = Some(usage_openai(u));
@@ -156,7 +191,7 @@ impl SseTap {
                     self.anthropic_usage = u.clone();
                 }
             }
-            Some(b"content_block_delta") => self.token(now),
+            Some(b"content_block_delta") => self.observed.tokens.token(0, now),
             Some(b"message_delta") => {
                 if let Some(u) = v.get("usage") {
                     merge_anthropic_usage(&mut self.anthropic_usage, u);
@@ -262,7 +297,7 @@ mod tests {
         assert!(out.ends_with("data: [DONE]\n\n"));
         let usage = tap.observed.usage.unwrap_or_default();
         assert!(usage.prompt_tokens() > 0 && usage.output_tokens > 0);
-        assert!(tap.observed.first_token_at.is_some());
+        assert!(tap.observed.tokens.first_token_at.is_some());
         assert!(tap.observed.completed);
         // Without stripping, the stream passes through unchanged.
         let mut tap = SseTap::new(Api::Chat, false);
@@ -288,16 +323,16 @@ mod tests {
                 );
             }
             let o = &tap.observed;
-            assert_eq!(o.token_events, tokens, "{api:?}");
+            assert_eq!(o.tokens.token_events, tokens, "{api:?}");
             assert_eq!(o.usage.map(|u| u.output_tokens), Some(tokens), "{api:?}");
             // The first token is the first chunk with content; the gaps are between tokens.
             let first = if api == Api::Chat { 1 } else { 0 };
             assert_eq!(
-                o.first_token_at,
+                o.tokens.first_token_at,
                 Some(t0 + std::time::Duration::from_millis(first))
             );
             assert!(
-                (o.gaps_sum_s - (tokens - 1) as f64 * 0.001).abs() < 1e-9,
+                (o.tokens.gaps_sum_s - (tokens - 1) as f64 * 0.001).abs() < 1e-9,
                 "{o:?}"
             );
         }
@@ -312,7 +347,40 @@ mod tests {
             .as_bytes(),
             Instant::now(),
         );
-        assert_eq!(tap.observed.token_events, 2);
+        assert_eq!(tap.observed.tokens.token_events, 2);
+    }
+
+    #[test]
+    fn gaps_of_parallel_sequences_are_measured_within_each_sequence() {
+        // `n: 2`: the chunks of choices 0 and 1 interleave, 10 ms apart, while each choice
+        // gets a token every 20 ms. The gap is each sequence's, 20 ms, not 10.
+        let mut tap = SseTap::new(Api::Chat, false);
+        let t0 = Instant::now();
+        let ms = |k: u64| t0 + std::time::Duration::from_millis(k);
+        let _ = tap.feed(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            ms(0),
+        );
+        for k in 0..8u64 {
+            let chunk = format!(
+                "data: {{\"choices\":[{{\"index\":{},\"delta\":{{\"content\":\"t\"}}}}]}}\n\n",
+                k % 2
+            );
+            let _ = tap.feed(chunk.as_bytes(), ms(10 * (k + 1)));
+        }
+        let t = &tap.observed.tokens;
+        assert_eq!((t.token_events, t.sequences()), (8, 2));
+        assert_eq!(t.first_token_at, Some(ms(10)));
+        assert_eq!(t.last_token_at, Some(ms(80)));
+        let itl = t.mean_itl_s().unwrap();
+        assert!((itl - 0.020).abs() < 1e-9, "{itl}");
+        // One sequence: the plain mean gap; one token: none.
+        let mut one = TokenTimes::default();
+        one.token(0, ms(0));
+        assert_eq!(one.mean_itl_s(), None);
+        one.token(0, ms(30));
+        one.token(0, ms(40));
+        assert!((one.mean_itl_s().unwrap() - 0.020).abs() < 1e-9);
     }
 
     #[test]
@@ -325,7 +393,7 @@ mod tests {
         let u = tap.observed.usage.unwrap_or_default();
         assert!(u.output_tokens > 0, "{u:?}");
         assert!(tap.observed.completed);
-        assert!(tap.observed.token_events > 0);
+        assert!(tap.observed.tokens.token_events > 0);
     }
 
     #[test]

@@ -248,8 +248,10 @@ pub struct ProviderOutcome {
     pub usage: Option<TokenUsage>,
     /// Time from sending the request to the first token (streamed responses).
     pub ttft_s: Option<f64>,
-    /// Mean gap between token events (streamed, two tokens or more).
+    /// Mean gap between consecutive tokens of a sequence (streamed, two tokens or more).
     pub mean_itl_s: Option<f64>,
+    /// Sequences that produced tokens (streamed; a passed-through request's `n`).
+    pub sequences: u64,
     /// The response ended properly.
     pub completed: bool,
     /// Time from sending the request to the end of the response.
@@ -525,31 +527,17 @@ struct Guard {
     verdict: Verdict,
     sent_at: Instant,
     status: u16,
-    first_token_at: Option<Instant>,
-    last_token_at: Option<Instant>,
-    token_events: u64,
-    gaps_sum_s: f64,
+    tokens: crate::gateway::sse_tap::TokenTimes,
     usage: Option<TokenUsage>,
     completed: bool,
     tx: Option<oneshot::Sender<ProviderOutcome>>,
-}
-
-impl Guard {
-    fn token(&mut self, now: Instant) {
-        if let Some(last) = self.last_token_at {
-            self.gaps_sum_s += now.duration_since(last).as_secs_f64();
-        } else {
-            self.first_token_at = Some(now);
-        }
-        self.last_token_at = Some(now);
-        self.token_events += 1;
-    }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
         let now = Instant::now();
         let ttft = self
+            .tokens
             .first_token_at
             .map(|t| t.duration_since(self.sent_at).as_secs_f64());
         {
@@ -565,8 +553,8 @@ impl Drop for Guard {
                 status: self.status,
                 usage: self.usage,
                 ttft_s: ttft,
-                mean_itl_s: (self.token_events > 1)
-                    .then(|| self.gaps_sum_s / (self.token_events - 1) as f64),
+                mean_itl_s: self.tokens.mean_itl_s(),
+                sequences: self.tokens.sequences(),
                 completed: self.completed,
                 duration_s: now.duration_since(self.sent_at).as_secs_f64(),
             });
@@ -812,10 +800,7 @@ async fn forward_to(
         verdict: Verdict::Neutral,
         sent_at,
         status: 0,
-        first_token_at: None,
-        last_token_at: None,
-        token_events: 0,
-        gaps_sum_s: 0.0,
+        tokens: Default::default(),
         usage: None,
         completed: false,
         tx: Some(tx),
@@ -1069,10 +1054,7 @@ impl StreamState {
             Mode::Pass(tap) => {
                 let out = tap.feed(chunk, now);
                 let o = &tap.observed;
-                self.guard.first_token_at = o.first_token_at;
-                self.guard.last_token_at = o.last_token_at;
-                self.guard.token_events = o.token_events;
-                self.guard.gaps_sum_s = o.gaps_sum_s;
+                self.guard.tokens.clone_from(&o.tokens);
                 self.guard.usage = o.usage;
                 (out, false)
             }
@@ -1081,7 +1063,7 @@ impl StreamState {
                 let mut over = false;
                 for ev in dec.feed(chunk) {
                     match &ev {
-                        Ev::Text(_) => self.guard.token(now),
+                        Ev::Text(_) => self.guard.tokens.token(0, now),
                         Ev::Error(m) => {
                             let msg =
                                 scrub(&format!("the provider stream failed: {m}"), &self.creds);
