@@ -127,6 +127,17 @@ fn app_chart_templates_are_well_formed_and_read_defined_values() {
                 );
             }
             assert!(!text.contains("\"*\""), "rbac: no wildcards");
+            // The ClusterRole and its binding are cluster-scoped: their names carry the
+            // release's namespace, so that releases in two namespaces do not collide.
+            assert!(
+                text.contains("$roleName := ternary (printf \"%s-%s\" .Release.Namespace $name) $name .Values.watch.allNamespaces"),
+                "rbac: cluster-scoped names must include the release namespace"
+            );
+            let uses = text.matches("name: {{ $roleName }}").count();
+            assert_eq!(
+                uses, 3,
+                "rbac: the role, its binding and the binding's roleRef"
+            );
         }
     }
     for k in [
