@@ -78,6 +78,7 @@ codes! {
     EmptyDrop = "KINF0408", Error, "a `drop` with no condition would drop every candidate";
     MeasureUnavailable = "KINF0409", Warning, "a condition on a measure that a backend type never has";
     IgnoredField = "KINF0410", Warning, "a field that is accepted but not read";
+    EmptySelector = "KINF0411", Warning, "a worker-set selector that selects every pod of its namespace";
     ShadowedRule = "KINF0501", Warning, "a rule that an earlier rule always matches first";
     UnknownTag = "KINF0502", Warning, "a tag that no configured classifier produces";
     UnreachableTier = "KINF0503", Warning, "a select tier that can never have a candidate";

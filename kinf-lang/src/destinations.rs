@@ -155,6 +155,27 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
             );
         }
         let mut selector = Vec::new();
+        if let Some(sel) = &s.selector
+            && sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
+            && sel.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+        {
+            ck.report(
+                doc,
+                &fpath!["spec", "selector"],
+                Code::EmptySelector,
+                format!(
+                    "the selector of worker set `{}` is empty: every pod of its namespace \
+                     would be scraped, health-checked and sent requests",
+                    w.name
+                ),
+                "selects every pod",
+                Some(
+                    "select the vLLM pods by a label they carry, e.g. \
+                     `selector: { matchLabels: { app: vllm-llama-70b } }`"
+                        .into(),
+                ),
+            );
+        }
         if let Some(sel) = &s.selector {
             if let Some(ml) = &sel.match_labels {
                 selector.extend(ml.iter().map(|(k, v)| (k.clone(), v.clone())));
