@@ -374,6 +374,19 @@ mod tests {
         assert_eq!(t.last_token_at, Some(ms(80)));
         let itl = t.mean_itl_s().unwrap();
         assert!((itl - 0.020).abs() < 1e-9, "{itl}");
+        // vLLM's own `n: 2` stream (5 tokens per choice, chunks alternating), one event per
+        // millisecond: each choice gets a token every 2 ms.
+        const N2: &str = include_str!("../../../testdata/vllm-0.32.0-cpu/chat_stream_n2.txt");
+        let mut real = SseTap::new(Api::Chat, false);
+        for (i, event) in N2.split_inclusive("\n\n").enumerate() {
+            let _ = real.feed(event.as_bytes(), ms(i as u64));
+        }
+        let r = &real.observed;
+        assert_eq!((r.tokens.token_events, r.tokens.sequences()), (10, 2));
+        assert_eq!(r.usage.map(|u| u.output_tokens), Some(10));
+        assert_eq!(r.tokens.first_token_at, Some(ms(2)), "after both role deltas");
+        let itl = r.tokens.mean_itl_s().unwrap();
+        assert!((itl - 0.002).abs() < 1e-9, "{itl}");
         // One sequence: the plain mean gap; one token: none.
         let mut one = TokenTimes::default();
         one.token(0, ms(0));
