@@ -4,7 +4,9 @@
 //!
 //! A long prompt is sent twice: the repeat must go to the worker that reported its blocks and
 //! hit its prefix cache. Then many different prompts fill that worker's cache until vLLM evicts
-//! the first prompt's blocks; the index must forget them too (and vLLM must agree).
+//! the first prompt's blocks; the index must forget them too (and vLLM must agree). Then an
+//! `n: 2` stream checks that the gateway's ITL is a choice's, and an abandoned non-streamed
+//! request that vLLM stops generating it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
@@ -242,5 +244,148 @@ spec:
     assert!(again < cached, "vLLM still caches it: {again} >= {cached}");
     let status = gw.live.load_full().map(|l| l.status_json()).unwrap();
     println!("{}", serde_json::to_string_pretty(&status).unwrap());
+
+    // 3. `n: 2` streamed through the gateway: vLLM interleaves the two choices' chunks, and
+    //    the gateway's ITL is a choice's gap, as the client measures it per choice (counting
+    //    every chunk as one sequence's token would halve it).
+    let itl_before = metric_sum(addr, "kinference_itl_seconds").await;
+    let body = json!({
+        "model": "tiny", "n": 2, "max_tokens": 40, "stream": true, "ignore_eos": true,
+        "messages": [{"role": "user", "content": "Count to forty."}],
+    });
+    let arrivals = stream_arrivals(addr, &body).await;
+    let gaps: Vec<f64> = [0u64, 1]
+        .iter()
+        .flat_map(|c| {
+            let times: Vec<_> = arrivals
+                .iter()
+                .filter(|(i, _)| i == c)
+                .map(|(_, t)| *t)
+                .collect();
+            // 40 tokens; vLLM skips a chunk whose text the detokenizer holds back.
+            assert!(times.len() >= 20, "choice {c}: {arrivals:?}");
+            times
+                .windows(2)
+                .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let client_itl = gaps.iter().sum::<f64>() / gaps.len() as f64;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let gateway_itl = loop {
+        let d = metric_sum(addr, "kinference_itl_seconds").await - itl_before;
+        if d > 0.0 {
+            break d;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no ITL observed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("n = 2: gateway ITL {gateway_itl:.5} s, client per choice {client_itl:.5} s");
+    assert!(
+        (gateway_itl / client_itl - 1.0).abs() < 0.25,
+        "gateway ITL {gateway_itl} s against {client_itl} s per choice at the client"
+    );
+
+    // 4. A non-streamed request the client abandons is aborted in vLLM, not generated to the
+    //    end: vLLM's running count drops at once (1,900 tokens take several seconds here).
+    let long = json!({
+        "model": "tiny", "max_tokens": 1900, "ignore_eos": true,
+        "messages": [{"role": "user", "content": "Write at length."}],
+    });
+    let abandoned = tokio::spawn(async move { post(addr, "/v1/chat/completions", &long).await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut on = None;
+    while on.is_none() && tokio::time::Instant::now() < deadline {
+        for w in [a.http, b.http] {
+            if vllm_running(w).await > 0.0 {
+                on = Some(w);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let on = on.expect("the long request never ran");
+    abandoned.abort();
+    let gone = tokio::time::Instant::now();
+    while vllm_running(on).await > 0.0 {
+        assert!(
+            gone.elapsed() < Duration::from_secs(2),
+            "vLLM still generates the abandoned request"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     drop((a, b));
+}
+
+/// `(choice index, arrival)` of every content chunk of a streamed chat completion.
+async fn stream_arrivals(addr: SocketAddr, body: &Value) -> Vec<(u64, std::time::Instant)> {
+    use http_body_util::BodyExt;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let (mut pending, mut out) = (Vec::new(), Vec::new());
+    while let Some(frame) = body.frame().await {
+        let now = std::time::Instant::now();
+        let Ok(data) = frame.unwrap().into_data() else {
+            continue;
+        };
+        pending.extend_from_slice(&data);
+        while let Some(end) = pending.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = pending.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            let Some(json) = text.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(json) else {
+                continue;
+            };
+            for c in v["choices"].as_array().into_iter().flatten() {
+                if c["delta"]["content"]
+                    .as_str()
+                    .is_some_and(|t| !t.is_empty())
+                    || c["delta"].get("role").is_none()
+                {
+                    out.push((c["index"].as_u64().unwrap(), now));
+                }
+            }
+        }
+    }
+    out
+}
+
+async fn metrics_text(addr: SocketAddr) -> String {
+    use http_body_util::BodyExt;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = hyper::Request::get(format!("http://{addr}/metrics"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The sum of a histogram's `_sum` series over every label set.
+fn histogram_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}_sum")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn metric_sum(addr: SocketAddr, name: &str) -> f64 {
+    histogram_sum(&metrics_text(addr).await, name)
+}
+
+/// vLLM's `vllm:num_requests_running`.
+async fn vllm_running(addr: SocketAddr) -> f64 {
+    metrics_text(addr)
+        .await
+        .lines()
+        .find(|l| l.starts_with("vllm:num_requests_running"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
 }

@@ -384,7 +384,11 @@ mod tests {
         let r = &real.observed;
         assert_eq!((r.tokens.token_events, r.tokens.sequences()), (10, 2));
         assert_eq!(r.usage.map(|u| u.output_tokens), Some(10));
-        assert_eq!(r.tokens.first_token_at, Some(ms(2)), "after both role deltas");
+        assert_eq!(
+            r.tokens.first_token_at,
+            Some(ms(2)),
+            "after both role deltas"
+        );
         let itl = r.tokens.mean_itl_s().unwrap();
         assert!((itl - 0.002).abs() < 1e-9, "{itl}");
         // One sequence: the plain mean gap; one token: none.
