@@ -789,3 +789,105 @@ async fn a_forbidden_secret_is_reported_as_forbidden_not_missing() {
     assert_eq!(why.0, None, "not recorded as read and missing");
     assert!(why.1.unwrap().contains("forbidden"));
 }
+
+/// `GET /admin/status` of `gw`, as JSON.
+async fn admin_status(gw: &Arc<Gateway>) -> Value {
+    use tower::ServiceExt;
+    let resp = gw
+        .router_with_admin()
+        .oneshot(
+            Request::get("/admin/status")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn admin_status_shows_the_controllers_lease_watches_secrets_and_last_bundle() {
+    let (client, _handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    // Standalone: no `kubernetes` section.
+    assert_eq!(admin_status(&gw).await["kubernetes"], Value::Null);
+    let status: Arc<dyn kinf_handler::gateway::ControllerStatus> = c.clone();
+    assert!(gw.controller.set(status).is_ok());
+
+    // Starting: nothing listed, not the leader, no bundle.
+    let k = admin_status(&gw).await["kubernetes"].clone();
+    assert_eq!(k["identity"], "pod-a");
+    assert_eq!(k["namespace"], "llm");
+    assert_eq!(k["lease"], "llm/kinference-leader");
+    assert_eq!(k["leader"], false);
+    assert_eq!(k["lastRenewalAgeMs"], Value::Null);
+    assert_eq!(k["firstBundleReady"], false);
+    assert_eq!(k["store"]["watches"]["InferencePolicy"]["synced"], false);
+    assert_eq!(k["lastBundle"], Value::Null);
+
+    // Every watch listed; the provider's Secret not read yet.
+    list_all(&c, policy(1, "if"));
+    let k = admin_status(&gw).await["kubernetes"].clone();
+    for kind in [
+        "InferenceWorkerSet",
+        "InferenceProvider",
+        "InferencePool",
+        "InferencePolicy",
+        "GatewayBackend",
+        "Pod",
+    ] {
+        assert_eq!(
+            k["store"]["watches"][kind],
+            json!({"synced": true, "objects": 1}),
+            "{kind}"
+        );
+    }
+    assert_eq!(k["store"]["secrets"]["notRead"], json!(["llm/openai-key"]));
+    assert_eq!(k["firstBundleReady"], false);
+
+    // The Secret read fails, then is found; a bundle is applied; the Lease is won.
+    c.update_store(|s| s.secret_read_failed("llm", "openai-key", "timed out"));
+    let k = admin_status(&gw).await["kubernetes"].clone();
+    assert_eq!(
+        k["store"]["secrets"]["readErrors"]["llm/openai-key"],
+        "timed out"
+    );
+    assert_eq!(k["firstBundleReady"], true);
+    c.update_store(|s| {
+        s.set_secret(
+            "llm",
+            "openai-key",
+            Some(&secret("openai-key", &[("apiKey", "sk")])),
+        )
+    });
+    apply(&c, &gw);
+    c.set_leader(true);
+    let k = admin_status(&gw).await["kubernetes"].clone();
+    assert_eq!(k["store"]["secrets"]["found"], json!(["llm/openai-key"]));
+    assert_eq!(k["store"]["secrets"]["readErrors"], json!({}));
+    assert_eq!(k["leader"], true);
+    assert!(
+        k["lastRenewalAgeMs"].as_u64().is_some_and(|ms| ms < 5_000),
+        "{k}"
+    );
+    assert_eq!(k["lastBundle"]["inForce"], true);
+    assert_eq!(k["lastBundle"]["objects"], 5);
+    assert_eq!(k["lastBundle"]["errors"], 0);
+    let first = k["lastBundle"]["revision"].as_u64().unwrap();
+
+    // A refused bundle is the last one, not in force; losing the Lease shows at once.
+    load(&c, policy(2, "iff"));
+    apply(&c, &gw);
+    c.set_leader(false);
+    let k = admin_status(&gw).await["kubernetes"].clone();
+    assert_eq!(k["lastBundle"]["revision"].as_u64(), Some(first + 1));
+    assert_eq!(k["lastBundle"]["inForce"], false);
+    assert!(k["lastBundle"]["errors"].as_u64().unwrap() > 0, "{k}");
+    assert_eq!(k["leader"], false);
+    assert_eq!(k["lastRenewalAgeMs"], Value::Null);
+}

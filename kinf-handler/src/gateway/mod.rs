@@ -43,6 +43,13 @@ pub trait LiveStatus: Send + Sync {
     fn render_metrics(&self, out: &mut String);
 }
 
+/// Status of the Kubernetes controller (Kubernetes mode), for `/admin/status`; implemented by
+/// [`crate::kube::Controller`].
+pub trait ControllerStatus: Send + Sync {
+    /// A JSON view of the controller: identity, Lease, watches, Secrets, last bundle.
+    fn status_json(&self) -> serde_json::Value;
+}
+
 /// Gateway settings.
 #[derive(Clone)]
 pub struct GatewayOptions {
@@ -97,6 +104,8 @@ pub struct Gateway {
     pub metrics: Metrics,
     /// Ingestion status, when ingestion runs.
     pub live: ArcSwapOption<Box<dyn LiveStatus>>,
+    /// The Kubernetes controller's status, in Kubernetes mode.
+    pub controller: std::sync::OnceLock<Arc<dyn ControllerStatus>>,
     client: forward::UpstreamClient,
     /// Requests between arrival and response head (decides where large bodies are admitted).
     admitting: std::sync::atomic::AtomicUsize,
@@ -193,6 +202,7 @@ impl Gateway {
             state: SharedState::new(kinf_router::ClusterState::default()),
             metrics: Metrics::new(),
             live: ArcSwapOption::empty(),
+            controller: std::sync::OnceLock::new(),
             client: forward::UpstreamClient::new(),
             admitting: std::sync::atomic::AtomicUsize::new(0),
             providers: arc_swap::ArcSwap::from_pointee(
@@ -615,6 +625,7 @@ async fn admin_status(State(gw): State<Arc<Gateway>>) -> Response {
         }).unwrap_or_default(),
         "endpoints": endpoints,
         "ingestion": gw.live.load_full().map(|l| l.status_json()),
+        "kubernetes": gw.controller.get().map(|c| c.status_json()),
     });
     axum::Json(body).into_response()
 }

@@ -107,6 +107,12 @@ impl Leadership {
         was
     }
 
+    /// When the request of the last successful renewal was sent (`None` after a loss or
+    /// resignation, or before the first renewal).
+    pub fn last_renewal(&self) -> Option<Instant> {
+        *self.renewed.lock()
+    }
+
     /// Whether this replica may act as the leader now.
     pub fn is_leader(&self) -> bool {
         self.renewed

@@ -114,6 +114,7 @@ pub const STREAMS: [Stream; 6] = [
 /// The last bundle applied, as status needs it.
 #[derive(Clone, Debug)]
 struct LastApply {
+    revision: u64,
     objects: Arc<Vec<StoredObject>>,
     sources: Sources,
     diagnostics: Vec<Diagnostic>,
@@ -160,6 +161,12 @@ pub struct Controller {
     writing: tokio::sync::Mutex<()>,
 }
 
+impl crate::gateway::ControllerStatus for Controller {
+    fn status_json(&self) -> serde_json::Value {
+        Controller::status_json(self)
+    }
+}
+
 impl std::fmt::Debug for Controller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Controller")
@@ -200,6 +207,32 @@ impl Controller {
     /// Reads the store.
     pub fn with_store<R>(&self, f: impl FnOnce(&ClusterStore) -> R) -> R {
         f(&self.store.lock())
+    }
+
+    /// What `/admin/status` shows under `kubernetes`: this replica's identity, what it
+    /// watches, whether it holds the Lease and since when it last renewed it, every watch's
+    /// first-listing state and object count, the referenced Secrets, and the last bundle.
+    pub fn status_json(&self) -> serde_json::Value {
+        let last = self.last.lock().clone();
+        serde_json::json!({
+            "identity": self.opts.identity,
+            "namespace": self.opts.namespace,
+            "lease": format!("{}/{}", self.opts.lease_namespace, self.opts.lease_name),
+            "leader": self.is_leader(),
+            "lastRenewalAgeMs": self
+                .leader
+                .last_renewal()
+                .map(|t| u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)),
+            "firstBundleReady": self.first_bundle_ready(),
+            "store": self.with_store(|s| s.summary_json(&STREAMS)),
+            "lastBundle": last.map(|l| serde_json::json!({
+                "revision": l.revision,
+                "inForce": l.in_force,
+                "objects": l.objects.len(),
+                "errors": l.diagnostics.iter().filter(|d| d.severity == kinf_lang::Severity::Error).count(),
+                "warnings": l.diagnostics.iter().filter(|d| d.severity == kinf_lang::Severity::Warning).count(),
+            })),
+        })
     }
 
     /// Whether this replica holds the Lease (renewed within the renew deadline).
@@ -261,6 +294,7 @@ impl Controller {
             *self.in_force_objects.lock() = Some(objects.clone());
         }
         *self.last.lock() = Some(LastApply {
+            revision: bundle.revision,
             objects,
             sources: bundle.sources.clone(),
             diagnostics: diags.to_vec(),
@@ -466,6 +500,9 @@ impl Controller {
     /// Starts the watch tasks, the Secret reader, the lease loop, the apply loop and the status
     /// loop. Returns at once; the tasks run until the runtime stops.
     pub fn start(self: &Arc<Self>, gw: Arc<Gateway>, on_applied: crate::serve::OnApplied) {
+        let status: Arc<dyn crate::gateway::ControllerStatus> = self.clone();
+        // Only one controller per gateway; a second start keeps the first's status view.
+        let _ = gw.controller.set(status);
         let (tx, rx) = tokio::sync::watch::channel(None);
         let me = self.clone();
         let after: crate::bundle::AfterApply =

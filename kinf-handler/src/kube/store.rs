@@ -364,6 +364,48 @@ impl ClusterStore {
             .all(|k| self.secrets_tried.contains(k))
     }
 
+    /// What `/admin/status` shows of the store: per stream whether its first listing completed
+    /// and how many objects it holds; the referenced Secrets and what became of their reads.
+    pub fn summary_json(&self, streams: &[Stream]) -> serde_json::Value {
+        let mut watches = serde_json::Map::new();
+        for st in streams {
+            let (name, count) = match st {
+                Stream::Crd(kind) => (
+                    kind.to_string(),
+                    self.objects.keys().filter(|k| k.kind == *kind).count(),
+                ),
+                Stream::Pods => ("Pod".to_owned(), self.pods.len()),
+            };
+            watches.insert(
+                name,
+                serde_json::json!({"synced": self.synced.contains(st), "objects": count}),
+            );
+        }
+        let label = |(ns, name): &(String, String)| format!("{ns}/{name}");
+        let referenced = self.referenced_secrets();
+        let by_state = |want: Option<bool>| -> Vec<String> {
+            referenced
+                .iter()
+                .filter(|k| self.secret_state(&k.0, &k.1, None) == want)
+                .map(label)
+                .collect()
+        };
+        let errors: serde_json::Map<String, serde_json::Value> = self
+            .secret_errors
+            .iter()
+            .map(|(k, e)| (label(k), serde_json::Value::from(e.as_str())))
+            .collect();
+        serde_json::json!({
+            "watches": watches,
+            "secrets": {
+                "found": by_state(Some(true)),
+                "notFound": by_state(Some(false)),
+                "notRead": by_state(None),
+                "readErrors": errors,
+            },
+        })
+    }
+
     /// Whether every stream in `streams` has completed its first listing.
     pub fn synced(&self, streams: &[Stream]) -> bool {
         streams.iter().all(|s| self.synced.contains(s))
