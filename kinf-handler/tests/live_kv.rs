@@ -216,6 +216,20 @@ async fn index_is_stored_minus_removed_then_cleared_and_restart_resets() {
         publ.publish(f).await;
     }
     wait_until("seq 3 applied", || kv(&ingest, NO_HTTP).last_seq == Some(3)).await;
+    // The probes' decode errors came before the batches: the error is history, and its time
+    // says so.
+    let k = kv(&ingest, NO_HTTP);
+    assert!(
+        k.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("decode")),
+        "{k:?}"
+    );
+    let (error_at, message_at) = (k.last_error_ms.unwrap(), k.last_message_ms.unwrap());
+    assert!(
+        error_at <= message_at && message_at <= shared.now_ms(),
+        "{k:?}"
+    );
 
     // Independent check: engine hashes stored minus removed.
     let mut live = std::collections::HashSet::new();

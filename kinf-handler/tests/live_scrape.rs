@@ -144,6 +144,11 @@ async fn scrapes_load_then_goes_stale_and_unready_when_the_server_stops() {
     );
     assert!(s.consecutive_failures >= 1 && s.scrapes_failed >= 1);
     assert!(s.last_error.is_some());
+    assert!(
+        s.last_error_ms
+            .is_some_and(|t| t > last_ok && t <= stale_at),
+        "{s:?}"
+    );
     wait_until("not ready", || !scrape(&ingest, &address).ready).await;
     assert!(scrape(&ingest, &address).health_consecutive_failures >= 3);
     shared.with(|st| {

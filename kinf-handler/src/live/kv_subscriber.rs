@@ -130,7 +130,8 @@ impl Ctx {
                 }
                 Err(e) => {
                     tracing::debug!(endpoint = %addr, error = %e, "KV-event discovery failed");
-                    self.stats.kv(|k| k.last_error = Some(e));
+                    let now = self.shared.now_ms();
+                    self.stats.kv(|k| k.error(e, now));
                     tokio::time::sleep(self.config.retry_delay).await;
                 }
             }
@@ -196,8 +197,8 @@ impl Ctx {
                 let msg = match received {
                     Err(_) => break,
                     Ok(Err(e)) => {
-                        self.stats
-                            .kv(|k| k.last_error = Some(format!("receive: {e}")));
+                        let now = self.shared.now_ms();
+                        self.stats.kv(|k| k.error(format!("receive: {e}"), now));
                         break;
                     }
                     Ok(Ok(m)) => m,
@@ -237,15 +238,17 @@ impl Ctx {
             }
             Err(e) => {
                 tracing::debug!(endpoint = %self.target.address, error = %e, "KV-event catch-up replay failed");
+                let now = self.shared.now_ms();
                 self.stats
-                    .kv(|k| k.last_error = Some(format!("catch-up replay: {e}")));
+                    .kv(|k| k.error(format!("catch-up replay: {e}"), now));
             }
         }
     }
 
     async fn fail(&self, e: String) {
         tracing::debug!(endpoint = %self.target.address, error = %e, "KV-event subscriber");
-        self.stats.kv(|k| k.last_error = Some(e));
+        let now = self.shared.now_ms();
+        self.stats.kv(|k| k.error(e, now));
         tokio::time::sleep(self.config.retry_delay).await;
     }
 
@@ -262,14 +265,19 @@ impl Ctx {
             let batch = match decode_message(&frames) {
                 Ok(b) => b,
                 Err(e) => {
+                    let now = self.shared.now_ms();
                     self.stats.kv(|k| {
                         k.decode_errors += 1;
-                        k.last_error = Some(format!("decode: {e}"));
+                        k.error(format!("decode: {e}"), now);
                     });
                     continue;
                 }
             };
-            self.stats.kv(|k| k.messages += 1);
+            let now = self.shared.now_ms();
+            self.stats.kv(|k| {
+                k.messages += 1;
+                k.last_message_ms = Some(now);
+            });
             if std::mem::take(fresh) && batch.seq > 0 && batch.seq < tracker.expected() {
                 // A new connection to a publisher that restarted while we were away.
                 self.flush(&mut pending);
@@ -312,9 +320,10 @@ impl Ctx {
                             }
                             Err(e) => {
                                 tracing::warn!(endpoint = %self.target.address, error = %e, "KV-event replay failed");
+                                let now = self.shared.now_ms();
                                 self.stats.kv(|k| {
                                     k.replay_failures += 1;
-                                    k.last_error = Some(format!("replay: {e}"));
+                                    k.error(format!("replay: {e}"), now);
                                 });
                             }
                         }

@@ -94,6 +94,7 @@ pub async fn run_scraper(
                 s.scrapes_failed += 1;
                 tracing::debug!(endpoint = %target.address, error = %e, "scrape failed");
                 s.last_error = Some(e);
+                s.last_error_ms = Some(now);
                 None
             }
         };

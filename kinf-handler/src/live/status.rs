@@ -15,6 +15,9 @@ pub struct ScrapeStatus {
     pub last_success_ms: Option<u64>,
     /// The last scrape error, kept after later successes.
     pub last_error: Option<String>,
+    /// Server time (ms, as `last_success_ms`) of `last_error`: compare it with
+    /// `last_success_ms` to tell an old error from a current one.
+    pub last_error_ms: Option<u64>,
     /// Scrapes failed since the last success.
     pub consecutive_failures: u32,
     /// Successful scrapes.
@@ -86,8 +89,21 @@ pub struct KvStatus {
     pub duplicates: u64,
     /// Reconnections of the `SUB` socket.
     pub reconnects: u64,
-    /// The last error (connection, discovery, decode, replay).
+    /// The last error (connection, discovery, decode, replay), kept after the stream recovers.
     pub last_error: Option<String>,
+    /// Server time (ms, [`super::SharedState::now_ms`]) of `last_error`.
+    pub last_error_ms: Option<u64>,
+    /// Server time (ms) of the last batch received: with `connected`, it tells whether
+    /// `last_error` is history or current.
+    pub last_message_ms: Option<u64>,
+}
+
+impl KvStatus {
+    /// Records `error` as the last one, seen at server time `now_ms`.
+    pub fn error(&mut self, error: String, now_ms: u64) {
+        self.last_error = Some(error);
+        self.last_error_ms = Some(now_ms);
+    }
 }
 
 /// Snapshot of one endpoint's ingestion.
