@@ -33,6 +33,11 @@ pub struct Resolved {
     /// state, these are its endpoints: a refused edit of a worker set must not take effect
     /// through them. `None`: the same as [`Resolved::endpoints`].
     pub in_force_endpoints: Option<BTreeMap<String, Vec<String>>>,
+    /// Kubernetes mode, before any bundle was in force in this process: the sources of the
+    /// last good policy kept in the cluster ([`crate::kube::last_good`]). When this bundle is
+    /// refused and no policy is in force, these are compiled (with
+    /// [`Resolved::for_policy_in_force`]) and served instead of nothing.
+    pub last_good: Option<Sources>,
 }
 
 impl Resolved {

@@ -108,11 +108,18 @@ impl PolicyStore {
     /// replaced, a tenant key revoked) still reach the policy. The recorded refusal is kept.
     /// `None` when no policy is in force (or, which cannot happen, when its sources no longer
     /// compile).
+    ///
+    /// With no policy in force, the last good sources kept in the cluster
+    /// ([`crate::bundle::Resolved::last_good`]) take their place: a replica that starts while
+    /// the bundle is refused serves the policy the others serve.
     pub fn reapply_in_force(&self, resolved: &crate::bundle::Resolved) -> Option<ApplyOutcome> {
-        let current = self.current()?;
-        let c = compile_resolved(&current.sources, &resolved.for_policy_in_force());
+        let sources = match self.current() {
+            Some(current) => current.sources.clone(),
+            None => resolved.last_good.clone()?,
+        };
+        let c = compile_resolved(&sources, &resolved.for_policy_in_force());
         c.policy.as_ref()?;
-        Some(self.apply_compilation(&current.sources, &c, false))
+        Some(self.apply_compilation(&sources, &c, false))
     }
 
     /// Swaps in the compilation's policy when it has one; `clear_rejected`: a successful

@@ -133,6 +133,13 @@ fn app_chart_templates_are_well_formed_and_read_defined_values() {
                 text.contains("$roleName := ternary (printf \"%s-%s\" .Release.Namespace $name) $name .Values.watch.allNamespaces"),
                 "rbac: cluster-scoped names must include the release namespace"
             );
+            // The last good policy: only the ConfigMap named after the Lease.
+            assert!(
+                text.contains(
+                    "resourceNames: [{{ printf \"%s-last-good\" .Values.lease.name | quote }}]"
+                ),
+                "rbac: the last-good ConfigMap by name"
+            );
             let uses = text.matches("name: {{ $roleName }}").count();
             assert_eq!(
                 uses, 3,

@@ -891,3 +891,134 @@ async fn admin_status_shows_the_controllers_lease_watches_secrets_and_last_bundl
     assert_eq!(k["leader"], false);
     assert_eq!(k["lastRenewalAgeMs"], Value::Null);
 }
+
+#[tokio::test]
+async fn a_replica_starting_while_the_bundle_is_refused_serves_the_last_good_policy() {
+    // The leader keeps the objects of the policy in force in a ConfigMap beside the Lease.
+    let (client, mut handle) = mock();
+    let c1 = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    let gw1 = Gateway::new(GatewayOptions::default());
+    load(&c1, policy(1, "if"));
+    apply(&c1, &gw1);
+    assert!(!c1.persist_last_good().await, "a follower keeps nothing");
+    c1.set_leader(true);
+    let writer = {
+        let c1 = c1.clone();
+        tokio::spawn(async move { c1.persist_last_good().await })
+    };
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "PATCH");
+    assert_eq!(
+        req.uri().to_string(),
+        "/api/v1/namespaces/llm/configmaps/kinference-leader-last-good?&force=true&fieldManager=kinference"
+    );
+    let kept: Value =
+        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+    assert_eq!(kept["kind"], "ConfigMap");
+    let objects: Value =
+        serde_json::from_str(kept["data"]["objects.json"].as_str().unwrap()).unwrap();
+    assert_eq!(objects.as_array().unwrap().len(), 5);
+    assert!(
+        !kept.to_string().contains("\"sk\""),
+        "Secret values are never kept"
+    );
+    send.send_response(
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(&kept).unwrap()))
+            .unwrap(),
+    );
+    assert!(writer.await.unwrap());
+    assert!(
+        !c1.persist_last_good().await,
+        "unchanged: not written again"
+    );
+
+    // A new replica starts while someone's edit is invalid: it reads the kept policy and
+    // serves it, with the refusal visible.
+    let (client, mut handle) = mock();
+    let c2 = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-b"));
+    let gw2 = Gateway::new(GatewayOptions::default());
+    let status: Arc<dyn kinf_handler::gateway::ControllerStatus> = c2.clone();
+    assert!(gw2.controller.set(status).is_ok());
+    let reader = {
+        let c2 = c2.clone();
+        tokio::spawn(async move { c2.load_last_good().await })
+    };
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "GET");
+    assert_eq!(
+        req.uri().path(),
+        "/api/v1/namespaces/llm/configmaps/kinference-leader-last-good"
+    );
+    send.send_response(
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(&kept).unwrap()))
+            .unwrap(),
+    );
+    assert!(reader.await.unwrap());
+    load(&c2, policy(2, "iff"));
+    apply(&c2, &gw2);
+    assert!(gw2.store.last_rejected().is_some(), "the refusal is kept");
+    let served = gw2.store.current().expect("the kept policy is in force");
+    let policy_src = served
+        .sources
+        .iter()
+        .find(|(_, f)| f.name.starts_with("InferencePolicy/"))
+        .map(|(_, f)| f.text.to_string())
+        .unwrap();
+    assert!(
+        policy_src.contains("if:") && !policy_src.contains("iff"),
+        "{policy_src}"
+    );
+    let names = |a: &kinf_handler::policy_store::Applied| {
+        a.sources
+            .iter()
+            .map(|(_, f)| format!("{}\n{}", f.name, f.text))
+            .collect::<Vec<_>>()
+    };
+    // The same policy as the replica that kept it: the same sources, compiled with the
+    // same pods as endpoints.
+    assert_eq!(names(&served), names(&gw1.store.current().unwrap()));
+    let endpoints = |a: &kinf_handler::policy_store::Applied| {
+        a.policy
+            .destinations
+            .iter()
+            .filter_map(|d| {
+                d.worker_set
+                    .as_ref()
+                    .map(|w| (d.name.clone(), w.endpoints.clone()))
+            })
+            .collect::<Vec<_>>()
+    };
+    let kept_endpoints = endpoints(&served);
+    assert_eq!(kept_endpoints, endpoints(&gw1.store.current().unwrap()));
+    assert_eq!(kept_endpoints[0].1.len(), 1, "{kept_endpoints:?}");
+    let k = admin_status(&gw2).await["kubernetes"].clone();
+    assert_eq!(k["lastGood"]["serving"], true, "{k}");
+    assert_eq!(
+        k["lastGood"]["configMap"],
+        "llm/kinference-leader-last-good"
+    );
+
+    // Once a bundle of its own is in force, the kept one is no longer used.
+    load(&c2, policy(3, "if"));
+    apply(&c2, &gw2);
+    assert!(gw2.store.last_rejected().is_none());
+    let k = admin_status(&gw2).await["kubernetes"].clone();
+    assert_eq!(k["lastGood"]["serving"], false);
+
+    // Nothing kept (404): a refused first bundle leaves the replica not ready, as before.
+    let (client, mut handle) = mock();
+    let c3 = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-c"));
+    let gw3 = Gateway::new(GatewayOptions::default());
+    let reader = {
+        let c3 = c3.clone();
+        tokio::spawn(async move { c3.load_last_good().await })
+    };
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_response(api_error(404, "NotFound", "configmaps not found"));
+    assert!(!reader.await.unwrap());
+    load(&c3, policy(2, "iff"));
+    apply(&c3, &gw3);
+    assert!(!gw3.store.is_ready());
+}

@@ -264,6 +264,7 @@ pub(crate) fn find_event_end(buf: &[u8]) -> Option<usize> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

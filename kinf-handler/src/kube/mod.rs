@@ -12,6 +12,7 @@
 //!   serves.
 //! - [`Controller`]: wiring (watch tasks, Secret reads, the apply loop, the status loop).
 
+pub mod last_good;
 pub mod lease;
 pub mod status;
 pub mod store;
@@ -159,6 +160,13 @@ pub struct Controller {
     last_sent: Mutex<HashMap<ObjectKey, Sent>>,
     /// One status writer at a time.
     writing: tokio::sync::Mutex<()>,
+    /// The last good policy kept in the cluster, read at start, while no bundle of this
+    /// process has been in force ([`last_good`]).
+    last_good_seed: Mutex<Option<kinf_lang::Sources>>,
+    /// The content last written to (or read from) the last-good ConfigMap: a hash of it.
+    last_good_written: Mutex<Option<u64>>,
+    /// The last failure to read or write the last-good ConfigMap.
+    last_good_error: Mutex<Option<String>>,
 }
 
 impl crate::gateway::ControllerStatus for Controller {
@@ -192,7 +200,80 @@ impl Controller {
             status_wake: tokio::sync::Notify::new(),
             last_sent: Mutex::new(HashMap::new()),
             writing: tokio::sync::Mutex::new(()),
+            last_good_seed: Mutex::new(None),
+            last_good_written: Mutex::new(None),
+            last_good_error: Mutex::new(None),
         })
+    }
+
+    fn last_good_api(&self) -> Api<k8s_openapi::api::core::v1::ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.opts.lease_namespace)
+    }
+
+    /// The last-good ConfigMap's name.
+    pub fn last_good_name(&self) -> String {
+        last_good::config_map_name(&self.opts.lease_name)
+    }
+
+    /// Takes `objects` (kept by an earlier leader) as the policy in force until a bundle of
+    /// this process is: a refused first bundle then serves them. No effect once a bundle was
+    /// in force.
+    pub fn seed_last_good(&self, mut objects: Vec<StoredObject>) {
+        let mut in_force = self.in_force_objects.lock();
+        if in_force.is_some() {
+            return;
+        }
+        objects.sort_by(|a, b| a.key.cmp(&b.key));
+        *self.last_good_written.lock() = Some(content_hash(&last_good::encode(&objects)));
+        *self.last_good_seed.lock() = Some(store::sources_of(objects.iter()));
+        *in_force = Some(Arc::new(objects));
+    }
+
+    /// Reads the last-good ConfigMap once (at start) and seeds it ([`Self::seed_last_good`]).
+    /// Returns whether it found one.
+    pub async fn load_last_good(&self) -> bool {
+        let name = self.last_good_name();
+        match last_good::read(&self.last_good_api(), &name).await {
+            Ok(Some(objects)) => {
+                tracing::info!(configmap = %name, objects = objects.len(), "last good policy found");
+                self.seed_last_good(objects);
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "the last good policy could not be read");
+                *self.last_good_error.lock() = Some(e);
+                false
+            }
+        }
+    }
+
+    /// The leader writes the objects of the policy in force to the last-good ConfigMap when
+    /// they differ from what it holds. Returns whether it wrote.
+    pub async fn persist_last_good(&self) -> bool {
+        if !self.is_leader() {
+            return false;
+        }
+        let Some(objects) = self.in_force_objects.lock().clone() else {
+            return false;
+        };
+        let json = last_good::encode(&objects);
+        let hash = content_hash(&json);
+        if *self.last_good_written.lock() == Some(hash) {
+            return false;
+        }
+        match last_good::write(&self.last_good_api(), &self.last_good_name(), &json).await {
+            Ok(()) => {
+                *self.last_good_written.lock() = Some(hash);
+                *self.last_good_error.lock() = None;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the last good policy could not be kept");
+                *self.last_good_error.lock() = Some(e);
+                false
+            }
+        }
     }
 
     /// Runs `f` on the store; when it returns true (something changed) the change is signalled.
@@ -224,6 +305,12 @@ impl Controller {
                 .last_renewal()
                 .map(|t| u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)),
             "firstBundleReady": self.first_bundle_ready(),
+            "lastGood": {
+                "configMap": format!("{}/{}", self.opts.lease_namespace, self.last_good_name()),
+                "serving": last.as_ref().is_some_and(|l| !l.in_force)
+                    && self.last_good_seed.lock().is_some(),
+                "error": self.last_good_error.lock().clone(),
+            },
             "store": self.with_store(|s| s.summary_json(&STREAMS)),
             "lastBundle": last.map(|l| serde_json::json!({
                 "revision": l.revision,
@@ -273,6 +360,7 @@ impl Controller {
             });
             (bundle, s.objects().cloned().collect())
         });
+        bundle.resolved.last_good = self.last_good_seed.lock().clone();
         let rev = self.revision.fetch_add(1, Ordering::SeqCst) + 1;
         bundle.revision = rev;
         let mut snaps = self.snapshots.lock();
@@ -292,6 +380,7 @@ impl Controller {
         let in_force = !matches!(outcome, ApplyOutcome::Refused { .. });
         if in_force {
             *self.in_force_objects.lock() = Some(objects.clone());
+            *self.last_good_seed.lock() = None;
         }
         *self.last.lock() = Some(LastApply {
             revision: bundle.revision,
@@ -533,6 +622,7 @@ impl Controller {
                     () = tokio::time::sleep(me.opts.status_interval) => {}
                 }
                 me.write_status(&gw).await;
+                me.persist_last_good().await;
             }
         });
     }
@@ -600,6 +690,8 @@ impl ConfigSource for KubeSource {
                     }
                 });
             }
+            // Before the first bundle: the last good policy, served if that bundle is refused.
+            c.load_last_good().await;
             let mut changed = c.changed.subscribe();
             let mut waiting_logged = false;
             let mut last_content: Option<u64> = None;
@@ -634,6 +726,14 @@ impl ConfigSource for KubeSource {
             }
         })
     }
+}
+
+/// A hash of the last-good content, to write it only when it changed.
+fn content_hash(json: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = ahash::AHasher::default();
+    json.hash(&mut h);
+    h.finish()
 }
 
 /// What the store knows of every referenced Secret.

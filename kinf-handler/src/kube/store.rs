@@ -486,22 +486,7 @@ impl ClusterStore {
     /// The bundle of everything known: one source per object (named `Kind/namespace/name`),
     /// the endpoints of selector-mode worker sets, and the Secrets found.
     pub fn bundle(&self) -> ConfigBundle {
-        let mut sources = kinf_lang::Sources::new();
-        // Front doors last, oldest first: a request goes to the first door naming its host
-        // (else the first naming none), so a door created later, in any namespace, cannot
-        // take another's host, and KINF0508 marks the later one.
-        let (doors, others): (Vec<&StoredObject>, Vec<&StoredObject>) = self
-            .objects
-            .values()
-            .partition(|o| o.key.kind == ResourceKind::GatewayBackend);
-        let mut doors = doors;
-        doors.sort_by(|a, b| {
-            // Without a creation time (not from the API server): after those with one.
-            (a.created.is_none(), a.created, &a.key).cmp(&(b.created.is_none(), b.created, &b.key))
-        });
-        for o in others.into_iter().chain(doors) {
-            sources.add(o.key.label(), o.source.clone());
-        }
+        let sources = sources_of(self.objects.values());
         let endpoints = self
             .selected_pods()
             .into_iter()
@@ -519,10 +504,30 @@ impl ClusterStore {
                 secrets: Arc::new(secrets),
                 kubernetes: true,
                 in_force_endpoints: None,
+                last_good: None,
             },
             revision: 0,
         }
     }
+}
+
+/// The sources of `objects` (sorted by key), as a bundle holds them: front doors last, oldest
+/// first. A request goes to the first door naming its host (else the first naming none), so a
+/// door created later, in any namespace, cannot take another's host, and KINF0508 marks the
+/// later one.
+pub fn sources_of<'o>(objects: impl IntoIterator<Item = &'o StoredObject>) -> kinf_lang::Sources {
+    let mut sources = kinf_lang::Sources::new();
+    let (mut doors, others): (Vec<&StoredObject>, Vec<&StoredObject>) = objects
+        .into_iter()
+        .partition(|o| o.key.kind == ResourceKind::GatewayBackend);
+    doors.sort_by(|a, b| {
+        // Without a creation time (not from the API server): after those with one.
+        (a.created.is_none(), a.created, &a.key).cmp(&(b.created.is_none(), b.created, &b.key))
+    });
+    for o in others.into_iter().chain(doors) {
+        sources.add(o.key.label(), o.source.clone());
+    }
+    sources
 }
 
 /// The Secrets that the providers (`spec.credentials.secretRef`) and front doors

@@ -327,6 +327,7 @@ pub fn parse_aws_document(doc: &str) -> Option<AwsCredentials> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
