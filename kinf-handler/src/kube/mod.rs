@@ -269,8 +269,12 @@ impl Controller {
                 true
             }
             Err(e) => {
-                tracing::warn!(error = %e, "the last good policy could not be kept");
-                *self.last_good_error.lock() = Some(e);
+                // Retried every status round: logged when the error changes, not every time.
+                let mut last = self.last_good_error.lock();
+                if last.as_deref() != Some(e.as_str()) {
+                    tracing::warn!(error = %e, "the last good policy could not be kept");
+                }
+                *last = Some(e);
                 false
             }
         }
