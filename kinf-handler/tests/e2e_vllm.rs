@@ -175,6 +175,31 @@ spec:
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
 
+    // vLLM's `max_model_len` (2048, serve.sh) reaches the gateway's model list, for the
+    // model's name and its alias.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, text) = get_text(addr, "/v1/models").await;
+        assert_eq!(s, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let lens: Vec<_> = v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["id"].clone(), m["max_model_len"].clone()))
+            .collect();
+        if lens
+            == [
+                (json!("tiny"), json!(2048)),
+                (json!("tiny-llama"), json!(2048)),
+            ]
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{lens:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     let tokenizer = ChatTokenizer::from_files_content(
         &std::fs::read_to_string(tok_dir.join("tokenizer.json")).unwrap(),
         Some(&std::fs::read_to_string(tok_dir.join("tokenizer_config.json")).unwrap()),
@@ -358,14 +383,7 @@ async fn stream_arrivals(addr: SocketAddr, body: &Value) -> Vec<(u64, std::time:
 }
 
 async fn metrics_text(addr: SocketAddr) -> String {
-    use http_body_util::BodyExt;
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = hyper::Request::get(format!("http://{addr}/metrics"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    String::from_utf8_lossy(&bytes).into_owned()
+    get_text(addr, "/metrics").await.1
 }
 
 /// The sum of a histogram's `_sum` series over every label set.

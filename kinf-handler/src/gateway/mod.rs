@@ -41,6 +41,12 @@ pub trait LiveStatus: Send + Sync {
     fn status_json(&self) -> serde_json::Value;
     /// Appends ingestion metrics in the text exposition format.
     fn render_metrics(&self, out: &mut String);
+    /// The smallest `max_model_len` the endpoints of `worker_set` (`namespace/name`) report
+    /// for the upstream `model`.
+    fn max_model_len(&self, worker_set: &str, model: &str) -> Option<u64> {
+        let _ = (worker_set, model);
+        None
+    }
 }
 
 /// Status of the Kubernetes controller (Kubernetes mode), for `/admin/status`; implemented by
@@ -432,30 +438,65 @@ async fn messages(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body
     forward::handle(gw, Api::Messages, headers, body).await
 }
 
-/// Every client-facing name (model names and aliases) of the front door's pool (of every
-/// pool when the front door has none), sorted, without duplicates.
-fn model_names<'a>(rt: &'a Runtime, headers: &HeaderMap) -> Vec<&'a str> {
+/// The pools the front door of `headers` serves: its pool, else every pool.
+fn door_pools<'a>(
+    rt: &'a Runtime,
+    headers: &HeaderMap,
+) -> Vec<&'a kinf_lang::compiled::CompiledPool> {
     let door = rt.door(host(headers));
     let policy = &rt.applied.policy;
     let pool = match &door.pool {
         Some(p) => p.split_once('/').and_then(|(ns, n)| policy.pool(ns, n)),
         None => policy.find_pool(None),
     };
-    let mut names: Vec<&str> = match pool {
-        Some(p) => p.model_names(),
-        None => policy.pools.iter().flat_map(|p| p.model_names()).collect(),
-    };
+    match pool {
+        Some(p) => vec![p],
+        None => policy.pools.iter().collect(),
+    }
+}
+
+/// Every client-facing name (model names and aliases) of the front door's pool (of every
+/// pool when the front door has none), sorted, without duplicates.
+fn model_names<'a>(rt: &'a Runtime, headers: &HeaderMap) -> Vec<&'a str> {
+    let mut names: Vec<&str> = door_pools(rt, headers)
+        .into_iter()
+        .flat_map(|p| p.model_names())
+        .collect();
     names.sort_unstable();
     names.dedup();
     names
 }
 
-/// The OpenAI model object of `name`.
-fn model_object(name: &str) -> serde_json::Value {
+/// The smallest `max_model_len` that the workers behind client-facing `name` report (through
+/// live ingestion), over every worker set of the door's pools serving it; `None` when none
+/// reported one (or it is served by providers only).
+fn max_model_len(gw: &Gateway, rt: &Runtime, headers: &HeaderMap, name: &str) -> Option<u64> {
+    let live = gw.live.load_full()?;
+    let policy = &rt.applied.policy;
+    door_pools(rt, headers)
+        .into_iter()
+        .filter_map(|p| p.models.get(name))
+        .flatten()
+        .filter_map(|(dest, upstream)| {
+            let d = policy.destinations.get(dest.0 as usize)?;
+            d.worker_set.as_ref()?;
+            live.max_model_len(&format!("{}/{}", d.namespace, d.name), upstream)
+        })
+        .min()
+}
+
+/// The OpenAI model object of `name`, with vLLM's `max_model_len` when the workers reported
+/// one.
+fn model_object(name: &str, max_model_len: Option<u64>) -> serde_json::Value {
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    json!({"id": name, "object": "model", "created": created, "owned_by": "kinference"})
+    let mut o =
+        json!({"id": name, "object": "model", "created": created, "owned_by": "kinference"});
+    if let (Some(n), Some(m)) = (max_model_len, o.as_object_mut()) {
+        m.insert("max_model_len".into(), n.into());
+    }
+    o
 }
 
 /// `GET /v1/models`: every client-facing name (model names and aliases) of the front door's
@@ -466,7 +507,7 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
     };
     let data: Vec<_> = model_names(&rt, &headers)
         .into_iter()
-        .map(model_object)
+        .map(|n| model_object(n, max_model_len(&gw, &rt, &headers, n)))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
@@ -490,7 +531,8 @@ async fn model(
     };
     let names = model_names(&rt, &headers);
     if names.binary_search(&id.as_str()).is_ok() {
-        return axum::Json(model_object(&id)).into_response();
+        return axum::Json(model_object(&id, max_model_len(&gw, &rt, &headers, &id)))
+            .into_response();
     }
     let mut shown = names;
     shown.truncate(20);

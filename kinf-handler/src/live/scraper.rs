@@ -8,7 +8,9 @@
 //! `ready` after [`LiveConfig::unready_after_failures`] consecutive failed health checks (ready
 //! again on the first success). Readiness comes from `/health` only (between those two
 //! events it is left as it is: the gateway marks an endpoint down when a connection is
-//! refused); staleness from `/metrics` only.
+//! refused); staleness from `/metrics` only. A worker that passed its last health check and
+//! whose models are not known yet also gets a `GET /v1/models` (its models and their
+//! `max_model_len`; again after a restart).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +49,7 @@ pub async fn run_scraper(
     let timeout = interval.max(config.min_timeout);
     let metrics_url = format!("http://{}{}", target.address, target.metrics_path);
     let health_url = format!("http://{}/health", target.address);
+    let models_url = format!("http://{}/v1/models", target.address);
     let stale_after_ms =
         (interval.as_millis() as u64).saturating_mul(u64::from(config.stale_after_intervals));
     let started_ms = shared.now_ms();
@@ -54,6 +57,22 @@ pub async fn run_scraper(
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        // The models the worker serves, with their `max_model_len`: read once the worker
+        // passed its last health check, and again after it restarts.
+        let read_models = {
+            let s = stats.scrape.lock();
+            s.served_models.is_none() && s.health_ok > 0 && s.health_consecutive_failures == 0
+        };
+        if read_models
+            && let Some(m) = http
+                .get(&models_url, timeout)
+                .await
+                .ok()
+                .as_deref()
+                .and_then(parse_models)
+        {
+            stats.scrape.lock().served_models = Some(m);
+        }
         let (metrics, health) = tokio::join!(
             http.get(&metrics_url, timeout),
             http.get(&health_url, timeout)
@@ -145,6 +164,8 @@ pub async fn run_scraper(
         // count the restart twice.
         // (The two clocks are the worker's and this host's: a restart the stream showed up to
         // 5 s "before" the new process started is taken for this one.)
+        // Whatever the KV stream already showed, a new process may serve other models or lengths.
+        let process_changed = restarted;
         let seen_by_kv = stats
             .kv
             .lock()
@@ -205,5 +226,46 @@ pub async fn run_scraper(
             });
             stats.incarnation.send_modify(|n| *n += 1);
         }
+        // A new process may serve other models or lengths: read them again.
+        if process_changed {
+            stats.scrape.lock().served_models = None;
+        }
+    }
+}
+
+/// The models of a vLLM `/v1/models` body: `data[].id` with `data[].max_model_len`.
+fn parse_models(body: &[u8]) -> Option<Vec<super::status::ServedModelInfo>> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let data = v.get("data")?.as_array()?;
+    Some(
+        data.iter()
+            .filter_map(|m| {
+                Some(super::status::ServedModelInfo {
+                    id: m.get("id")?.as_str()?.to_owned(),
+                    max_model_len: m.get("max_model_len").and_then(serde_json::Value::as_u64),
+                })
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn served_models_are_read_from_vllms_model_list() {
+        let body = include_bytes!("../../../testdata/vllm-0.32.0-cpu/models.json");
+        let m = parse_models(body).unwrap();
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (m[0].id.as_str(), m[0].max_model_len),
+            ("tiny-llama", Some(2048))
+        );
+        // An OpenAI-style list without lengths; not a list at all.
+        let m = parse_models(br#"{"data":[{"id":"a"}]}"#).unwrap();
+        assert_eq!(m[0].max_model_len, None);
+        assert!(parse_models(b"<html>").is_none());
     }
 }

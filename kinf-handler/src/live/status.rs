@@ -47,6 +47,19 @@ pub struct ScrapeStatus {
     /// Restarts of the worker process seen by its metrics (`process_start_time_seconds`
     /// changed): each one resets the endpoint's prefix index.
     pub worker_restarts: u64,
+    /// The models the worker serves (`GET /v1/models`, read once it is healthy and again
+    /// after a restart); `None` until read.
+    pub served_models: Option<Vec<ServedModelInfo>>,
+}
+
+/// One model of a worker's `/v1/models`.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServedModelInfo {
+    /// The served model name (`id`).
+    pub id: String,
+    /// vLLM's `max_model_len`: the longest prompt plus output, in tokens.
+    pub max_model_len: Option<u64>,
 }
 
 /// KV-event subscription status of one endpoint (all its publishers together).

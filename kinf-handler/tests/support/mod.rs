@@ -192,6 +192,18 @@ pub async fn post_raw(
     (status, h, bytes)
 }
 
+/// GETs `http://addr{path}`: the status and the body as text.
+pub async fn get_text(addr: SocketAddr, path: &str) -> (u16, String) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = hyper::Request::get(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// A `kinference serve` child process, killed when the test ends however it ends, with the
 /// JSON line it prints once listening (`{"listen": …, "admin": …, "grpc": …}`).
 pub struct ServeProcess {
