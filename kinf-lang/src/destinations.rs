@@ -40,8 +40,8 @@ pub fn valid_endpoint(s: &str) -> bool {
     host_ok && p.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
-/// The operators of a Kubernetes label selector's `matchExpressions`.
-const SELECTOR_OPERATORS: [&str; 4] = ["In", "NotIn", "Exists", "DoesNotExist"];
+/// The operators of a Kubernetes label selector's `matchExpressions` (the CRD's enum too).
+use kinf_policy::schema::SELECTOR_OPERATORS;
 
 /// Checks one `spec.selector.matchExpressions[i]` as the API server checks selectors of core
 /// objects: a known operator; `values` non-empty for `In`/`NotIn`, absent or empty for

@@ -55,7 +55,33 @@ pub fn crd(kind: ResourceKind) -> CustomResourceDefinition {
         return crd;
     };
     strip_nullable(&mut value);
+    enumerate_selector_operators(&mut value);
     serde_json::from_value(value).unwrap_or(crd)
+}
+
+/// The operators of a label selector's `matchExpressions`, as the API server accepts them for
+/// core objects.
+pub const SELECTOR_OPERATORS: [&str; 4] = ["In", "NotIn", "Exists", "DoesNotExist"];
+
+/// Gives every `matchExpressions[].operator` of a CRD schema the enum of
+/// [`SELECTOR_OPERATORS`]: the API server then refuses `in` or `Equals` when the object is
+/// applied, as it does for a pod selector, instead of storing a selector that matches nothing.
+/// (The compiler reports the same mistake as KINF0103, with a suggestion, for offline checks.)
+fn enumerate_selector_operators(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            if let Some(op) = map
+                .get_mut("matchExpressions")
+                .and_then(|m| m.pointer_mut("/items/properties/operator"))
+                .and_then(Value::as_object_mut)
+            {
+                op.insert("enum".into(), SELECTOR_OPERATORS.into());
+            }
+            map.values_mut().for_each(enumerate_selector_operators);
+        }
+        Value::Array(items) => items.iter_mut().for_each(enumerate_selector_operators),
+        _ => {}
+    }
 }
 
 /// Removes every `nullable` keyword.

@@ -67,3 +67,24 @@ fn no_field_is_nullable_so_that_the_api_server_prunes_explicit_nulls() {
     walk(&crds, &mut optional_fields);
     assert!(optional_fields > 100, "{optional_fields} optional fields");
 }
+
+#[test]
+fn selector_operators_are_an_enum_so_the_api_server_refuses_a_misspelt_one() {
+    // `operator: in` would be stored and select nothing; with the enum the API server refuses
+    // it at `kubectl apply`, as it does for a pod's selector.
+    let crd = serde_json::to_value(kinf_policy::schema::crd(
+        kinf_policy::ResourceKind::InferenceWorkerSet,
+    ))
+    .unwrap();
+    let op = crd
+        .pointer(
+            "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/selector\
+             /properties/matchExpressions/items/properties/operator",
+        )
+        .unwrap_or_else(|| panic!("no operator in {crd}"));
+    assert_eq!(
+        op["enum"],
+        serde_json::json!(["In", "NotIn", "Exists", "DoesNotExist"])
+    );
+    assert_eq!(op["type"], "string");
+}
