@@ -306,7 +306,7 @@ async fn a_reported_response_is_accounted_to_its_tenant() {
         completed: true,
         duration_s: 2.38,
         token_events: 100,
-        sequences: 1,
+        longest_share: 1.0,
         client_gone: false,
     };
     gw.metrics.set_slos(

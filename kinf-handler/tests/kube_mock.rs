@@ -80,7 +80,7 @@ fn list_all(c: &Controller, policy_obj: kube::api::DynamicObject) {
 fn apply(c: &Controller, gw: &Gateway) {
     let bundle = c.snapshot_bundle();
     let (outcome, diags) = gw.apply_bundle(&bundle);
-    c.after_apply(&bundle, &outcome, &diags);
+    c.after_apply(gw, &bundle, &outcome, &diags);
 }
 
 /// One request as seen by the mock API server.
@@ -899,6 +899,14 @@ async fn a_replica_starting_while_the_bundle_is_refused_serves_the_last_good_pol
     let c1 = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
     let gw1 = Gateway::new(GatewayOptions::default());
     load(&c1, policy(1, "if"));
+    const KEY: &str = "sk-kept-nowhere-4242";
+    c1.update_store(|s| {
+        s.set_secret(
+            "llm",
+            "openai-key",
+            Some(&secret("openai-key", &[("apiKey", KEY)])),
+        )
+    });
     apply(&c1, &gw1);
     assert!(!c1.persist_last_good().await, "a follower keeps nothing");
     c1.set_leader(true);
@@ -915,13 +923,17 @@ async fn a_replica_starting_while_the_bundle_is_refused_serves_the_last_good_pol
     let kept: Value =
         serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
     assert_eq!(kept["kind"], "ConfigMap");
-    let objects: Value =
-        serde_json::from_str(kept["data"]["objects.json"].as_str().unwrap()).unwrap();
+    let inner = kept["data"]["objects.json"].as_str().unwrap();
+    let objects: Value = serde_json::from_str(inner).unwrap();
     assert_eq!(objects.as_array().unwrap().len(), 5);
     assert!(
-        !kept.to_string().contains("\"sk\""),
-        "Secret values are never kept"
+        c1.snapshot_bundle()
+            .resolved
+            .secret("llm", "openai-key", "apiKey")
+            .is_some_and(|v| v.expose() == KEY),
+        "the bundle holds the key"
     );
+    assert!(!inner.contains(KEY), "Secret values are never kept");
     send.send_response(
         Response::builder()
             .body(Body::from(serde_json::to_vec(&kept).unwrap()))
@@ -950,13 +962,35 @@ async fn a_replica_starting_while_the_bundle_is_refused_serves_the_last_good_pol
         req.uri().path(),
         "/api/v1/namespaces/llm/configmaps/kinference-leader-last-good"
     );
+    // (The kept provider names another Secret than the current one: the replica must read
+    // it before its first bundle, since a refusal serves the kept policy.)
+    let mut objects = objects;
+    for o in objects.as_array_mut().unwrap() {
+        if o["kind"] == "InferenceProvider" {
+            o["spec"]["credentials"]["secretRef"]["name"] = json!("kept-key");
+        }
+    }
+    let mut kept2 = kept.clone();
+    kept2["data"]["objects.json"] = json!(objects.to_string());
     send.send_response(
         Response::builder()
-            .body(Body::from(serde_json::to_vec(&kept).unwrap()))
+            .body(Body::from(serde_json::to_vec(&kept2).unwrap()))
             .unwrap(),
     );
     assert!(reader.await.unwrap());
     load(&c2, policy(2, "iff"));
+    assert!(
+        !c2.first_bundle_ready(),
+        "the kept policy's Secret was not read yet"
+    );
+    c2.update_store(|s| {
+        s.set_secret(
+            "llm",
+            "kept-key",
+            Some(&secret("kept-key", &[("apiKey", "sk-2")])),
+        )
+    });
+    assert!(c2.first_bundle_ready());
     apply(&c2, &gw2);
     assert!(gw2.store.last_rejected().is_some(), "the refusal is kept");
     let served = gw2.store.current().expect("the kept policy is in force");
@@ -978,7 +1012,11 @@ async fn a_replica_starting_while_the_bundle_is_refused_serves_the_last_good_pol
     };
     // The same policy as the replica that kept it: the same sources, compiled with the
     // same pods as endpoints.
-    assert_eq!(names(&served), names(&gw1.store.current().unwrap()));
+    let mut want = names(&gw1.store.current().unwrap());
+    for w in &mut want {
+        *w = w.replace("name: \"openai-key\"", "name: \"kept-key\"");
+    }
+    assert_eq!(names(&served), want);
     let endpoints = |a: &kinf_handler::policy_store::Applied| {
         a.policy
             .destinations

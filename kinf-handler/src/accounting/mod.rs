@@ -150,8 +150,9 @@ pub struct Served<'a> {
     pub mean_itl_s: Option<f64>,
     /// Time from receiving the request to the end of the response.
     pub duration_s: f64,
-    /// Sequences generated in parallel (a streamed request's `n`; 0 or 1: one).
-    pub sequences: u64,
+    /// The longest choice's share of the output tokens (1 with one choice, 1/n with `n` of
+    /// equal length; values outside (0, 1] are taken as 1).
+    pub longest_share: f64,
     /// Tokens used (reported, or estimated when `estimated`).
     pub usage: TokenUsage,
     /// The upstream did not report usage: `usage` is the gateway's estimate.
@@ -159,12 +160,17 @@ pub struct Served<'a> {
 }
 
 impl Served<'_> {
-    /// Time per output token after the first, of one sequence: `(e2e − ttft) / (output / n
-    /// − 1)`, where `n` is the number of sequences generated in parallel (their tokens are all
-    /// counted in `output`, and they decode side by side).
+    /// Time per output token after the first, of the longest choice: `(e2e − ttft) /
+    /// (output × longest_share − 1)`. With `n > 1` the choices decode side by side and `output`
+    /// counts all of them; the time after the first token is the longest one's.
     pub fn tpot_s(&self) -> Option<f64> {
         let ttft = self.ttft_s?;
-        let per_sequence = self.usage.output_tokens as f64 / self.sequences.max(1) as f64;
+        let share = if self.longest_share > 0.0 && self.longest_share <= 1.0 {
+            self.longest_share
+        } else {
+            1.0
+        };
+        let per_sequence = self.usage.output_tokens as f64 * share;
         if per_sequence < 2.0 {
             return None;
         }
@@ -378,7 +384,7 @@ mod tests {
             ttft_s: ttft,
             mean_itl_s: ttft.map(|_| 0.02),
             duration_s: dur,
-            sequences: 1,
+            longest_share: 1.0,
             usage: TokenUsage {
                 cached_prompt_tokens: 100,
                 uncached_prompt_tokens: 900,
@@ -394,17 +400,29 @@ mod tests {
         assert!((s.tpot_s().unwrap() - 0.1).abs() < 1e-12);
         assert!((s.decode_s() - 1.0).abs() < 1e-12);
         assert_eq!(served(Some(0.5), 1, 1.5).tpot_s(), None);
-        // `n: 2`: 22 output tokens are 11 per sequence, decoded side by side.
+        // `n: 2`: 22 output tokens are 11 per choice, decoded side by side.
         let two = Served {
-            sequences: 2,
+            longest_share: 0.5,
             ..served(Some(0.5), 22, 1.5)
         };
         assert!((two.tpot_s().unwrap() - 0.1).abs() < 1e-12);
+        // Choices of 11 and 2 tokens: the time is the longer one's.
+        let uneven = Served {
+            longest_share: 11.0 / 13.0,
+            ..served(Some(0.5), 13, 1.5)
+        };
+        assert!((uneven.tpot_s().unwrap() - 0.1).abs() < 1e-9);
         let short = Served {
-            sequences: 2,
+            longest_share: 0.5,
             ..served(Some(0.5), 3, 1.5)
         };
         assert_eq!(short.tpot_s(), None);
+        // Unknown (0): one choice.
+        let unknown = Served {
+            longest_share: 0.0,
+            ..served(Some(0.5), 11, 1.5)
+        };
+        assert!((unknown.tpot_s().unwrap() - 0.1).abs() < 1e-12);
         assert_eq!(served(None, 5, 1.5).decode_s(), 1.5);
     }
 

@@ -163,9 +163,9 @@ pub struct ResponseObservation {
     /// Token-carrying events seen (streamed responses): the output-token estimate when the
     /// upstream reported no usage.
     pub token_events: u64,
-    /// Sequences that produced tokens (streamed responses): the request's `n`, once each of
-    /// its choices has begun.
-    pub sequences: u64,
+    /// The longest choice's share of the streamed tokens (1 with one choice, 1/n with `n` of
+    /// equal length; 0 when unknown, taken as 1): TPOT is per choice.
+    pub longest_share: f64,
     /// The client went away before the upstream ended the response: its latency says nothing
     /// of the service's, so it counts for no latency objective.
     pub client_gone: bool,
@@ -195,7 +195,7 @@ impl ResponseObservation {
             completed: o.completed,
             duration_s: started.elapsed().as_secs_f64(),
             token_events: o.tokens.token_events,
-            sequences: o.tokens.sequences(),
+            longest_share: o.tokens.longest_share(),
             client_gone: false,
         }
     }
@@ -283,7 +283,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
             ttft_s: o.ttft_s,
             mean_itl_s: o.mean_itl_s,
             duration_s: o.duration_s,
-            sequences: o.sequences,
+            longest_share: o.longest_share,
             usage,
             estimated,
         },
@@ -1116,7 +1116,7 @@ fn respond_provider(
                 completed: o.completed,
                 duration_s,
                 token_events: 0,
-                sequences: o.sequences,
+                longest_share: o.longest_share,
                 client_gone: false,
             };
             report(&gw2, api, &chosen, &obs);

@@ -25,8 +25,8 @@ pub struct TokenTimes {
     pub token_events: u64,
     /// Sum of the gaps between consecutive tokens of the same sequence (seconds).
     pub gaps_sum_s: f64,
-    /// Per sequence seen (choice index): when its last token arrived.
-    last_per_sequence: Vec<(u64, Instant)>,
+    /// Per sequence seen (choice index): when its last token arrived, and its tokens.
+    last_per_sequence: Vec<(u64, Instant, u64)>,
 }
 
 impl TokenTimes {
@@ -40,19 +40,36 @@ impl TokenTimes {
         match self
             .last_per_sequence
             .iter_mut()
-            .find(|(c, _)| *c == choice)
+            .find(|(c, _, _)| *c == choice)
         {
-            Some((_, last)) => {
+            Some((_, last, n)) => {
                 self.gaps_sum_s += now.duration_since(*last).as_secs_f64();
                 *last = now;
+                *n += 1;
             }
-            None => self.last_per_sequence.push((choice, now)),
+            None => self.last_per_sequence.push((choice, now, 1)),
         }
     }
 
     /// Sequences that produced a token.
     pub fn sequences(&self) -> u64 {
         self.last_per_sequence.len() as u64
+    }
+
+    /// The longest sequence's share of the tokens: 1 with one sequence (or none), 1/n with `n`
+    /// of equal length. The decode time after the first token is the longest one's.
+    pub fn longest_share(&self) -> f64 {
+        let longest = self
+            .last_per_sequence
+            .iter()
+            .map(|s| s.2)
+            .max()
+            .unwrap_or(0);
+        if self.token_events == 0 {
+            1.0
+        } else {
+            longest as f64 / self.token_events as f64
+        }
     }
 
     /// Mean gap between consecutive tokens of a sequence (`None` without any gap).
@@ -371,6 +388,7 @@ mod tests {
         }
         let t = &tap.observed.tokens;
         assert_eq!((t.token_events, t.sequences()), (8, 2));
+        assert_eq!(t.longest_share(), 0.5);
         assert_eq!(t.first_token_at, Some(ms(10)));
         assert_eq!(t.last_token_at, Some(ms(80)));
         let itl = t.mean_itl_s().unwrap();

@@ -123,8 +123,8 @@ impl HandlerService {
             completed: req.completed,
             duration_s: finite(Some(req.duration_seconds)).unwrap_or(0.0),
             token_events: 0,
-            // The report carries no sequence count: TPOT counts the tokens as one sequence's.
-            sequences: 0,
+            // The report carries no per-choice counts: TPOT counts the tokens as one choice's.
+            longest_share: 1.0,
             // What the caller reports is the response it passed on.
             client_gone: false,
         };

@@ -44,7 +44,7 @@ struct Kept {
 }
 
 /// The JSON kept for `objects` (sorted by kind, namespace and name).
-pub fn encode(objects: &[StoredObject]) -> String {
+pub fn encode(objects: &[StoredObject]) -> Result<String, String> {
     let mut kept: Vec<Kept> = objects
         .iter()
         .map(|o| Kept {
@@ -56,7 +56,7 @@ pub fn encode(objects: &[StoredObject]) -> String {
         })
         .collect();
     kept.sort_by(|a, b| (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name)));
-    serde_json::to_string(&kept).unwrap_or_else(|_| "[]".to_owned())
+    serde_json::to_string(&kept).map_err(|e| format!("the policy in force cannot be kept: {e}"))
 }
 
 /// The objects of a kept JSON, or why it cannot be read.
@@ -169,7 +169,7 @@ mod tests {
             serde_json::json!({"selector": {"matchLabels": {"app": "vllm"}}}),
             serde_json::Value::Null,
         );
-        let back = decode(&encode(&[door.clone(), ws.clone()])).unwrap();
+        let back = decode(&encode(&[door.clone(), ws.clone()]).unwrap()).unwrap();
         assert_eq!(back.len(), 2);
         for (orig, got) in [(&door, &back[0]), (&ws, &back[1])] {
             assert_eq!(got.key, orig.key);

@@ -167,6 +167,8 @@ pub struct Controller {
     last_good_written: Mutex<Option<u64>>,
     /// The last failure to read or write the last-good ConfigMap.
     last_good_error: Mutex<Option<String>>,
+    /// The last bundle was refused and the kept policy is what this replica serves.
+    serving_kept: std::sync::atomic::AtomicBool,
 }
 
 impl crate::gateway::ControllerStatus for Controller {
@@ -203,6 +205,7 @@ impl Controller {
             last_good_seed: Mutex::new(None),
             last_good_written: Mutex::new(None),
             last_good_error: Mutex::new(None),
+            serving_kept: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -223,8 +226,12 @@ impl Controller {
         if in_force.is_some() {
             return;
         }
+        // Only what this replica watches now (`--namespace` may differ from the writer's).
+        if let Some(ns) = &self.opts.namespace {
+            objects.retain(|o| &o.key.namespace == ns);
+        }
         objects.sort_by(|a, b| a.key.cmp(&b.key));
-        *self.last_good_written.lock() = Some(content_hash(&last_good::encode(&objects)));
+        *self.last_good_written.lock() = last_good::encode(&objects).ok().map(|j| content_hash(&j));
         *self.last_good_seed.lock() = Some(store::sources_of(objects.iter()));
         *in_force = Some(Arc::new(objects));
     }
@@ -257,7 +264,13 @@ impl Controller {
         let Some(objects) = self.in_force_objects.lock().clone() else {
             return false;
         };
-        let json = last_good::encode(&objects);
+        let json = match last_good::encode(&objects) {
+            Ok(json) => json,
+            Err(e) => {
+                *self.last_good_error.lock() = Some(e);
+                return false;
+            }
+        };
         let hash = content_hash(&json);
         if *self.last_good_written.lock() == Some(hash) {
             return false;
@@ -311,8 +324,7 @@ impl Controller {
             "firstBundleReady": self.first_bundle_ready(),
             "lastGood": {
                 "configMap": format!("{}/{}", self.opts.lease_namespace, self.last_good_name()),
-                "serving": last.as_ref().is_some_and(|l| !l.in_force)
-                    && self.last_good_seed.lock().is_some(),
+                "serving": self.serving_kept.load(std::sync::atomic::Ordering::Relaxed),
                 "error": self.last_good_error.lock().clone(),
             },
             "store": self.with_store(|s| s.summary_json(&STREAMS)),
@@ -345,7 +357,17 @@ impl Controller {
     /// a starting replica would serve, and report ready, with tenant keys and provider
     /// credentials "not found".
     pub fn first_bundle_ready(&self) -> bool {
-        self.with_store(|s| s.synced(&STREAMS) && s.referenced_secrets_tried())
+        // Also the Secrets of the objects in force (the last good policy kept in the cluster,
+        // before any bundle of this process): a refused first bundle serves that policy.
+        let in_force_refs = self
+            .in_force_objects
+            .lock()
+            .as_ref()
+            .map(|o| store::secret_refs_of(o.iter()))
+            .unwrap_or_default();
+        self.with_store(|s| {
+            s.synced(&STREAMS) && s.referenced_secrets_tried() && s.secrets_tried(&in_force_refs)
+        })
     }
 
     /// The bundle of the store's current content, numbered, with a snapshot of its objects
@@ -377,7 +399,13 @@ impl Controller {
 
     /// Records the outcome of applying a bundle made by [`Controller::snapshot_bundle`] and
     /// wakes the status loop.
-    pub fn after_apply(&self, bundle: &ConfigBundle, outcome: &ApplyOutcome, diags: &[Diagnostic]) {
+    pub fn after_apply(
+        &self,
+        gw: &Gateway,
+        bundle: &ConfigBundle,
+        outcome: &ApplyOutcome,
+        diags: &[Diagnostic],
+    ) {
         let Some(objects) = self.snapshots.lock().get(&bundle.revision).cloned() else {
             return;
         };
@@ -386,6 +414,11 @@ impl Controller {
             *self.in_force_objects.lock() = Some(objects.clone());
             *self.last_good_seed.lock() = None;
         }
+        // Refused, and a policy is served all the same while only the kept one exists: the
+        // kept one (it compiled).
+        let serving_kept = !in_force && self.last_good_seed.lock().is_some() && gw.store.is_ready();
+        self.serving_kept
+            .store(serving_kept, std::sync::atomic::Ordering::Relaxed);
         *self.last.lock() = Some(LastApply {
             revision: bundle.revision,
             objects,
@@ -599,7 +632,7 @@ impl Controller {
         let (tx, rx) = tokio::sync::watch::channel(None);
         let me = self.clone();
         let after: crate::bundle::AfterApply =
-            Arc::new(move |_gw, bundle, outcome, diags| me.after_apply(bundle, outcome, diags));
+            Arc::new(move |gw, bundle, outcome, diags| me.after_apply(gw, bundle, outcome, diags));
         tokio::spawn(crate::bundle::apply_loop(
             gw.clone(),
             rx,
@@ -642,6 +675,9 @@ impl ConfigSource for KubeSource {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
         let c = self.0;
         Box::pin(async move {
+            // First the last good policy (served if the first bundle is refused): before the
+            // Secret reader starts, so that its first round reads that policy's Secrets too.
+            c.load_last_good().await;
             for kind in ResourceKind::ALL {
                 let c = c.clone();
                 tokio::spawn(async move {
@@ -694,9 +730,9 @@ impl ConfigSource for KubeSource {
                     }
                 });
             }
-            // Before the first bundle: the last good policy, served if that bundle is refused.
-            c.load_last_good().await;
             let mut changed = c.changed.subscribe();
+            // Changes made before subscribing (the watches have started) count too.
+            changed.mark_changed();
             let mut waiting_logged = false;
             let mut last_content: Option<u64> = None;
             while changed.changed().await.is_ok() {

@@ -406,6 +406,11 @@ impl ClusterStore {
         })
     }
 
+    /// Whether a read of every Secret in `refs` was attempted at least once.
+    pub fn secrets_tried(&self, refs: &BTreeSet<(String, String)>) -> bool {
+        refs.iter().all(|k| self.secrets_tried.contains(k))
+    }
+
     /// Whether every stream in `streams` has completed its first listing.
     pub fn synced(&self, streams: &[Stream]) -> bool {
         streams.iter().all(|s| self.synced.contains(s))

@@ -9,8 +9,8 @@
 //! again on the first success). Readiness comes from `/health` only (between those two
 //! events it is left as it is: the gateway marks an endpoint down when a connection is
 //! refused); staleness from `/metrics` only. A worker that passed its last health check and
-//! whose models are not known yet also gets a `GET /v1/models` (its models and their
-//! `max_model_len`; again after a restart).
+//! whose models are not known yet also gets a `GET /v1/models` in the same tick (its models and
+//! their `max_model_len`; again after a restart, and 30 s after a failed read).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +23,9 @@ use super::config::LiveConfig;
 use super::http_get::HttpGet;
 use super::prom_text::parse_vllm;
 use super::status::EndpointStats;
+
+/// After a failed or unparsable `GET /v1/models`, how long before the next try.
+const MODELS_RETRY: Duration = Duration::from_secs(30);
 
 /// What one scraper task scrapes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,30 +56,37 @@ pub async fn run_scraper(
     let stale_after_ms =
         (interval.as_millis() as u64).saturating_mul(u64::from(config.stale_after_intervals));
     let started_ms = shared.now_ms();
+    let mut models_retry_at: Option<tokio::time::Instant> = None;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        // The models the worker serves, with their `max_model_len`: read once the worker
-        // passed its last health check, and again after it restarts.
+        // The models the worker serves, with their `max_model_len`: read, beside the scrape,
+        // once the worker passed its last health check, and again after it restarts; after a
+        // failed read not again for `MODELS_RETRY`.
         let read_models = {
             let s = stats.scrape.lock();
             s.served_models.is_none() && s.health_ok > 0 && s.health_consecutive_failures == 0
-        };
-        if read_models
-            && let Some(m) = http
-                .get(&models_url, timeout)
-                .await
-                .ok()
-                .as_deref()
-                .and_then(parse_models)
-        {
-            stats.scrape.lock().served_models = Some(m);
-        }
-        let (metrics, health) = tokio::join!(
+        } && models_retry_at.is_none_or(|t| tokio::time::Instant::now() >= t);
+        let (metrics, health, models) = tokio::join!(
             http.get(&metrics_url, timeout),
-            http.get(&health_url, timeout)
+            http.get(&health_url, timeout),
+            async {
+                if read_models {
+                    Some(http.get(&models_url, timeout).await)
+                } else {
+                    None
+                }
+            }
         );
+        match models.map(|r| r.ok().as_deref().and_then(parse_models)) {
+            Some(Some(m)) => {
+                stats.scrape.lock().served_models = Some(m);
+                models_retry_at = None;
+            }
+            Some(None) => models_retry_at = Some(tokio::time::Instant::now() + MODELS_RETRY),
+            None => {}
+        }
         let now = shared.now_ms();
         let parsed = metrics.and_then(|body| {
             let text = std::str::from_utf8(&body).map_err(|_| "body is not utf-8".to_owned())?;

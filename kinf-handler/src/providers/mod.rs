@@ -250,8 +250,9 @@ pub struct ProviderOutcome {
     pub ttft_s: Option<f64>,
     /// Mean gap between consecutive tokens of a sequence (streamed, two tokens or more).
     pub mean_itl_s: Option<f64>,
-    /// Sequences that produced tokens (streamed; a passed-through request's `n`).
-    pub sequences: u64,
+    /// The longest choice's share of the streamed tokens (see
+    /// [`crate::gateway::sse_tap::TokenTimes::longest_share`]).
+    pub longest_share: f64,
     /// The response ended properly.
     pub completed: bool,
     /// Time from sending the request to the end of the response.
@@ -554,7 +555,7 @@ impl Drop for Guard {
                 usage: self.usage,
                 ttft_s: ttft,
                 mean_itl_s: self.tokens.mean_itl_s(),
-                sequences: self.tokens.sequences(),
+                longest_share: self.tokens.longest_share(),
                 completed: self.completed,
                 duration_s: now.duration_since(self.sent_at).as_secs_f64(),
             });
