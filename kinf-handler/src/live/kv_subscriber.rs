@@ -130,8 +130,7 @@ impl Ctx {
                 }
                 Err(e) => {
                     tracing::debug!(endpoint = %addr, error = %e, "KV-event discovery failed");
-                    let now = self.shared.now_ms();
-                    self.stats.kv(|k| k.error(e, now));
+                    self.kv_error(e);
                     tokio::time::sleep(self.config.retry_delay).await;
                 }
             }
@@ -197,8 +196,7 @@ impl Ctx {
                 let msg = match received {
                     Err(_) => break,
                     Ok(Err(e)) => {
-                        let now = self.shared.now_ms();
-                        self.stats.kv(|k| k.error(format!("receive: {e}"), now));
+                        self.kv_error(format!("receive: {e}"));
                         break;
                     }
                     Ok(Ok(m)) => m,
@@ -238,17 +236,20 @@ impl Ctx {
             }
             Err(e) => {
                 tracing::debug!(endpoint = %self.target.address, error = %e, "KV-event catch-up replay failed");
-                let now = self.shared.now_ms();
-                self.stats
-                    .kv(|k| k.error(format!("catch-up replay: {e}"), now));
+                self.kv_error(format!("catch-up replay: {e}"));
             }
         }
     }
 
+    /// Records `error` as the last KV error, at the server's time now.
+    fn kv_error(&self, error: String) {
+        let now = self.shared.now_ms();
+        self.stats.kv(|k| k.error(error, now));
+    }
+
     async fn fail(&self, e: String) {
         tracing::debug!(endpoint = %self.target.address, error = %e, "KV-event subscriber");
-        let now = self.shared.now_ms();
-        self.stats.kv(|k| k.error(e, now));
+        self.kv_error(e);
         tokio::time::sleep(self.config.retry_delay).await;
     }
 
