@@ -16,15 +16,13 @@ use kube::api::{Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
 use super::store::{ObjectKey, StoredObject};
+use super::{FIELD_MANAGER, REQUEST_TIMEOUT};
 
 /// The ConfigMap key holding the objects (JSON).
 pub const DATA_KEY: &str = "objects.json";
 
 /// Largest content written: a ConfigMap holds at most 1 MiB, with room for its metadata.
 pub const MAX_BYTES: usize = 900 * 1024;
-
-/// Longest wait for one ConfigMap request.
-pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The ConfigMap's name for Lease `lease_name`.
 pub fn config_map_name(lease_name: &str) -> String {
@@ -64,10 +62,8 @@ pub fn decode(text: &str) -> Result<Vec<StoredObject>, String> {
     let kept: Vec<Kept> = serde_json::from_str(text).map_err(|e| e.to_string())?;
     kept.into_iter()
         .map(|k| {
-            let kind = ResourceKind::ALL
-                .into_iter()
-                .find(|r| r.as_str() == k.kind)
-                .ok_or_else(|| format!("unknown kind `{}`", k.kind))?;
+            let kind =
+                ResourceKind::parse(&k.kind).ok_or_else(|| format!("unknown kind `{}`", k.kind))?;
             let mut o = StoredObject::new(
                 ObjectKey {
                     kind,
@@ -130,7 +126,7 @@ pub async fn write(api: &Api<ConfigMap>, name: &str, json: &str) -> Result<(), S
         m.insert("apiVersion".into(), "v1".into());
         m.insert("kind".into(), "ConfigMap".into());
     }
-    let params = PatchParams::apply("kinference").force();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
     tokio::time::timeout(
         REQUEST_TIMEOUT,
         api.patch(name, &params, &Patch::Apply(&value)),

@@ -42,11 +42,12 @@ use crate::gateway::Gateway;
 use status::{LiveCounts, SecretKeys, StatusInput, StatusPatch, WorkerSetLive};
 use store::{ClusterStore, ObjectKey, StoredObject, Stream};
 
-/// The field manager of every write (status patches, the Lease).
+/// The field manager of every write (status patches, the Lease, the last-good ConfigMap).
 pub const FIELD_MANAGER: &str = "kinference";
 
-/// Longest wait for one status PATCH or Secret GET (the client has no read timeout, and a
-/// stuck request must not hold the status writer or the Secret reader forever).
+/// Longest wait for one status PATCH, Secret GET or last-good ConfigMap request (the client
+/// has no read timeout, and a stuck request must not hold the status writer or the Secret
+/// reader forever).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Secrets read at once.
@@ -160,9 +161,9 @@ pub struct Controller {
     last_sent: Mutex<HashMap<ObjectKey, Sent>>,
     /// One status writer at a time.
     writing: tokio::sync::Mutex<()>,
-    /// The last good policy kept in the cluster, read at start, while no bundle of this
-    /// process has been in force ([`last_good`]).
-    last_good_seed: Mutex<Option<kinf_lang::Sources>>,
+    /// The objects in force are the last good policy kept in the cluster, read at start
+    /// ([`last_good`]): no bundle of this process has been in force yet.
+    seeded: std::sync::atomic::AtomicBool,
     /// The content last written to (or read from) the last-good ConfigMap: a hash of it.
     last_good_written: Mutex<Option<u64>>,
     /// The last failure to read or write the last-good ConfigMap.
@@ -202,7 +203,7 @@ impl Controller {
             status_wake: tokio::sync::Notify::new(),
             last_sent: Mutex::new(HashMap::new()),
             writing: tokio::sync::Mutex::new(()),
-            last_good_seed: Mutex::new(None),
+            seeded: std::sync::atomic::AtomicBool::new(false),
             last_good_written: Mutex::new(None),
             last_good_error: Mutex::new(None),
             serving_kept: std::sync::atomic::AtomicBool::new(false),
@@ -232,7 +233,7 @@ impl Controller {
         }
         objects.sort_by(|a, b| a.key.cmp(&b.key));
         *self.last_good_written.lock() = last_good::encode(&objects).ok().map(|j| content_hash(&j));
-        *self.last_good_seed.lock() = Some(store::sources_of(objects.iter()));
+        self.seeded.store(true, Ordering::SeqCst);
         *in_force = Some(Arc::new(objects));
     }
 
@@ -357,16 +358,16 @@ impl Controller {
     /// a starting replica would serve, and report ready, with tenant keys and provider
     /// credentials "not found".
     pub fn first_bundle_ready(&self) -> bool {
-        // Also the Secrets of the objects in force (the last good policy kept in the cluster,
-        // before any bundle of this process): a refused first bundle serves that policy.
-        let in_force_refs = self
-            .in_force_objects
-            .lock()
-            .as_ref()
-            .map(|o| store::secret_refs_of(o.iter()))
-            .unwrap_or_default();
+        // The Secrets in use include those of the objects in force (the last good policy
+        // kept in the cluster, before any bundle of this process): a refused first bundle
+        // serves that policy.
+        let in_force = self.in_force_objects.lock().clone();
         self.with_store(|s| {
-            s.synced(&STREAMS) && s.referenced_secrets_tried() && s.secrets_tried(&in_force_refs)
+            s.synced(&STREAMS)
+                && s.secrets_tried(&secret_refs_in_use(
+                    s,
+                    in_force.as_deref().map(Vec::as_slice),
+                ))
         })
     }
 
@@ -378,7 +379,7 @@ impl Controller {
             let mut bundle = s.bundle();
             // If this bundle is refused, the policy in force is re-applied with the current
             // pods as *its* worker sets select them.
-            bundle.resolved.in_force_endpoints = in_force.map(|objects| {
+            bundle.resolved.in_force_endpoints = in_force.as_ref().map(|objects| {
                 s.selected_pods_of(objects.iter())
                     .into_iter()
                     .map(|(k, v)| (k, v.endpoints))
@@ -386,7 +387,9 @@ impl Controller {
             });
             (bundle, s.objects().cloned().collect())
         });
-        bundle.resolved.last_good = self.last_good_seed.lock().clone();
+        if self.seeded.load(Ordering::SeqCst) {
+            bundle.resolved.last_good = in_force.map(|objects| store::sources_of(objects.iter()));
+        }
         let rev = self.revision.fetch_add(1, Ordering::SeqCst) + 1;
         bundle.revision = rev;
         let mut snaps = self.snapshots.lock();
@@ -412,11 +415,11 @@ impl Controller {
         let in_force = !matches!(outcome, ApplyOutcome::Refused { .. });
         if in_force {
             *self.in_force_objects.lock() = Some(objects.clone());
-            *self.last_good_seed.lock() = None;
+            self.seeded.store(false, Ordering::SeqCst);
         }
         // Refused, and a policy is served all the same while only the kept one exists: the
         // kept one (it compiled).
-        let serving_kept = !in_force && self.last_good_seed.lock().is_some() && gw.store.is_ready();
+        let serving_kept = !in_force && self.seeded.load(Ordering::SeqCst) && gw.store.is_ready();
         self.serving_kept
             .store(serving_kept, std::sync::atomic::Ordering::Relaxed);
         *self.last.lock() = Some(LastApply {
@@ -568,11 +571,8 @@ impl Controller {
         // Secret; a revocation in the one in force must still be seen).
         let in_force = self.in_force_objects.lock().clone();
         let refs = self.with_store(|s| {
-            let mut refs = s.referenced_secrets();
-            if let Some(objects) = &in_force {
-                refs.extend(store::secret_refs_of(objects.iter()));
-            }
-            refs.into_iter()
+            secret_refs_in_use(s, in_force.as_deref().map(Vec::as_slice))
+                .into_iter()
                 .filter(|(ns, n)| all || s.secret_state(ns, n, None).is_none())
                 .collect::<Vec<_>>()
         });
@@ -766,6 +766,20 @@ impl ConfigSource for KubeSource {
             }
         })
     }
+}
+
+/// The Secrets in use: those the store's objects refer to, and those of the objects in force
+/// (while a newer bundle is refused, or before the first, the policy in force is compiled with
+/// their current values).
+fn secret_refs_in_use(
+    s: &ClusterStore,
+    in_force: Option<&[StoredObject]>,
+) -> std::collections::BTreeSet<(String, String)> {
+    let mut refs = s.referenced_secrets();
+    if let Some(objects) = in_force {
+        refs.extend(store::secret_refs_of(objects));
+    }
+    refs
 }
 
 /// A hash of the last-good content, to write it only when it changed.

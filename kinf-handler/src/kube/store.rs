@@ -356,14 +356,6 @@ impl ClusterStore {
         &self.secret_errors
     }
 
-    /// Whether every referenced Secret was attempted at least once, so that a bundle does not
-    /// treat a Secret as missing only because it was not read yet.
-    pub fn referenced_secrets_tried(&self) -> bool {
-        self.referenced_secrets()
-            .iter()
-            .all(|k| self.secrets_tried.contains(k))
-    }
-
     /// What `/admin/status` shows of the store: per stream whether its first listing completed
     /// and how many objects it holds; the referenced Secrets and what became of their reads.
     pub fn summary_json(&self, streams: &[Stream]) -> serde_json::Value {
@@ -406,7 +398,8 @@ impl ClusterStore {
         })
     }
 
-    /// Whether a read of every Secret in `refs` was attempted at least once.
+    /// Whether a read of every Secret in `refs` was attempted at least once, so that a bundle
+    /// does not treat a Secret as missing only because it was not read yet.
     pub fn secrets_tried(&self, refs: &BTreeSet<(String, String)>) -> bool {
         refs.iter().all(|k| self.secrets_tried.contains(k))
     }
