@@ -455,26 +455,26 @@ fn door_pools<'a>(
     }
 }
 
-/// Every client-facing name (model names and aliases) of the front door's pool (of every
-/// pool when the front door has none), sorted, without duplicates.
-fn model_names<'a>(rt: &'a Runtime, headers: &HeaderMap) -> Vec<&'a str> {
-    let mut names: Vec<&str> = door_pools(rt, headers)
-        .into_iter()
-        .flat_map(|p| p.model_names())
-        .collect();
+/// Every client-facing name (model names and aliases) of `pools`, sorted, without duplicates.
+fn model_names<'a>(pools: &[&'a kinf_lang::compiled::CompiledPool]) -> Vec<&'a str> {
+    let mut names: Vec<&str> = pools.iter().flat_map(|p| p.model_names()).collect();
     names.sort_unstable();
     names.dedup();
     names
 }
 
 /// The smallest `max_model_len` that the workers behind client-facing `name` report (through
-/// live ingestion), over every worker set of the door's pools serving it; `None` when none
-/// reported one (or it is served by providers only).
-fn max_model_len(gw: &Gateway, rt: &Runtime, headers: &HeaderMap, name: &str) -> Option<u64> {
-    let live = gw.live.load_full()?;
-    let policy = &rt.applied.policy;
-    door_pools(rt, headers)
-        .into_iter()
+/// live ingestion), over every worker set of `pools` serving it; `None` when none reported one
+/// (or it is served by providers only, or ingestion does not run).
+fn max_model_len(
+    live: Option<&dyn LiveStatus>,
+    policy: &kinf_lang::CompiledPolicy,
+    pools: &[&kinf_lang::compiled::CompiledPool],
+    name: &str,
+) -> Option<u64> {
+    let live = live?;
+    pools
+        .iter()
         .filter_map(|p| p.models.get(name))
         .flatten()
         .filter_map(|(dest, upstream)| {
@@ -505,9 +505,12 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
     let Some(rt) = gw.runtime() else {
         return not_ready(Api::Chat);
     };
-    let data: Vec<_> = model_names(&rt, &headers)
+    let pools = door_pools(&rt, &headers);
+    let live = gw.live.load_full();
+    let live = live.as_deref().map(|l| &**l);
+    let data: Vec<_> = model_names(&pools)
         .into_iter()
-        .map(|n| model_object(n, max_model_len(&gw, &rt, &headers, n)))
+        .map(|n| model_object(n, max_model_len(live, &rt.applied.policy, &pools, n)))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
@@ -529,10 +532,17 @@ async fn model(
                 .into_response_for(Api::Chat);
         }
     };
-    let names = model_names(&rt, &headers);
+    let pools = door_pools(&rt, &headers);
+    let names = model_names(&pools);
     if names.binary_search(&id.as_str()).is_ok() {
-        return axum::Json(model_object(&id, max_model_len(&gw, &rt, &headers, &id)))
-            .into_response();
+        let live = gw.live.load_full();
+        let len = max_model_len(
+            live.as_deref().map(|l| &**l),
+            &rt.applied.policy,
+            &pools,
+            &id,
+        );
+        return axum::Json(model_object(&id, len)).into_response();
     }
     let mut shown = names;
     shown.truncate(20);
