@@ -344,12 +344,7 @@ spec:
 /// `(choice index, arrival)` of every content chunk of a streamed chat completion.
 async fn stream_arrivals(addr: SocketAddr, body: &Value) -> Vec<(u64, std::time::Instant)> {
     use http_body_util::BodyExt;
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
+    let resp = post_response(addr, "/v1/chat/completions", body, &[]).await;
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     let (mut pending, mut out) = (Vec::new(), Vec::new());

@@ -306,14 +306,9 @@ async fn a_worker_process_killed_mid_stream_ends_the_stream_cleanly_and_is_accou
     .unwrap();
     let (gw, addr) = gateway(&dir).await;
 
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut body = chat("tell me a long story", 3000);
     body["stream"] = json!(true);
-    let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
+    let resp = post_response(addr, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(resp.status(), 200);
     let mut stream = resp.into_body();
     let mut text = String::new();

@@ -169,6 +169,26 @@ pub async fn post_json(
     )
 }
 
+/// POSTs `body` as JSON to `http://addr{path}` with `headers`; the response, its body not read
+/// yet (for streams).
+pub async fn post_response(
+    addr: SocketAddr,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> hyper::Response<hyper::body::Incoming> {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut b = hyper::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    client
+        .request(b.body(Full::new(Bytes::from(body.to_string()))).unwrap())
+        .await
+        .unwrap()
+}
+
 /// [`post_json`] returning the raw body.
 pub async fn post_raw(
     addr: SocketAddr,
@@ -176,16 +196,7 @@ pub async fn post_raw(
     body: &Value,
     headers: &[(&str, &str)],
 ) -> (u16, hyper::HeaderMap, Bytes) {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let mut b = hyper::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let resp = client
-        .request(b.body(Full::new(Bytes::from(body.to_string()))).unwrap())
-        .await
-        .unwrap();
+    let resp = post_response(addr, path, body, headers).await;
     let status = resp.status().as_u16();
     let h = resp.headers().clone();
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
