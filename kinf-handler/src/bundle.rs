@@ -4,7 +4,7 @@
 //! ([`crate::kube`]) both produce bundles; [`crate::gateway::Gateway::apply_bundle`] compiles
 //! and applies them the same way (a bundle with errors is not applied; the last good one stays).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -14,6 +14,24 @@ use crate::providers::credentials::Secret;
 
 /// Secret values: `(namespace, name)` → key → value.
 pub type SecretValues = BTreeMap<(String, String), BTreeMap<String, Secret>>;
+
+/// Kubernetes mode: a bundle's namespaces are compiled apart when some of them have errors.
+/// References never cross a namespace (a pool's destinations, a policy's `targetRefs`, a
+/// front door's `pool` all name objects of their own namespace), so a bundle refused for
+/// errors in some namespaces can still apply every other namespace's objects, while each
+/// refused namespace keeps the objects it has in force
+/// ([`crate::policy_store::PolicyStore::apply_resolved`]).
+pub trait NamespaceIsolation: Send + Sync + std::fmt::Debug {
+    /// Every namespace of the bundle's objects and of the policy in force's.
+    fn namespaces(&self) -> BTreeSet<String>;
+    /// The namespace of the object a diagnostic of a compilation of `sources` belongs to;
+    /// `None` when it belongs to no single object.
+    fn namespace_of(&self, d: &kinf_lang::Diagnostic, sources: &Sources) -> Option<String>;
+    /// The sources with the namespaces in `kept` holding the objects of the policy in force
+    /// (none, for a namespace that has none in force) and every other namespace the
+    /// bundle's objects.
+    fn merge(&self, kept: &BTreeSet<String>) -> Sources;
+}
 
 /// What a source resolved beside the resources.
 #[derive(Clone, Debug, Default)]
@@ -38,6 +56,9 @@ pub struct Resolved {
     /// refused and no policy is in force, these are compiled (with
     /// [`Resolved::for_policy_in_force`]) and served instead of nothing.
     pub last_good: Option<Sources>,
+    /// Kubernetes mode: how to apply the bundle's namespaces without errors when others have
+    /// some. `None` (directory mode): a bundle with errors is refused as a whole.
+    pub isolation: Option<Arc<dyn NamespaceIsolation>>,
 }
 
 impl Resolved {
@@ -65,6 +86,25 @@ impl Resolved {
         if let Some(e) = &self.in_force_endpoints {
             r.endpoints = e.clone();
         }
+        r
+    }
+
+    /// The cluster state to apply a bundle with when the namespaces in `kept` keep the objects
+    /// of the policy in force: their worker sets' endpoints are those the policy in force's
+    /// worker sets select ([`Resolved::in_force_endpoints`]), every other one's the bundle's.
+    pub fn keeping(&self, kept: &BTreeSet<String>) -> Resolved {
+        let Some(in_force) = &self.in_force_endpoints else {
+            return self.clone();
+        };
+        let in_kept = |key: &String| key.split_once('/').is_some_and(|(ns, _)| kept.contains(ns));
+        let mut r = self.clone();
+        r.endpoints.retain(|k, _| !in_kept(k));
+        r.endpoints.extend(
+            in_force
+                .iter()
+                .filter(|(k, _)| in_kept(k))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
         r
     }
 

@@ -171,6 +171,7 @@ pub struct Metrics {
     pub(crate) policy_reloads: Family<ResultLabels, Counter>,
     pub(crate) policy_generation: FGauge,
     pub(crate) policy_refused: FGauge,
+    pub(crate) policy_refused_namespaces: FGauge,
     // Per-tenant accounting.
     pub(crate) tenant_requests: Family<TenantRequestLabels, Counter>,
     pub(crate) tenant_tokens: Family<TenantTokenLabels, Counter>,
@@ -240,6 +241,7 @@ impl Metrics {
             policy_reloads: Family::default(),
             policy_generation: FGauge::default(),
             policy_refused: FGauge::default(),
+            policy_refused_namespaces: FGauge::default(),
             tenant_requests: Family::default(),
             tenant_tokens: Family::default(),
             tenant_cost: Family::default(),
@@ -329,7 +331,7 @@ impl Metrics {
         );
         r.register(
             "kinference_policy_reloads",
-            "Policy bundles read, by result (applied, unchanged, refused)",
+            "Policy bundles read, by result (applied, unchanged, refused, partly_applied)",
             self.policy_reloads.clone(),
         );
         r.register(
@@ -339,8 +341,13 @@ impl Metrics {
         );
         r.register(
             "kinference_policy_refused",
-            "1 when the newest bundle was refused (the last good policy stays in force)",
+            "1 when the newest bundle was refused, as a whole or in some namespaces (what was refused keeps the last good policy)",
             self.policy_refused.clone(),
+        );
+        r.register(
+            "kinference_policy_refused_namespaces",
+            "Kubernetes mode: namespaces whose objects in the newest bundle were refused while every other namespace's were applied",
+            self.policy_refused_namespaces.clone(),
         );
         r.register(
             "kinference_tenant_requests",
@@ -543,7 +550,7 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a policy reload by result (`applied`, `unchanged`, `refused`).
+    /// Counts a policy reload by result (`applied`, `unchanged`, `refused`, `partly_applied`).
     pub fn policy_reload(&self, result: &str) {
         self.policy_reloads
             .get_or_create(&ResultLabels {
@@ -557,9 +564,11 @@ impl Metrics {
         self.policy_generation.set(generation as f64);
     }
 
-    /// Sets whether the newest bundle was refused.
-    pub fn set_policy_refused(&self, refused: bool) {
+    /// Sets whether the newest bundle was refused, and in how many namespaces while the
+    /// others were applied (0: not partly applied).
+    pub fn set_policy_refused(&self, refused: bool, namespaces: usize) {
         self.policy_refused.set(if refused { 1.0 } else { 0.0 });
+        self.policy_refused_namespaces.set(namespaces as f64);
     }
 
     /// Installs the service objectives (replacing any before). Counters of objectives that
@@ -852,7 +861,7 @@ mod tests {
         let types = s.lines().filter(|l| l.starts_with("# TYPE ")).count();
         let helps = s.lines().filter(|l| l.starts_with("# HELP ")).count();
         assert_eq!(types, helps);
-        // Families without samples are not rendered; the three unlabelled metrics always are.
-        assert_eq!(types, 3, "{s}");
+        // Families without samples are not rendered; the four unlabelled metrics always are.
+        assert_eq!(types, 4, "{s}");
     }
 }

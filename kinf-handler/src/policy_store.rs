@@ -2,7 +2,12 @@
 //! replaces it only when it compiles without errors; otherwise the last good policy stays in
 //! force and the rejection (with its diagnostics) is kept for `/readyz`, the admin status and
 //! metrics. Readers never block and never see a half-applied policy.
+//!
+//! Kubernetes mode isolates namespaces ([`crate::bundle::NamespaceIsolation`]): a bundle with
+//! errors in some namespaces applies every other namespace's objects, and each refused
+//! namespace keeps the objects it has in force.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
@@ -34,6 +39,9 @@ pub struct Rejected {
     pub errors: Vec<String>,
     /// The codes of its errors.
     pub codes: Vec<&'static str>,
+    /// Kubernetes mode: the namespaces whose objects were refused while every other
+    /// namespace's were applied; `None` when the whole bundle was refused.
+    pub namespaces: Option<Vec<String>>,
 }
 
 /// What [`PolicyStore::apply`] did.
@@ -51,6 +59,35 @@ pub enum ApplyOutcome {
         /// Number of errors.
         errors: usize,
     },
+    /// Kubernetes mode: the bundle has errors in some namespaces only. Every other
+    /// namespace's objects are in force; each refused namespace keeps the objects it had in
+    /// force (none, if it had none).
+    PartlyApplied {
+        /// The generation in force.
+        generation: u64,
+        /// Whether the policy in force changed (a new generation).
+        changed: bool,
+        /// Number of errors.
+        errors: usize,
+        /// The refused namespaces, sorted.
+        namespaces: Vec<String>,
+    },
+}
+
+impl ApplyOutcome {
+    /// Whether the bundle's objects are in force: all of them, or (partly applied) those
+    /// outside the refused namespaces.
+    pub fn in_force(&self) -> bool {
+        !matches!(self, ApplyOutcome::Refused { .. })
+    }
+
+    /// The namespaces whose objects were refused while the others were applied.
+    pub fn refused_namespaces(&self) -> Option<&[String]> {
+        match self {
+            ApplyOutcome::PartlyApplied { namespaces, .. } => Some(namespaces),
+            _ => None,
+        }
+    }
 }
 
 /// Holds the policy in force and the last refusal.
@@ -92,12 +129,36 @@ impl PolicyStore {
     /// (so that the cluster state and live ingestion see them like static endpoints), and a
     /// change of endpoints or Secret values counts as a change. Also returns every diagnostic
     /// of the compilation (for Kubernetes status).
+    ///
+    /// With [`crate::bundle::Resolved::isolation`], a bundle whose errors all belong to
+    /// objects of some namespaces is applied without them: those namespaces keep the objects
+    /// they have in force ([`PolicyStore::isolate`]). The refusal is recorded all the same,
+    /// with the namespaces.
     pub fn apply_resolved(
         &self,
         sources: &Sources,
         resolved: &crate::bundle::Resolved,
     ) -> (ApplyOutcome, Vec<Diagnostic>) {
         let c = compile_resolved(sources, resolved);
+        if c.policy.is_none()
+            && let Some((merged, mc, kept)) = isolate(&c, sources, resolved)
+        {
+            let prev = self.current().map(|a| a.generation);
+            let outcome = self.apply_compilation(&merged, &mc, false);
+            // The recorded refusal: the bundle's own errors (those of the refused namespaces).
+            self.record_refusal(sources, &c, Some(kept.iter().cloned().collect()));
+            let generation = match outcome {
+                ApplyOutcome::Applied { generation } => generation,
+                _ => prev.unwrap_or(0),
+            };
+            let outcome = ApplyOutcome::PartlyApplied {
+                generation,
+                changed: matches!(outcome, ApplyOutcome::Applied { .. }),
+                errors: error_count(&c),
+                namespaces: kept.into_iter().collect(),
+            };
+            return (outcome, c.diagnostics);
+        }
         let outcome = self.apply_compilation(sources, &c, true);
         (outcome, c.diagnostics)
     }
@@ -131,13 +192,6 @@ impl PolicyStore {
         c: &kinf_lang::Compilation,
         clear_rejected: bool,
     ) -> ApplyOutcome {
-        let render = |sev: Severity| -> Vec<String> {
-            c.diagnostics
-                .iter()
-                .filter(|d| d.severity == sev)
-                .map(|d: &Diagnostic| d.render_plain(sources))
-                .collect()
-        };
         match c.policy.clone() {
             Some(policy) => {
                 let fingerprint = policy.fingerprint;
@@ -152,7 +206,12 @@ impl PolicyStore {
                 self.current.store(Some(Arc::new(Applied {
                     policy,
                     fingerprint,
-                    warnings: render(Severity::Warning),
+                    warnings: c
+                        .diagnostics
+                        .iter()
+                        .filter(|d| d.severity == Severity::Warning)
+                        .map(|d: &Diagnostic| d.render_plain(sources))
+                        .collect(),
                     generation,
                     sources: sources.clone(),
                 })));
@@ -162,28 +221,96 @@ impl PolicyStore {
                 ApplyOutcome::Applied { generation }
             }
             None => {
-                let errors = render(Severity::Error);
-                let codes = c
-                    .diagnostics
-                    .iter()
-                    .filter(|d| d.severity == Severity::Error)
-                    .map(|d| d.code.as_str())
-                    .collect();
-                let n = errors.len();
-                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-                for (_, f) in sources.iter() {
-                    for b in f.name.bytes().chain(f.text.bytes()) {
-                        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-                    }
+                self.record_refusal(sources, c, None);
+                ApplyOutcome::Refused {
+                    errors: error_count(c),
                 }
-                self.rejected.store(Some(Arc::new(Rejected {
-                    fingerprint: h,
-                    errors,
-                    codes,
-                })));
-                ApplyOutcome::Refused { errors: n }
             }
         }
+    }
+
+    /// Records the refusal of `sources` (compiled to `c`); `namespaces`: the refused
+    /// namespaces when every other one was applied.
+    fn record_refusal(
+        &self,
+        sources: &Sources,
+        c: &kinf_lang::Compilation,
+        namespaces: Option<Vec<String>>,
+    ) {
+        let errors = c
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .map(|d: &Diagnostic| d.render_plain(sources))
+            .collect();
+        let codes = c
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .map(|d| d.code.as_str())
+            .collect();
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for (_, f) in sources.iter() {
+            for b in f.name.bytes().chain(f.text.bytes()) {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        self.rejected.store(Some(Arc::new(Rejected {
+            fingerprint: h,
+            errors,
+            codes,
+            namespaces,
+        })));
+    }
+}
+
+fn error_count(c: &kinf_lang::Compilation) -> usize {
+    c.diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count()
+}
+
+/// Namespace isolation of a refused bundle: the namespaces with errors keep the objects they
+/// have in force and every other namespace's objects are compiled. A namespace whose kept
+/// objects, or whose new ones, then have errors is kept too, and so on; each round keeps at
+/// least one more namespace. Returns the merged sources, their compilation and the kept
+/// namespaces; `None` (the whole bundle is refused) without
+/// [`crate::bundle::Resolved::isolation`], when an error belongs to no single object, when
+/// an error appears in a namespace already kept (its objects in force no longer compile
+/// beside the others'), or when every namespace would be kept.
+fn isolate(
+    full: &kinf_lang::Compilation,
+    sources: &Sources,
+    resolved: &crate::bundle::Resolved,
+) -> Option<(Sources, kinf_lang::Compilation, BTreeSet<String>)> {
+    let iso = resolved.isolation.as_ref()?;
+    let all = iso.namespaces();
+    let mut kept = BTreeSet::new();
+    let mut round: Option<(Sources, kinf_lang::Compilation)> = None;
+    loop {
+        let (diag_sources, c) = match &round {
+            Some((s, c)) => (s, c),
+            None => (sources, full),
+        };
+        if c.policy.is_some() {
+            let (merged, mc) = round?;
+            return Some((merged, mc, kept));
+        }
+        let mut grew = false;
+        for d in c
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+        {
+            grew |= kept.insert(iso.namespace_of(d, diag_sources)?);
+        }
+        if !grew || kept.is_superset(&all) {
+            return None;
+        }
+        let merged = iso.merge(&kept);
+        let mc = compile_resolved(&merged, &resolved.keeping(&kept));
+        round = Some((merged, mc));
     }
 }
 
@@ -211,4 +338,149 @@ fn compile_resolved(
         p.fingerprint = p.fingerprint.rotate_left(1) ^ resolved.fingerprint();
     }
     c
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::bundle::{NamespaceIsolation, Resolved};
+
+    /// A worker set of namespace `ns`; `broken`: with an unknown field (KINF0101).
+    fn worker_set(ns: &str, broken: bool) -> String {
+        format!(
+            "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceWorkerSet\n\
+             metadata: {{ name: w, namespace: {ns} }}\nspec:\n  endpoints: [\"10.0.0.1:8000\"]\n  \
+             models: [ {{ name: m }} ]\n{}",
+            if broken { "  endpointz: []\n" } else { "" }
+        )
+    }
+
+    /// Sources named `namespace/w`, one per `(namespace, broken)`.
+    fn sources(of: &[(&str, bool)]) -> Sources {
+        let mut s = Sources::new();
+        for (ns, broken) in of {
+            s.add(format!("{ns}/w"), worker_set(ns, *broken));
+        }
+        s
+    }
+
+    /// Namespaces are the first segment of a source's name; `merge` answers from a table
+    /// keyed by the kept namespaces (joined with `,`).
+    #[derive(Debug)]
+    struct Scripted {
+        all: BTreeSet<String>,
+        merges: BTreeMap<String, Sources>,
+        merged: parking_lot::Mutex<Vec<String>>,
+    }
+
+    impl NamespaceIsolation for Scripted {
+        fn namespaces(&self) -> BTreeSet<String> {
+            self.all.clone()
+        }
+        fn namespace_of(&self, d: &Diagnostic, sources: &Sources) -> Option<String> {
+            let (span, _) = d.primary.as_ref()?;
+            let name = &sources.get(span.file)?.name;
+            Some(name.split('/').next()?.to_owned())
+        }
+        fn merge(&self, kept: &BTreeSet<String>) -> Sources {
+            let key = kept.iter().cloned().collect::<Vec<_>>().join(",");
+            self.merged.lock().push(key.clone());
+            self.merges.get(&key).cloned().unwrap_or_default()
+        }
+    }
+
+    fn resolved(s: Scripted) -> (Resolved, Arc<Scripted>) {
+        let s = Arc::new(s);
+        let r = Resolved {
+            kubernetes: true,
+            isolation: Some(s.clone()),
+            ..Resolved::default()
+        };
+        (r, s)
+    }
+
+    fn scripted(all: &[&str], merges: Vec<(&str, Sources)>) -> Scripted {
+        Scripted {
+            all: all.iter().map(|s| (*s).to_owned()).collect(),
+            merges: merges.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            merged: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+
+    #[test]
+    fn a_merge_that_breaks_another_namespace_refuses_it_too_in_a_second_round() {
+        let bundle = sources(&[("a", true), ("b", false), ("c", false)]);
+        let (r, s) = resolved(scripted(
+            &["a", "b", "c"],
+            vec![
+                // Keeping `a` breaks `b` (in the real merge: an object in force that no longer
+                // compiles beside the others); keeping `a` and `b` compiles.
+                ("a", sources(&[("b", true), ("c", false)])),
+                ("a,b", sources(&[("c", false)])),
+            ],
+        ));
+        let store = PolicyStore::new();
+        let (outcome, _) = store.apply_resolved(&bundle, &r);
+        assert_eq!(
+            outcome,
+            ApplyOutcome::PartlyApplied {
+                generation: 1,
+                changed: true,
+                errors: 1,
+                namespaces: vec!["a".into(), "b".into()],
+            }
+        );
+        assert_eq!(*s.merged.lock(), vec!["a", "a,b"]);
+        let names: Vec<String> = store
+            .current()
+            .unwrap()
+            .sources
+            .iter()
+            .map(|(_, f)| f.name.clone())
+            .collect();
+        assert_eq!(names, vec!["c/w"]);
+        let refusal = store.last_rejected().unwrap();
+        assert_eq!(refusal.namespaces, Some(vec!["a".into(), "b".into()]));
+        assert_eq!(refusal.errors.len(), 1, "the bundle's own errors");
+    }
+
+    #[test]
+    fn an_error_in_a_kept_namespace_or_every_namespace_kept_refuses_the_whole_bundle() {
+        // Keeping `a` leaves `a`'s objects in force failing: no further round can help.
+        let bundle = sources(&[("a", true), ("b", false)]);
+        let (r, s) = resolved(scripted(
+            &["a", "b", "c"],
+            vec![("a", sources(&[("a", true), ("b", false)]))],
+        ));
+        let store = PolicyStore::new();
+        assert_eq!(
+            store.apply_resolved(&bundle, &r).0,
+            ApplyOutcome::Refused { errors: 1 }
+        );
+        assert_eq!(*s.merged.lock(), vec!["a"]);
+        assert_eq!(store.last_rejected().unwrap().namespaces, None);
+        assert!(!store.is_ready());
+
+        // Every namespace has errors: nothing to merge.
+        let bundle = sources(&[("a", true), ("b", true)]);
+        let (r, s) = resolved(scripted(&["a", "b"], vec![]));
+        assert_eq!(
+            store.apply_resolved(&bundle, &r).0,
+            ApplyOutcome::Refused { errors: 2 }
+        );
+        assert!(s.merged.lock().is_empty());
+    }
+
+    #[test]
+    fn without_isolation_a_bundle_with_errors_is_refused_whole() {
+        let bundle = sources(&[("a", true), ("b", false)]);
+        let store = PolicyStore::new();
+        assert_eq!(
+            store.apply_resolved(&bundle, &Resolved::default()).0,
+            ApplyOutcome::Refused { errors: 1 }
+        );
+    }
 }

@@ -1060,3 +1060,163 @@ async fn a_replica_starting_while_the_bundle_is_refused_serves_the_last_good_pol
     apply(&c3, &gw3);
     assert!(!gw3.store.is_ready());
 }
+
+/// GET `path` on the gateway with its admin routes: status and body.
+async fn get_text(gw: &Arc<Gateway>, path: &str) -> (StatusCode, String) {
+    use tower::ServiceExt;
+    let resp = gw
+        .router_with_admin()
+        .oneshot(Request::get(path).body(axum::body::Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn one_teams_invalid_object_does_not_hold_back_another_teams_edit() {
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(None, "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    let status: Arc<dyn kinf_handler::gateway::ControllerStatus> = c.clone();
+    assert!(gw.controller.set(status).is_ok());
+    let team_b = |c: &Controller, generation: i64, key: &str| {
+        c.update_store(|s| {
+            for (kind, o) in team_b_objects(generation, key) {
+                s.apply_object_event(kind, Event::Apply(o));
+            }
+            true
+        });
+    };
+    load(&c, policy(1, "if"));
+    team_b(&c, 8, "if");
+    apply(&c, &gw);
+    assert_eq!(gw.store.current().unwrap().generation, 1);
+
+    // Team `llm` breaks its policy; team `team-b` tightens its own.
+    c.update_store(|s| {
+        s.apply_object_event(
+            ResourceKind::InferencePolicy,
+            Event::Apply(policy(2, "iff")),
+        )
+    });
+    team_b(&c, 4, "if");
+    apply(&c, &gw);
+    let current = gw.store.current().unwrap();
+    assert_eq!(current.generation, 2, "team-b's edit is a new generation");
+    let text = |label: &str| {
+        current
+            .sources
+            .iter()
+            .find(|(_, f)| f.name == label)
+            .map(|(_, f)| f.text.to_string())
+            .unwrap()
+    };
+    assert!(text("InferencePolicy/team-b/routing").contains("greaterThan: 4"));
+    assert!(!text("InferencePolicy/llm/routing").contains("iff"));
+
+    // `/readyz`, `/admin/status` and the metrics name the refused namespace.
+    let (code, body) = get_text(&gw, "/readyz").await;
+    assert_eq!(code, StatusCode::OK);
+    let ready: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        ready["lastRefused"]["namespaces"],
+        json!(["llm"]),
+        "{ready}"
+    );
+    assert_eq!(ready["lastRefused"]["codes"], json!(["KINF0101"]));
+    let k = admin_status(&gw).await["kubernetes"].clone();
+    assert_eq!(k["lastBundle"]["inForce"], true, "{k}");
+    assert_eq!(k["lastBundle"]["refusedNamespaces"], json!(["llm"]));
+    let (_, metrics) = get_text(&gw, "/metrics").await;
+    for line in [
+        "kinference_policy_refused 1.0",
+        "kinference_policy_refused_namespaces 1.0",
+        "kinference_policy_reloads_total{result=\"partly_applied\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
+
+    // The leader writes every object's status: team-b's are accepted, llm's say why not.
+    c.set_leader(true);
+    let writer = {
+        let (c, gw) = (c.clone(), gw.clone());
+        tokio::spawn(async move { c.write_status(&gw).await })
+    };
+    let seen = serve_patches(&mut handle, 9).await;
+    assert_eq!(writer.await.unwrap(), 9);
+    let accepted = |label: &str| {
+        let (kind, rest) = label.split_once('/').unwrap();
+        let (ns, name) = rest.split_once('/').unwrap();
+        seen.iter()
+            .find(|s| {
+                s.body["kind"] == kind
+                    && s.body["metadata"]["namespace"] == ns
+                    && s.body["metadata"]["name"] == name
+            })
+            .map(|s| s.body["status"]["conditions"][0].clone())
+            .unwrap()
+    };
+    for label in [
+        "InferencePolicy/team-b/routing",
+        "InferencePool/team-b/pool",
+        "GatewayBackend/team-b/front",
+        "InferenceWorkerSet/team-b/vllm",
+    ] {
+        assert_eq!(accepted(label)["status"], "True", "{label}");
+    }
+    assert_eq!(accepted("InferencePolicy/llm/routing")["reason"], "Invalid");
+    assert_eq!(
+        accepted("InferencePool/llm/pool")["reason"],
+        "NamespaceRefused"
+    );
+
+    // The last good policy kept for new replicas is what is in force: llm's generation 1,
+    // team-b's generation 4.
+    let persist = {
+        let c = c.clone();
+        tokio::spawn(async move { c.persist_last_good().await })
+    };
+    let (req, send) = handle.next_request().await.unwrap();
+    let kept: Value =
+        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+    send.send_response(
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(&kept).unwrap()))
+            .unwrap(),
+    );
+    assert!(persist.await.unwrap());
+    let objects: Value =
+        serde_json::from_str(kept["data"]["objects.json"].as_str().unwrap()).unwrap();
+    let kept_policy = |ns: &str| {
+        objects
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["kind"] == "InferencePolicy" && o["namespace"] == ns)
+            .map(|o| o["spec"].to_string())
+            .unwrap()
+    };
+    assert!(kept_policy("llm").contains("\"if\""), "{objects}");
+    assert!(
+        kept_policy("team-b").contains("\"greaterThan\":4"),
+        "{objects}"
+    );
+
+    // llm fixed: everything applied, nothing refused.
+    c.update_store(|s| {
+        s.apply_object_event(ResourceKind::InferencePolicy, Event::Apply(policy(3, "if")))
+    });
+    apply(&c, &gw);
+    assert!(gw.store.last_rejected().is_none());
+    let (_, metrics) = get_text(&gw, "/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "kinference_policy_refused_namespaces 0.0"),
+        "{metrics}"
+    );
+}

@@ -113,11 +113,15 @@ fn patches(
     let objects: Vec<StoredObject> = s.objects().cloned().collect();
     let current = gw.store.current();
     let secrets = secrets_known(s);
+    let refused: Option<std::collections::BTreeSet<String>> = outcome
+        .refused_namespaces()
+        .map(|ns| ns.iter().cloned().collect());
     status::compute(&StatusInput {
         objects: &objects,
         sources: &bundle.sources,
         diagnostics: diags,
-        in_force: !matches!(outcome, ApplyOutcome::Refused { .. }),
+        in_force: outcome.in_force(),
+        refused_namespaces: refused.as_ref(),
         generation: current.as_ref().map(|c| c.generation),
         policy: current.as_ref().map(|c| &*c.policy),
         in_force_sources: current.as_ref().map(|c| &c.sources),
@@ -361,6 +365,7 @@ fn status_names_the_error_by_code_field_path_and_help_and_a_fix_flips_accepted()
         sources: &bundle.sources,
         diagnostics: &diags,
         in_force: true,
+        refused_namespaces: None,
         generation: Some(current.generation),
         policy: Some(&current.policy),
         in_force_sources: Some(&current.sources),
@@ -404,7 +409,8 @@ fn status_of_an_up_to_date_object_needs_no_write() {
         objects: &objects,
         sources: &bundle.sources,
         diagnostics: &diags,
-        in_force: !matches!(outcome, ApplyOutcome::Refused { .. }),
+        in_force: outcome.in_force(),
+        refused_namespaces: None,
         generation: current.as_ref().map(|c| c.generation),
         policy: current.as_ref().map(|c| &*c.policy),
         in_force_sources: current.as_ref().map(|c| &c.sources),
@@ -830,4 +836,226 @@ fn front_doors_naming_the_same_host_are_ordered_by_creation_so_a_later_one_canno
         "the warning is on the later door: {}",
         warning.message
     );
+}
+
+/// Applies the store's bundle as the controller does: with namespace isolation against the
+/// objects in force, which the outcome then updates.
+fn apply_isolated(
+    s: &ClusterStore,
+    gw: &Gateway,
+    in_force: &kinf_handler::kube::isolation::InForce,
+) -> (
+    kinf_handler::bundle::ConfigBundle,
+    ApplyOutcome,
+    Vec<kinf_lang::Diagnostic>,
+) {
+    let merge = Arc::new(kinf_handler::kube::isolation::NamespaceMerge::new(
+        Arc::new(s.objects().cloned().collect()),
+        in_force.clone(),
+    ));
+    let mut bundle = s.bundle();
+    bundle.resolved.isolation = Some(merge.clone());
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    merge.settle(&outcome);
+    (bundle, outcome, diags)
+}
+
+/// The text of source `label` in the policy in force.
+fn in_force_text(gw: &Gateway, label: &str) -> Option<String> {
+    let current = gw.store.current()?;
+    current
+        .sources
+        .iter()
+        .find(|(_, f)| f.name == label)
+        .map(|(_, f)| f.text.to_string())
+}
+
+/// Adds (or replaces) the second team's objects ([`team_b_objects`]).
+fn team_b(s: &mut ClusterStore, generation: i64, exclude_key: &str) {
+    for (kind, o) in team_b_objects(generation, exclude_key) {
+        s.apply_object_event(kind, Event::Apply(o));
+    }
+}
+
+#[test]
+fn an_invalid_object_holds_back_only_its_own_namespace() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    team_b(&mut s, 8, "if");
+    let gw = gateway_();
+    let in_force = kinf_handler::kube::isolation::InForce::default();
+    let (_, outcome, diags) = apply_isolated(&s, &gw, &in_force);
+    assert_eq!(
+        outcome,
+        ApplyOutcome::Applied { generation: 1 },
+        "{diags:?}"
+    );
+
+    // `llm` breaks its policy while `team-b` tightens its own: team-b's edit is applied, llm
+    // keeps its policy in force.
+    s.apply_object_event(
+        ResourceKind::InferencePolicy,
+        Event::Apply(policy(2, "iff")),
+    );
+    team_b(&mut s, 4, "if");
+    let (bundle, outcome, diags) = apply_isolated(&s, &gw, &in_force);
+    assert_eq!(
+        outcome,
+        ApplyOutcome::PartlyApplied {
+            generation: 2,
+            changed: true,
+            errors: 1,
+            namespaces: vec!["llm".into()],
+        },
+        "{diags:?}"
+    );
+    let b = in_force_text(&gw, "InferencePolicy/team-b/routing").unwrap();
+    assert!(
+        b.contains("greaterThan: 4"),
+        "team-b's edit is in force: {b}"
+    );
+    let llm = in_force_text(&gw, "InferencePolicy/llm/routing").unwrap();
+    assert!(
+        llm.contains("if:") && !llm.contains("iff"),
+        "llm keeps the policy in force: {llm}"
+    );
+    let refusal = gw.store.last_rejected().expect("the refusal is recorded");
+    assert_eq!(refusal.namespaces, Some(vec!["llm".to_owned()]));
+    assert_eq!(refusal.codes, vec!["KINF0101"]);
+    // What the controller now holds in force: team-b's new objects, llm's old ones.
+    let held = in_force.lock().clone().unwrap();
+    let held_policy = |ns: &str| {
+        held.iter()
+            .find(|o| o.key.namespace == ns && o.key.kind == ResourceKind::InferencePolicy)
+            .unwrap()
+            .generation
+    };
+    assert_eq!(
+        (held_policy("llm"), held_policy("team-b")),
+        (Some(1), Some(4))
+    );
+
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
+    insta::assert_json_snapshot!("status_partly_applied", p);
+    let cond = |label: &str, type_: &str| condition(&p, label, type_);
+    let accepted = cond("InferencePolicy/llm/routing", "Accepted");
+    assert_eq!(accepted["reason"], "Invalid", "{accepted}");
+    assert!(
+        accepted["message"]
+            .as_str()
+            .unwrap()
+            .contains("namespace `llm` keeps the objects it has in force"),
+        "{accepted}"
+    );
+    let pool = cond("InferencePool/llm/pool", "Accepted");
+    assert_eq!(pool["reason"], "NamespaceRefused", "{pool}");
+    assert!(
+        pool["message"]
+            .as_str()
+            .unwrap()
+            .contains("InferencePolicy/llm/routing"),
+        "names the object at fault: {pool}"
+    );
+    for label in [
+        "InferencePolicy/team-b/routing",
+        "InferencePool/team-b/pool",
+        "GatewayBackend/team-b/front",
+    ] {
+        let a = cond(label, "Accepted");
+        assert_eq!(a["status"], "True", "{label}: {a}");
+    }
+    // The broken policy's generation 1 still routes.
+    let ready = cond("InferencePolicy/llm/routing", "Ready");
+    assert_eq!(ready["status"], "True", "{ready}");
+
+    // Nothing changes in team-b and llm is still broken: the same policy stays, no new
+    // generation.
+    let (_, outcome, _) = apply_isolated(&s, &gw, &in_force);
+    assert!(
+        matches!(
+            outcome,
+            ApplyOutcome::PartlyApplied {
+                generation: 2,
+                changed: false,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+
+    // Both namespaces broken: nothing can be applied, the whole bundle is refused and the
+    // policy in force stays.
+    team_b(&mut s, 5, "iff");
+    let (_, outcome, _) = apply_isolated(&s, &gw, &in_force);
+    assert!(
+        matches!(outcome, ApplyOutcome::Refused { errors: 2 }),
+        "{outcome:?}"
+    );
+    assert_eq!(gw.store.last_rejected().unwrap().namespaces, None);
+    assert!(
+        in_force_text(&gw, "InferencePolicy/team-b/routing")
+            .unwrap()
+            .contains("greaterThan: 4")
+    );
+
+    // Both fixed: the whole bundle is applied and the refusal cleared.
+    s.apply_object_event(ResourceKind::InferencePolicy, Event::Apply(policy(3, "if")));
+    team_b(&mut s, 6, "if");
+    let (_, outcome, _) = apply_isolated(&s, &gw, &in_force);
+    assert_eq!(outcome, ApplyOutcome::Applied { generation: 3 });
+    assert!(gw.store.last_rejected().is_none());
+}
+
+#[test]
+fn a_namespace_with_errors_does_not_keep_a_first_start_from_serving_the_others() {
+    // No policy in force yet (a new replica, no last good policy kept): the namespace with
+    // errors has nothing to keep, every other one is served.
+    let mut s = initial_store(policy(1, "iff"));
+    team_b(&mut s, 8, "if");
+    let gw = gateway_();
+    let in_force = kinf_handler::kube::isolation::InForce::default();
+    let (_, outcome, diags) = apply_isolated(&s, &gw, &in_force);
+    assert_eq!(
+        outcome,
+        ApplyOutcome::PartlyApplied {
+            generation: 1,
+            changed: true,
+            errors: 1,
+            namespaces: vec!["llm".into()],
+        },
+        "{diags:?}"
+    );
+    assert!(gw.store.is_ready());
+    let current = gw.store.current().unwrap();
+    assert!(current.policy.pool("team-b", "pool").is_some());
+    assert!(
+        current.policy.pool("llm", "pool").is_none(),
+        "nothing of llm is served"
+    );
+    assert!(
+        in_force
+            .lock()
+            .clone()
+            .unwrap()
+            .iter()
+            .all(|o| o.key.namespace == "team-b")
+    );
+}
+
+#[test]
+fn without_isolation_a_bundle_with_errors_in_one_namespace_is_refused_whole() {
+    // Directory mode, or a bundle made without the objects: the whole bundle is refused.
+    let mut s = initial_store(policy(1, "iff"));
+    team_b(&mut s, 8, "if");
+    let gw = gateway_();
+    let (outcome, _) = gw.apply_bundle(&s.bundle());
+    assert!(
+        matches!(outcome, ApplyOutcome::Refused { errors: 1 }),
+        "{outcome:?}"
+    );
+    assert!(!gw.store.is_ready());
 }

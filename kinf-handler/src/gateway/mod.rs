@@ -255,6 +255,7 @@ impl Gateway {
             ApplyOutcome::Applied { .. } => "applied",
             ApplyOutcome::Unchanged => "unchanged",
             ApplyOutcome::Refused { .. } => "refused",
+            ApplyOutcome::PartlyApplied { .. } => "partly_applied",
         };
         self.metrics.policy_reload(result);
         match &outcome {
@@ -262,10 +263,34 @@ impl Gateway {
                 self.install_current(resolved);
                 tracing::info!(generation, "policy applied");
                 self.metrics.set_policy_generation(*generation);
-                self.metrics.set_policy_refused(false);
+                self.metrics.set_policy_refused(false, 0);
             }
             ApplyOutcome::Unchanged => {
-                self.metrics.set_policy_refused(false);
+                self.metrics.set_policy_refused(false, 0);
+            }
+            ApplyOutcome::PartlyApplied {
+                generation,
+                changed,
+                errors,
+                namespaces,
+            } => {
+                if let Some(r) = self.store.last_rejected() {
+                    for e in &r.errors {
+                        tracing::error!("{e}");
+                    }
+                }
+                tracing::error!(
+                    errors,
+                    namespaces = %namespaces.join(","),
+                    "policy bundle refused in these namespaces; they keep the objects in force, \
+                     every other namespace's are applied"
+                );
+                if *changed {
+                    self.install_current(resolved);
+                    tracing::info!(generation, "policy applied (partly)");
+                    self.metrics.set_policy_generation(*generation);
+                }
+                self.metrics.set_policy_refused(true, namespaces.len());
             }
             ApplyOutcome::Refused { errors } => {
                 if let Some(r) = self.store.last_rejected() {
@@ -277,7 +302,7 @@ impl Gateway {
                     errors,
                     "policy bundle refused; the last good policy stays in force"
                 );
-                self.metrics.set_policy_refused(true);
+                self.metrics.set_policy_refused(true, 0);
                 // Kubernetes mode: the refused bundle also carries the cluster's current
                 // endpoints and Secret values; the sources in force are compiled again with
                 // them, so that pod changes and rotated or revoked keys are not frozen by an
@@ -570,7 +595,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     let body = json!({
         "ready": current.is_some(),
         "generation": current.as_ref().map(|c| c.generation),
-        "lastRefused": rejected.as_ref().map(|r| json!({"errors": r.errors, "codes": r.codes})),
+        "lastRefused": rejected.as_ref().map(refusal_json),
     });
     let status = if current.is_some() {
         StatusCode::OK
@@ -578,6 +603,16 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, axum::Json(body)).into_response()
+}
+
+/// The last refusal as `/readyz` and `/admin/status` show it: its errors and codes, and in
+/// Kubernetes mode the refused namespaces when every other namespace was applied.
+fn refusal_json(r: &Arc<crate::policy_store::Rejected>) -> serde_json::Value {
+    let mut v = json!({"errors": r.errors, "codes": r.codes});
+    if let Some(ns) = &r.namespaces {
+        v["namespaces"] = json!(ns);
+    }
+    v
 }
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
@@ -668,7 +703,7 @@ async fn admin_status(State(gw): State<Arc<Gateway>>) -> Response {
             "fingerprint": format!("{:016x}", c.fingerprint),
             "warnings": c.warnings,
         })),
-        "lastRefused": rejected.as_ref().map(|r| json!({"errors": r.errors, "codes": r.codes})),
+        "lastRefused": rejected.as_ref().map(refusal_json),
         "problems": rt.as_ref().map(|r| r.problems.clone()).unwrap_or_default(),
         "tokenizers": rt.as_ref().map(|r| {
             let mut v: Vec<&str> = r.tokenizers.keys().map(|k| &**k).collect();

@@ -10,8 +10,11 @@
 //!   server-side-apply `/status` body.
 //! - [`lease`]: leader election on a Lease; only the leader writes status, every replica
 //!   serves.
+//! - [`isolation`]: a bundle refused for errors in some namespaces still applies every other
+//!   namespace's objects.
 //! - [`Controller`]: wiring (watch tasks, Secret reads, the apply loop, the status loop).
 
+pub mod isolation;
 pub mod last_good;
 pub mod lease;
 pub mod status;
@@ -121,6 +124,8 @@ struct LastApply {
     sources: Sources,
     diagnostics: Vec<Diagnostic>,
     in_force: bool,
+    /// The namespaces refused while every other one was applied.
+    refused_namespaces: Option<std::collections::BTreeSet<String>>,
 }
 
 /// A status body written, and the object it was written to.
@@ -152,9 +157,10 @@ pub struct Controller {
     changed: tokio::sync::watch::Sender<u64>,
     leader: Arc<lease::Leadership>,
     revision: AtomicU64,
-    snapshots: Mutex<BTreeMap<u64, Arc<Vec<StoredObject>>>>,
+    /// What each recent bundle was made of, by revision.
+    snapshots: Mutex<BTreeMap<u64, Arc<isolation::NamespaceMerge>>>,
     /// The objects of the last bundle applied (or found unchanged): the policy in force.
-    in_force_objects: Mutex<Option<Arc<Vec<StoredObject>>>>,
+    in_force_objects: isolation::InForce,
     last: Mutex<Option<LastApply>>,
     status_wake: tokio::sync::Notify,
     /// Status bodies written, by object, until the watch reports the object again.
@@ -198,7 +204,7 @@ impl Controller {
             leader: Arc::new(lease::Leadership::new(lease::RENEW_DEADLINE)),
             revision: AtomicU64::new(0),
             snapshots: Mutex::new(BTreeMap::new()),
-            in_force_objects: Mutex::new(None),
+            in_force_objects: Arc::new(Mutex::new(None)),
             last: Mutex::new(None),
             status_wake: tokio::sync::Notify::new(),
             last_sent: Mutex::new(HashMap::new()),
@@ -332,6 +338,7 @@ impl Controller {
             "lastBundle": last.map(|l| serde_json::json!({
                 "revision": l.revision,
                 "inForce": l.in_force,
+                "refusedNamespaces": l.refused_namespaces,
                 "objects": l.objects.len(),
                 "errors": l.diagnostics.iter().filter(|d| d.severity == kinf_lang::Severity::Error).count(),
                 "warnings": l.diagnostics.iter().filter(|d| d.severity == kinf_lang::Severity::Warning).count(),
@@ -387,13 +394,18 @@ impl Controller {
             });
             (bundle, s.objects().cloned().collect())
         });
+        let merge = Arc::new(isolation::NamespaceMerge::new(
+            Arc::new(objects),
+            self.in_force_objects.clone(),
+        ));
+        bundle.resolved.isolation = Some(merge.clone());
         if self.seeded.load(Ordering::SeqCst) {
             bundle.resolved.last_good = in_force.map(|objects| store::sources_of(objects.iter()));
         }
         let rev = self.revision.fetch_add(1, Ordering::SeqCst) + 1;
         bundle.revision = rev;
         let mut snaps = self.snapshots.lock();
-        snaps.insert(rev, Arc::new(objects));
+        snaps.insert(rev, merge);
         while snaps.len() > 8 {
             snaps.pop_first();
         }
@@ -409,12 +421,17 @@ impl Controller {
         outcome: &ApplyOutcome,
         diags: &[Diagnostic],
     ) {
-        let Some(objects) = self.snapshots.lock().get(&bundle.revision).cloned() else {
+        let Some(merge) = self.snapshots.lock().get(&bundle.revision).cloned() else {
             return;
         };
-        let in_force = !matches!(outcome, ApplyOutcome::Refused { .. });
+        let objects = merge.bundle_objects().clone();
+        let in_force = outcome.in_force();
+        let refused_namespaces: Option<std::collections::BTreeSet<String>> = outcome
+            .refused_namespaces()
+            .map(|ns| ns.iter().cloned().collect());
+        // Partly applied: the refused namespaces keep their objects in force.
+        merge.settle(outcome);
         if in_force {
-            *self.in_force_objects.lock() = Some(objects.clone());
             self.seeded.store(false, Ordering::SeqCst);
         }
         // Refused, and a policy is served all the same while only the kept one exists: the
@@ -428,6 +445,7 @@ impl Controller {
             sources: bundle.sources.clone(),
             diagnostics: diags.to_vec(),
             in_force,
+            refused_namespaces,
         });
         self.status_wake.notify_one();
     }
@@ -481,6 +499,7 @@ impl Controller {
             sources: &last.sources,
             diagnostics: &last.diagnostics,
             in_force: last.in_force,
+            refused_namespaces: last.refused_namespaces.as_ref(),
             generation: current.as_ref().map(|a| a.generation),
             policy: policy.as_deref(),
             in_force_sources: current.as_ref().map(|a| &a.sources),

@@ -4,8 +4,11 @@
 //! Conditions (reasons are listed in `docs/reference/kubernetes.md`):
 //! - `Accepted`: the object's current generation is part of the policy in force. False with
 //!   reason `Invalid` when it has errors (each written as `kinfctl lint` writes it, with the
-//!   field path instead of a file position, and the help), `BundleRefused` when only other
-//!   objects have errors (the whole bundle is refused; the last good policy stays in force).
+//!   field path instead of a file position, and the help), `NamespaceRefused` when only other
+//!   objects of its namespace have errors (that namespace keeps the objects it has in force;
+//!   every other namespace's are applied), `BundleRefused` when the whole bundle is refused
+//!   (an error that belongs to no single object, or one that namespace isolation cannot
+//!   contain; the last good policy stays in force).
 //! - `ResolvedRefs`: names and Secrets it refers to exist (`RefNotFound`, `SecretNotFound`).
 //! - `Ready`: it serves traffic (worker sets: ready endpoints; providers: healthy; pools: a
 //!   ready destination; policies and front doors: in force). An object whose current
@@ -65,8 +68,12 @@ pub struct StatusInput<'a> {
     pub sources: &'a Sources,
     /// Every diagnostic of its compilation.
     pub diagnostics: &'a [Diagnostic],
-    /// Whether this bundle is the policy in force (applied, or unchanged).
+    /// Whether this bundle is the policy in force (applied, or unchanged; partly applied:
+    /// outside [`StatusInput::refused_namespaces`]).
     pub in_force: bool,
+    /// The namespaces refused while every other namespace's objects were applied; `None`
+    /// when the bundle was applied or refused as a whole.
+    pub refused_namespaces: Option<&'a BTreeSet<String>>,
     /// Generation of the policy in force, if any.
     pub generation: Option<u64>,
     /// The policy in force, if any.
@@ -276,25 +283,40 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
         .map(|(_, f)| f.errors.len())
         .sum::<usize>()
         + unowned.len();
-    let refused_summary = {
-        let mut parts: Vec<String> = error_objects
+    // The first three objects with errors (with their first error), and the errors that
+    // belong to no object.
+    let summary = |objects: &[&(&ObjectKey, &Findings)], unowned: &[String]| {
+        let mut parts: Vec<String> = objects
             .iter()
             .take(3)
             .map(|(k, f)| format!("{} ({})", k.label(), f.errors[0]))
             .collect();
-        if error_objects.len() > 3 {
-            parts.push(format!("and {} more", error_objects.len() - 3));
+        if objects.len() > 3 {
+            parts.push(format!("and {} more", objects.len() - 3));
         }
         parts.extend(unowned.iter().cloned());
         parts.join("; ")
     };
+    let refused_summary = summary(&error_objects.iter().collect::<Vec<_>>(), &unowned);
+    let generation_in_force =
+        |g: u64| format!("gateway policy generation {g}, not an object's generation");
     let kept = match input.generation {
         Some(g) => format!(
-            "the last good policy (gateway policy generation {g}, not an object's generation) stays in force"
+            "the last good policy ({}) stays in force",
+            generation_in_force(g)
         ),
         None => "no policy is in force yet".to_owned(),
     };
     let bundle_ok = input.in_force && total_errors == 0;
+    // Partly applied: the refused namespaces keep their objects in force.
+    let refused_ns = |ns: &str| input.refused_namespaces.is_some_and(|r| r.contains(ns));
+    let kept_ns = |ns: &str| {
+        format!(
+            "namespace `{ns}` keeps the objects it has in force and every other namespace's \
+             are applied ({})",
+            generation_in_force(input.generation.unwrap_or(0))
+        )
+    };
 
     let mut out = Vec::new();
     for o in input.objects {
@@ -303,7 +325,13 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
         let warnings = findings.map_or(&[][..], |f| f.warnings.as_slice());
         let gen_ = o.generation;
         let prev = &o.status;
+        let partly = input.refused_namespaces.is_some();
         let (accepted, reason, message) = if !own_errors.is_empty() {
+            let kept = if partly {
+                kept_ns(&o.key.namespace)
+            } else {
+                kept.clone()
+            };
             let mut m = format!(
                 "{} error{} (not applied; {kept}):\n{}",
                 own_errors.len(),
@@ -314,7 +342,23 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
                 m.push_str(&format!("\nwarnings:\n{}", warnings.join("\n")));
             }
             (false, "Invalid", m)
-        } else if !bundle_ok {
+        } else if partly && refused_ns(&o.key.namespace) {
+            let here: Vec<&(&ObjectKey, &Findings)> = error_objects
+                .iter()
+                .filter(|(k, _)| k.namespace == o.key.namespace)
+                .collect();
+            let n: usize = here.iter().map(|(_, f)| f.errors.len()).sum();
+            (
+                false,
+                "NamespaceRefused",
+                format!(
+                    "not applied: its namespace has {n} error{} in other resources: {}; {}",
+                    if n == 1 { "" } else { "s" },
+                    summary(&here, &[]),
+                    kept_ns(&o.key.namespace)
+                ),
+            )
+        } else if !bundle_ok && !partly {
             (
                 false,
                 "BundleRefused",

@@ -503,6 +503,7 @@ impl ClusterStore {
                 kubernetes: true,
                 in_force_endpoints: None,
                 last_good: None,
+                isolation: None,
             },
             revision: 0,
         }

@@ -136,3 +136,57 @@ pub fn gateway() -> DynamicObject {
         json!({"pool": "pool", "classifiers": [{"name": "pii", "type": "Pii"}]}),
     )
 }
+
+/// `o` moved to namespace `ns` (with a uid of its own there).
+pub fn in_namespace(mut o: DynamicObject, ns: &str) -> DynamicObject {
+    o.metadata.namespace = Some(ns.into());
+    o.metadata.uid = Some(format!("uid-{ns}-{}", o.metadata.name.clone().unwrap()));
+    o
+}
+
+/// A second team's namespace, `team-b`: a worker set with a static endpoint, its pool, a
+/// policy (at `generation`, whose queued-prompts limit is the generation; `exclude_key` as in
+/// [`policy`]) and a front door on host `b.example`.
+pub fn team_b_objects(generation: i64, exclude_key: &str) -> Vec<(ResourceKind, DynamicObject)> {
+    let ws = obj(
+        ResourceKind::InferenceWorkerSet,
+        "vllm",
+        1,
+        json!({"endpoints": ["10.1.0.1:8000"],
+               "models": [{"name": "llama", "aliases": []}], "blockSize": 16}),
+    );
+    let pool = obj(
+        ResourceKind::InferencePool,
+        "pool",
+        1,
+        json!({"destinations": [{"kind": "InferenceWorkerSet", "name": "vllm"}]}),
+    );
+    let pol = obj(
+        ResourceKind::InferencePolicy,
+        "routing",
+        generation,
+        json!({"rules": [
+            {"name": "fastest", "matches": [{"model": "llama"}],
+             "route": {
+                "exclude": [{"name": "busy", exclude_key: {"model": "llama"},
+                             "drop": {"queuedPrompts": {"greaterThan": generation}}}],
+                "select": [{"type": "Local", "minimize": "PredictedTTFT"}],
+                "onEmpty": "Reject"}},
+        ]}),
+    );
+    let door = obj(
+        ResourceKind::GatewayBackend,
+        "front",
+        1,
+        json!({"pool": "pool", "hosts": ["b.example"]}),
+    );
+    [
+        (ResourceKind::InferenceWorkerSet, ws),
+        (ResourceKind::InferencePool, pool),
+        (ResourceKind::InferencePolicy, pol),
+        (ResourceKind::GatewayBackend, door),
+    ]
+    .into_iter()
+    .map(|(k, o)| (k, in_namespace(o, "team-b")))
+    .collect()
+}
