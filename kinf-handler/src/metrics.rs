@@ -76,28 +76,28 @@ label_set!(
     RequestLabels { /** API. */ api, /** Status sent. */ status, /** Code. */ code }
 );
 label_set!(
-    /// `rule`, `destination`.
-    DecisionLabels { /** Deciding rule. */ rule, /** Worker set. */ destination }
+    /// `rule`, `destination`, `destination_namespace`.
+    DecisionLabels { /** Deciding rule. */ rule, /** Worker set. */ destination, /** Its namespace. */ destination_namespace }
 );
 label_set!(
-    /// `destination`, `endpoint`.
-    EndpointLabels { /** Worker set. */ destination, /** `host:port`. */ endpoint }
+    /// `destination`, `destination_namespace`, `endpoint`.
+    EndpointLabels { /** Worker set. */ destination, /** Its namespace. */ destination_namespace, /** `host:port`. */ endpoint }
 );
 label_set!(
-    /// `destination`.
-    DestinationLabels { /** Worker set. */ destination }
+    /// `destination`, `destination_namespace`.
+    DestinationLabels { /** Worker set. */ destination, /** Its namespace. */ destination_namespace }
 );
 label_set!(
     /// `api`.
     ApiLabels { /** API. */ api }
 );
 label_set!(
-    /// `model`, `destination`, `kind`.
-    TokenLabels { /** Model sent upstream. */ model, /** Worker set. */ destination, /** Token kind. */ kind }
+    /// `model`, `destination`, `destination_namespace`, `kind`.
+    TokenLabels { /** Model sent upstream. */ model, /** Worker set. */ destination, /** Its namespace. */ destination_namespace, /** Token kind. */ kind }
 );
 label_set!(
-    /// `destination`, `status`, `outcome`.
-    ResponseLabels { /** Worker set. */ destination, /** Upstream status. */ status, /** Outcome. */ outcome }
+    /// `destination`, `destination_namespace`, `status`, `outcome`.
+    ResponseLabels { /** Worker set. */ destination, /** Its namespace. */ destination_namespace, /** Upstream status. */ status, /** Outcome. */ outcome }
 );
 label_set!(
     /// `endpoint`.
@@ -108,22 +108,25 @@ label_set!(
     ResultLabels { /** Result. */ result }
 );
 label_set!(
-    /// `tenant`, `model`, `destination`, `outcome`, `code`.
+    /// `tenant`, `model`, `destination`, `destination_namespace`, `outcome`, `code`.
     TenantRequestLabels {
         /** Tenant. */ tenant, /** Requested model. */ model, /** Worker set. */ destination,
-        /** Outcome. */ outcome, /** Code. */ code
+        /** Its namespace. */ destination_namespace, /** Outcome. */ outcome, /** Code. */ code
     }
 );
 label_set!(
-    /// `tenant`, `model`, `destination`, `kind`.
+    /// `tenant`, `model`, `destination`, `destination_namespace`, `kind`.
     TenantTokenLabels {
         /** Tenant. */ tenant, /** Requested model. */ model, /** Worker set. */ destination,
-        /** Token kind. */ kind
+        /** Its namespace. */ destination_namespace, /** Token kind. */ kind
     }
 );
 label_set!(
-    /// `tenant`, `model`, `destination`.
-    TenantLabels { /** Tenant. */ tenant, /** Requested model. */ model, /** Worker set. */ destination }
+    /// `tenant`, `model`, `destination`, `destination_namespace`.
+    TenantLabels {
+        /** Tenant. */ tenant, /** Requested model. */ model, /** Worker set. */ destination,
+        /** Its namespace. */ destination_namespace
+    }
 );
 label_set!(
     /// `tenant`, `model`.
@@ -138,8 +141,8 @@ label_set!(
     SloInfoLabels { /** SLO name. */ slo, /** Measured metric. */ metric }
 );
 label_set!(
-    /// `destination`, `endpoint`, `kind`.
-    EndpointTokenLabels { /** Worker set. */ destination, /** `host:port`. */ endpoint, /** Token kind. */ kind }
+    /// `destination`, `destination_namespace`, `endpoint`, `kind`.
+    EndpointTokenLabels { /** Worker set. */ destination, /** Its namespace. */ destination_namespace, /** `host:port`. */ endpoint, /** Token kind. */ kind }
 );
 label_set!(
     /// `worker_set`, `endpoint` (the live-ingestion metrics' labels).
@@ -497,12 +500,13 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a routing decision.
-    pub fn decision(&self, rule: &str, destination: &str) {
+    /// Counts a routing decision to `destination` of namespace `destination_namespace`.
+    pub fn decision(&self, rule: &str, destination: &str, destination_namespace: &str) {
         self.decisions
             .get_or_create(&DecisionLabels {
                 rule: rule.into(),
                 destination: destination.into(),
+                destination_namespace: destination_namespace.into(),
             })
             .inc();
     }
@@ -840,14 +844,18 @@ mod tests {
     #[test]
     fn label_values_are_escaped_and_read_back() {
         let m = Metrics::new();
-        m.decision("a\"b\\c", "d");
+        m.decision("a\"b\\c", "d", "ns");
         let mut s = String::new();
         m.render(&mut s);
         assert!(s.contains("rule=\"a\\\"b\\\\c\""), "{s}");
         assert_eq!(
             m.value(
                 "kinference_decisions_total",
-                &[("rule", "a\"b\\c"), ("destination", "d")]
+                &[
+                    ("rule", "a\"b\\c"),
+                    ("destination", "d"),
+                    ("destination_namespace", "ns")
+                ]
             ),
             Some(1.0)
         );

@@ -123,6 +123,7 @@ fn tenant_value(
         ("tenant", tenant),
         ("model", "small-model"),
         ("destination", "tiny"),
+        ("destination_namespace", "test"),
     ];
     l.extend_from_slice(extra);
     gw.metrics.value(name, &l)
@@ -209,6 +210,7 @@ async fn anonymous_tokens_and_cost_equal_what_the_upstream_reported() {
             &[
                 ("model", "tiny-llama"),
                 ("destination", "tiny"),
+                ("destination_namespace", "test"),
                 ("kind", "output")
             ]
         ),
@@ -414,13 +416,14 @@ async fn rejections_are_accounted_per_model_and_histograms_and_capacity_are_on_m
             ("tenant", "anonymous"),
             ("model", "nope"),
             ("destination", ""),
+            ("destination_namespace", ""),
             ("outcome", "rejected"),
             ("code", "model_not_found"),
         ],
     );
     assert_eq!(rejected_model, Some(1.0), "{text}");
     assert!(
-        text.contains("kinference_tenant_requests_total{tenant=\"anonymous\",model=\"\",destination=\"\",outcome=\"rejected\",code=\""),
+        text.contains("kinference_tenant_requests_total{tenant=\"anonymous\",model=\"\",destination=\"\",destination_namespace=\"\",outcome=\"rejected\",code=\""),
         "{text}"
     );
     for needle in [
@@ -552,6 +555,7 @@ async fn a_client_gone_before_a_non_streamed_response_is_accounted_once() {
             "kinference_responses_total",
             &[
                 ("destination", "tiny"),
+                ("destination_namespace", "test"),
                 ("status", "499"),
                 ("outcome", "incomplete")
             ]

@@ -342,6 +342,7 @@ async fn a_worker_process_killed_mid_stream_ends_the_stream_cleanly_and_is_accou
         ("tenant", "anonymous"),
         ("model", "tiny"),
         ("destination", WS),
+        ("destination_namespace", NS),
     ];
     let value = |name: &str, extra: &[(&'static str, &'static str)]| {
         let mut l = labels.to_vec();

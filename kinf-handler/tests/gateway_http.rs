@@ -154,6 +154,7 @@ async fn plain_chat_is_rewritten_forwarded_and_passed_back_unchanged() {
         &[
             ("model", "tiny-llama"),
             ("destination", "tiny"),
+            ("destination_namespace", "test"),
             ("kind", "output"),
         ],
     );
@@ -205,6 +206,7 @@ async fn streams_get_usage_injected_and_the_extra_chunk_removed() {
             &[
                 ("model", "tiny-llama"),
                 ("destination", "tiny"),
+                ("destination_namespace", "test"),
                 ("kind", "uncached_prompt")
             ],
         ),
@@ -345,6 +347,7 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
             "kinference_responses_total",
             &[
                 ("destination", "tiny"),
+                ("destination_namespace", "test"),
                 ("status", "200"),
                 ("outcome", "incomplete")
             ]

@@ -368,6 +368,7 @@ async fn a_provider_stream_cut_short_is_accounted_with_its_whole_prompt_uncached
                 ("tenant", "anonymous"),
                 ("model", "llama-70b"),
                 ("destination", "databricks"),
+                ("destination_namespace", "inference"),
                 ("kind", kind),
             ],
         )
@@ -424,6 +425,7 @@ async fn when_every_provider_fails_the_client_gets_the_last_providers_error() {
                 ("tenant", "anonymous"),
                 ("model", "llama-70b"),
                 ("destination", "llama-workers"),
+                ("destination_namespace", "inference"),
                 ("outcome", "upstream_error"),
                 ("code", "provider_rate_limited"),
             ]

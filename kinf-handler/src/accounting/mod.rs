@@ -38,6 +38,8 @@ pub struct Who {
     pub model: Option<Arc<str>>,
     /// The destination (worker set) it was routed to.
     pub destination: Option<Arc<str>>,
+    /// The destination's namespace.
+    pub destination_namespace: Option<Arc<str>>,
 }
 
 impl Who {
@@ -52,6 +54,7 @@ impl Who {
         self.tenant = c.tenant.clone();
         self.model = Some(c.requested_model.clone());
         self.destination = Some(c.destination.clone());
+        self.destination_namespace = Some(c.namespace.clone());
     }
 
     /// A routed request.
@@ -98,11 +101,17 @@ pub fn account_refusal(m: &Metrics, who: &Who, code: &str) {
         Some(d) => ("upstream_error", &**d),
         None => ("rejected", ""),
     };
+    let destination_namespace = if destination.is_empty() {
+        ""
+    } else {
+        who.destination_namespace.as_deref().unwrap_or("")
+    };
     m.tenant_requests
         .get_or_create(&TenantRequestLabels {
             tenant: tenant.into(),
             model: model.into(),
             destination: destination.into(),
+            destination_namespace: destination_namespace.into(),
             outcome: outcome.into(),
             code: code.into(),
         })
@@ -130,6 +139,8 @@ pub struct Served<'a> {
     pub upstream_model: &'a str,
     /// Worker set.
     pub destination: &'a str,
+    /// Its namespace.
+    pub destination_namespace: &'a str,
     /// `host:port`.
     pub endpoint: &'a str,
     /// The destination's prices.
@@ -231,6 +242,7 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
             tenant: tenant.into(),
             model: model.into(),
             destination: s.destination.into(),
+            destination_namespace: s.destination_namespace.into(),
             outcome: outcome.into(),
             code,
         })
@@ -239,6 +251,7 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
         tenant: tenant.into(),
         model: model.into(),
         destination: s.destination.into(),
+        destination_namespace: s.destination_namespace.into(),
     };
     let u = s.usage;
     for (kind, v) in [
@@ -251,6 +264,7 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
                 tenant: tenant.into(),
                 model: model.into(),
                 destination: s.destination.into(),
+                destination_namespace: s.destination_namespace.into(),
                 kind: kind.into(),
             })
             .inc_by(v);
@@ -258,12 +272,14 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
             .get_or_create(&TokenLabels {
                 model: s.upstream_model.into(),
                 destination: s.destination.into(),
+                destination_namespace: s.destination_namespace.into(),
                 kind: kind.into(),
             })
             .inc_by(v);
         m.endpoint_tokens
             .get_or_create(&EndpointTokenLabels {
                 destination: s.destination.into(),
+                destination_namespace: s.destination_namespace.into(),
                 endpoint: s.endpoint.into(),
                 kind: kind.into(),
             })
@@ -276,6 +292,7 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
     m.endpoint_request_seconds
         .get_or_create(&EndpointLabels {
             destination: s.destination.into(),
+            destination_namespace: s.destination_namespace.into(),
             endpoint: s.endpoint.into(),
         })
         .inc_by(s.duration_s.max(0.0));
@@ -370,6 +387,7 @@ mod tests {
             requested_model: "small",
             upstream_model: "tiny-llama",
             destination: "tiny",
+            destination_namespace: "test",
             endpoint: "127.0.0.1:1",
             cost: CostInfo {
                 uncached_prompt: 1.0,
@@ -491,6 +509,46 @@ mod tests {
     }
 
     #[test]
+    fn worker_sets_of_the_same_name_in_two_namespaces_are_counted_apart() {
+        let m = Metrics::new();
+        account_response(&m, &served(Some(0.5), 11, 1.5));
+        account_response(
+            &m,
+            &Served {
+                destination_namespace: "other",
+                ..served(Some(0.5), 7, 1.5)
+            },
+        );
+        let output = |ns: &'static str| {
+            m.value(
+                "kinference_tenant_tokens_total",
+                &[
+                    ("tenant", "acme"),
+                    ("model", "small"),
+                    ("destination", "tiny"),
+                    ("destination_namespace", ns),
+                    ("kind", "output"),
+                ],
+            )
+        };
+        assert_eq!((output("test"), output("other")), (Some(11.0), Some(7.0)));
+        let requests = |ns: &'static str| {
+            m.value(
+                "kinference_endpoint_request_seconds_total",
+                &[
+                    ("destination", "tiny"),
+                    ("destination_namespace", ns),
+                    ("endpoint", "127.0.0.1:1"),
+                ],
+            )
+        };
+        assert_eq!(
+            (requests("test"), requests("other")),
+            (Some(1.5), Some(1.5))
+        );
+    }
+
+    #[test]
     fn responses_are_accounted_per_tenant() {
         let m = Metrics::new();
         m.set_slos(
@@ -505,6 +563,7 @@ mod tests {
             ("tenant", "acme"),
             ("model", "small"),
             ("destination", "tiny"),
+            ("destination_namespace", "test"),
         ];
         let v = |n: &str, extra: &[(&'static str, &'static str)]| {
             let mut l = t.to_vec();
@@ -564,6 +623,7 @@ mod tests {
         who.model = Some("small".into());
         account_refusal(&m, &who, "ok");
         who.destination = Some("tiny".into());
+        who.destination_namespace = Some("test".into());
         account_refusal(&m, &who, "upstream_timeout");
         assert_eq!(
             m.value(
@@ -572,6 +632,7 @@ mod tests {
                     ("tenant", "anonymous"),
                     ("model", ""),
                     ("destination", ""),
+                    ("destination_namespace", ""),
                     ("outcome", "rejected"),
                     ("code", "invalid_request")
                 ]
@@ -585,6 +646,7 @@ mod tests {
                     ("tenant", "anonymous"),
                     ("model", "small"),
                     ("destination", "tiny"),
+                    ("destination_namespace", "test"),
                     ("outcome", "upstream_error"),
                     ("code", "upstream_timeout")
                 ]
@@ -628,6 +690,7 @@ mod tests {
                     ("tenant", "anonymous"),
                     ("model", "small"),
                     ("destination", ""),
+                    ("destination_namespace", ""),
                     ("outcome", "incomplete"),
                     ("code", CLIENT_CLOSED)
                 ]

@@ -207,6 +207,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
     let m = &gw.metrics;
     let ep = crate::metrics::EndpointLabels {
         destination: c.destination.to_string(),
+        destination_namespace: c.namespace.to_string(),
         endpoint: c.endpoint.to_string(),
     };
     if let Some(ttft) = o.upstream_ttft_s {
@@ -227,6 +228,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
                 m.ttft_prediction_error
                     .get_or_create(&crate::metrics::DestinationLabels {
                         destination: c.destination.to_string(),
+                        destination_namespace: c.namespace.to_string(),
                     })
                     .observe(e.abs());
             }
@@ -243,6 +245,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
     m.responses
         .get_or_create(&crate::metrics::ResponseLabels {
             destination: c.destination.to_string(),
+            destination_namespace: c.namespace.to_string(),
             status: o.status.to_string(),
             outcome: if o.completed {
                 "completed"
@@ -274,6 +277,7 @@ pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
             requested_model: &c.requested_model,
             upstream_model: &c.model,
             destination: &c.destination,
+            destination_namespace: &c.namespace,
             endpoint: &c.endpoint,
             cost: c.cost,
             status: o.status,
@@ -846,7 +850,7 @@ pub fn plan_with(
             Err(e)
         }
         (Outcome::Route(_), Some(c)) => {
-            gw.metrics.decision(&c.rule, &c.destination);
+            gw.metrics.decision(&c.rule, &c.destination, &c.namespace);
             Ok(c)
         }
         (Outcome::Route(r), None) => Err(ApiError::new(
