@@ -14,7 +14,7 @@ use kinf_handler::grpc::ext_proc_v3::{
 };
 use kinf_handler::grpc::handler_v1::handler_client::HandlerClient;
 use kinf_handler::grpc::handler_v1::{
-    DecideRequest, Header, ReportRequest, Usage, decide_response,
+    DecideRequest, DecideResponse, Header, ReportRequest, Usage, decide_response,
 };
 use kinf_handler::grpc::proto::envoy::config::core::v3::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
@@ -23,6 +23,11 @@ const QWEN: [&str; 2] = ["10.0.2.1:8000", "10.0.2.2:8000"];
 const GLM: [&str; 2] = ["10.0.1.1:8000", "10.0.1.2:8000"];
 
 async fn start() -> String {
+    start_gateway().await.1
+}
+
+/// The gateway (for its metrics) and the gRPC URL.
+async fn start_gateway() -> (Arc<Gateway>, String) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/policies/model-aliases");
     let gw = Gateway::new(GatewayOptions {
         base_dir: dir.clone(),
@@ -34,7 +39,7 @@ async fn start() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(kinf_handler::grpc::serve_grpc(Arc::clone(&gw), listener));
-    format!("http://{addr}")
+    (gw, format!("http://{addr}"))
 }
 
 fn chat(model: &str) -> Vec<u8> {
@@ -109,6 +114,7 @@ async fn decide_routes_an_alias_and_report_finds_it() {
         }),
         completed: true,
         duration_seconds: 0.2,
+        longest_choice_tokens: None,
     };
     c.report(rep.clone()).await.unwrap();
     // Reported once: a second report is unknown.
@@ -850,4 +856,68 @@ async fn report_without_a_decision_id_is_invalid_argument() {
     let e = c.report(ReportRequest::default()).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert_eq!(e.message(), "decision_id is required");
+}
+
+#[tokio::test]
+async fn report_with_n_choices_measures_tpot_over_the_longest_choice() {
+    let (gw, url) = start_gateway().await;
+    let mut c = HandlerClient::connect(url).await.unwrap();
+    let route = |r: DecideResponse| match r.outcome {
+        Some(decide_response::Outcome::Route(route)) => route,
+        other => panic!("expected a route, got {other:?}"),
+    };
+    let route = route(
+        c.decide(decide_req(chat("qwen")))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    // Two choices, 10 output tokens in all, the longest 5: 0.4 s of decode over 4 gaps.
+    let rep = ReportRequest {
+        decision_id: route.decision_id.clone(),
+        status: 200,
+        ttft_seconds: Some(0.1),
+        mean_itl_seconds: Some(0.1),
+        usage: Some(Usage {
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            completion_tokens: 10,
+        }),
+        completed: true,
+        duration_seconds: 0.5,
+        longest_choice_tokens: Some(5),
+    };
+    // Bad input is refused by name, and the decision is still there to report.
+    for (bad, field) in [
+        (
+            ReportRequest {
+                longest_choice_tokens: Some(11),
+                ..rep.clone()
+            },
+            "longest_choice_tokens (11) exceeds usage.completion_tokens (10)",
+        ),
+        (
+            ReportRequest {
+                usage: None,
+                ..rep.clone()
+            },
+            "longest_choice_tokens needs usage",
+        ),
+    ] {
+        let e = c.report(bad).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains(field), "{}", e.message());
+    }
+    c.report(rep).await.unwrap();
+    let tpot = |name: &str| {
+        gw.metrics
+            .value(name, &[("tenant", "anonymous"), ("model", "qwen")])
+            .unwrap()
+    };
+    assert_eq!(tpot("kinference_tpot_seconds_count"), 1.0);
+    let sum = tpot("kinference_tpot_seconds_sum");
+    assert!(
+        (sum - 0.1).abs() < 1e-9,
+        "0.4 s over the longest choice's 4 gaps: {sum}"
+    );
 }

@@ -104,6 +104,8 @@ impl HandlerService {
         if req.decision_id.is_empty() {
             return Err(tonic::Status::invalid_argument("decision_id is required"));
         }
+        // Checked before the decision is taken: a refused report can be sent again, fixed.
+        let longest_share = longest_share(req)?;
         let Some(p) = self.pending.take(&req.decision_id) else {
             return Err(tonic::Status::not_found(format!(
                 "no pending decision `{}` (never made, already reported, or expired)",
@@ -123,14 +125,37 @@ impl HandlerService {
             completed: req.completed,
             duration_s: finite(Some(req.duration_seconds)).unwrap_or(0.0),
             token_events: 0,
-            // The report carries no per-choice counts: TPOT counts the tokens as one choice's.
-            longest_share: 1.0,
+            longest_share,
             // What the caller reports is the response it passed on.
             client_gone: false,
         };
         forward::report(&self.gw, p.api, &p.chosen, &obs);
         Ok(())
     }
+}
+
+/// The longest choice's share of the output tokens (`longest_choice_tokens` over
+/// `usage.completion_tokens`); 1 when unset or without output.
+#[allow(clippy::result_large_err)]
+fn longest_share(req: &ReportRequest) -> Result<f64, tonic::Status> {
+    let Some(longest) = req.longest_choice_tokens else {
+        return Ok(1.0);
+    };
+    let Some(usage) = req.usage else {
+        return Err(tonic::Status::invalid_argument(
+            "longest_choice_tokens needs usage (its share of usage.completion_tokens)",
+        ));
+    };
+    if longest > usage.completion_tokens {
+        return Err(tonic::Status::invalid_argument(format!(
+            "longest_choice_tokens ({longest}) exceeds usage.completion_tokens ({})",
+            usage.completion_tokens
+        )));
+    }
+    Ok(match usage.completion_tokens {
+        0 => 1.0,
+        all => longest as f64 / all as f64,
+    })
 }
 
 fn reject(e: &ApiError, api: Api) -> decide_response::Outcome {
