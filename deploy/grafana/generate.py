@@ -153,19 +153,19 @@ pools = dashboard("kinference-pools", "Kinference / Pools and destinations", gri
     dict(title="Decisions by rule", unit="reqps", targets=[
         (f"sum by (rule) (rate(kinference_decisions_total{{{D}}}[$__rate_interval]))", "{{rule}}")]),
     dict(title="Decisions by destination", unit="reqps", targets=[
-        (f"sum by (destination) (rate(kinference_decisions_total{{{D}}}[$__rate_interval]))", "{{destination}}")]),
+        (f"sum by (destination_namespace, destination) (rate(kinference_decisions_total{{{D}}}[$__rate_interval]))", "{{destination_namespace}}/{{destination}}")]),
     dict(title="Responses by destination and outcome", unit="reqps", targets=[
-        (f"sum by (destination, outcome, status) (rate(kinference_responses_total{{{D}}}[$__rate_interval]))", "{{destination}} {{status}} {{outcome}}")]),
+        (f"sum by (destination_namespace, destination, outcome, status) (rate(kinference_responses_total{{{D}}}[$__rate_interval]))", "{{destination_namespace}}/{{destination}} {{status}} {{outcome}}")]),
     dict(title="Upstream TTFT p90 by endpoint", unit="s", targets=[
         (f"histogram_quantile(0.9, sum by (endpoint, le) (rate(kinference_upstream_ttft_seconds_bucket{{{D}}}[$__rate_interval])))", "{{endpoint}}")]),
     dict(title="TTFT prediction error p90", unit="s", targets=[
-        (f"histogram_quantile(0.9, sum by (destination, le) (rate(kinference_ttft_prediction_error_seconds_bucket{{{D}}}[$__rate_interval])))", "{{destination}}")]),
+        (f"histogram_quantile(0.9, sum by (destination_namespace, destination, le) (rate(kinference_ttft_prediction_error_seconds_bucket{{{D}}}[$__rate_interval])))", "{{destination_namespace}}/{{destination}}")]),
     dict(title="Decision time p99", unit="s", targets=[
         ("histogram_quantile(0.99, sum by (le) (rate(kinference_decision_seconds_bucket[$__rate_interval])))", "p99")]),
     dict(title="Retries by endpoint", unit="reqps", targets=[
         ("sum by (endpoint) (rate(kinference_upstream_retries_total[$__rate_interval]))", "{{endpoint}}")]),
     dict(title="Cost per hour by destination", unit="currencyUSD", targets=[
-        (f"sum by (destination) (rate(kinference_tenant_cost_usd_total{{{D}}}[$__rate_interval])) * 3600", "{{destination}}")]),
+        (f"sum by (destination_namespace, destination) (rate(kinference_tenant_cost_usd_total{{{D}}}[$__rate_interval])) * 3600", "{{destination_namespace}}/{{destination}}")]),
     dict(title="Policy generation", unit="none", kind="stat", targets=[("max(kinference_policy_generation)", "generation")]),
     dict(title="Policy refused", unit="none", kind="stat", targets=[("max(kinference_policy_refused)", "refused")]),
 ]), [var_query("destination", "label_values(kinference_decisions_total, destination)")], ["pools"])
@@ -207,7 +207,10 @@ capacity = dashboard("kinference-capacity", "Kinference / Capacity", grid([
         (f"kinference_endpoint_load_age_seconds{{{W}}}", "{{endpoint}}")]),
 ]), [var_query("worker_set", "label_values(kinference_endpoint_routable, worker_set)")], ["capacity"])
 
+# KINF_GRAFANA_OUT=DIR writes there instead (scripts/e2e/prometheus_check.sh compares the
+# output with the committed dashboards).
+OUT = os.environ.get("KINF_GRAFANA_OUT", HERE)
 for name, d in [("tenants", tenants), ("models", models), ("pools", pools), ("slos", slos), ("capacity", capacity)]:
-    with open(os.path.join(HERE, f"kinference-{name}.json"), "w") as f:
+    with open(os.path.join(OUT, f"kinference-{name}.json"), "w") as f:
         json.dump(d, f, indent=2)
         f.write("\n")

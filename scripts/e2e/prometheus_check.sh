@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Checks the Prometheus rules and Grafana dashboards in deploy/:
 #   - promtool check rules deploy/prometheus/*.yaml
-#   - promtool test rules deploy/prometheus/tests/*.yaml (the queries of docs/capacity.md)
-# The documented capacity queries, on synthetic series.
-promtool test rules deploy/prometheus/tests/*.yaml
+#   - promtool test rules deploy/prometheus/tests/*.yaml (the queries of docs/capacity.md, on
+#     synthetic series)
+#   - deploy/grafana/*.json are what deploy/grafana/generate.py writes
 #   - every deploy/grafana/*.json parses as JSON and has uid, title, schemaVersion and panels
 #     whose targets have an expression
 #   - every kinference_* metric the rules and dashboards use is documented in
@@ -19,6 +19,19 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 
 promtool check rules deploy/prometheus/*.yaml
+promtool test rules deploy/prometheus/tests/*.yaml
+
+# The committed dashboards are the generator's output (edits go into generate.py).
+gen=$(mktemp -d)
+KINF_GRAFANA_OUT="$gen" python3 deploy/grafana/generate.py
+for f in "$gen"/*.json; do
+  if ! diff -q "$f" "deploy/grafana/$(basename "$f")" >/dev/null; then
+    echo "deploy/grafana/$(basename "$f") differs from deploy/grafana/generate.py's output: edit the generator and run it" >&2
+    diff -u "deploy/grafana/$(basename "$f")" "$f" | head -20 >&2
+    exit 1
+  fi
+done
+rm -rf "$gen"
 
 python3 - <<'PY'
 import glob, json, re, sys
