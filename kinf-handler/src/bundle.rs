@@ -31,6 +31,12 @@ pub trait NamespaceIsolation: Send + Sync + std::fmt::Debug {
     /// (none, for a namespace that has none in force) and every other namespace the
     /// bundle's objects.
     fn merge(&self, kept: &BTreeSet<String>) -> Sources;
+    /// The endpoints that the worker sets of the objects in force select, by `namespace/name`,
+    /// read when called (the bundle is being applied); `None` when nothing is in force.
+    fn endpoints_in_force(&self) -> Option<BTreeMap<String, Vec<String>>>;
+    /// Records what applying the bundle put in force ([`crate::ApplyOutcome`]): its objects
+    /// (applied or unchanged), the merge (partly applied) or nothing new (refused).
+    fn settle(&self, outcome: &crate::ApplyOutcome);
 }
 
 /// What a source resolved beside the resources.
@@ -83,17 +89,28 @@ impl Resolved {
     /// its Secrets, and the endpoints its own worker sets select.
     pub fn for_policy_in_force(&self) -> Resolved {
         let mut r = self.clone();
-        if let Some(e) = &self.in_force_endpoints {
-            r.endpoints = e.clone();
+        if let Some(e) = self.endpoints_in_force() {
+            r.endpoints = e;
         }
         r
     }
 
+    /// The endpoints that the worker sets of the policy in force select: read from
+    /// [`Resolved::isolation`] when the bundle is applied (a bundle made while the one before
+    /// it was being applied would otherwise see the objects in force before that one), else
+    /// [`Resolved::in_force_endpoints`].
+    fn endpoints_in_force(&self) -> Option<BTreeMap<String, Vec<String>>> {
+        match &self.isolation {
+            Some(iso) => iso.endpoints_in_force(),
+            None => self.in_force_endpoints.clone(),
+        }
+    }
+
     /// The cluster state to apply a bundle with when the namespaces in `kept` keep the objects
     /// of the policy in force: their worker sets' endpoints are those the policy in force's
-    /// worker sets select ([`Resolved::in_force_endpoints`]), every other one's the bundle's.
+    /// worker sets select, every other one's the bundle's.
     pub fn keeping(&self, kept: &BTreeSet<String>) -> Resolved {
-        let Some(in_force) = &self.in_force_endpoints else {
+        let Some(in_force) = self.endpoints_in_force() else {
             return self.clone();
         };
         let in_kept = |key: &String| key.split_once('/').is_some_and(|(ns, _)| kept.contains(ns));

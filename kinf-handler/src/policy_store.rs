@@ -132,9 +132,22 @@ impl PolicyStore {
     ///
     /// With [`crate::bundle::Resolved::isolation`], a bundle whose errors all belong to
     /// objects of some namespaces is applied without them: those namespaces keep the objects
-    /// they have in force ([`PolicyStore::isolate`]). The refusal is recorded all the same,
-    /// with the namespaces.
+    /// they have in force (see `isolate`). The refusal is recorded all the same, with the
+    /// namespaces. The isolation is then told what the outcome put in force
+    /// ([`crate::bundle::NamespaceIsolation::settle`]), before the next bundle is applied.
     pub fn apply_resolved(
+        &self,
+        sources: &Sources,
+        resolved: &crate::bundle::Resolved,
+    ) -> (ApplyOutcome, Vec<Diagnostic>) {
+        let (outcome, diagnostics) = self.compile_and_apply(sources, resolved);
+        if let Some(iso) = &resolved.isolation {
+            iso.settle(&outcome);
+        }
+        (outcome, diagnostics)
+    }
+
+    fn compile_and_apply(
         &self,
         sources: &Sources,
         resolved: &crate::bundle::Resolved,
@@ -272,13 +285,13 @@ fn error_count(c: &kinf_lang::Compilation) -> usize {
 }
 
 /// Namespace isolation of a refused bundle: the namespaces with errors keep the objects they
-/// have in force and every other namespace's objects are compiled. A namespace whose kept
-/// objects, or whose new ones, then have errors is kept too, and so on; each round keeps at
-/// least one more namespace. Returns the merged sources, their compilation and the kept
-/// namespaces; `None` (the whole bundle is refused) without
-/// [`crate::bundle::Resolved::isolation`], when an error belongs to no single object, when
-/// an error appears in a namespace already kept (its objects in force no longer compile
-/// beside the others'), or when every namespace would be kept.
+/// have in force and every other namespace's objects are compiled beside them. When that
+/// has errors in namespaces not kept yet, those are kept too and the merge is compiled
+/// again; each round keeps at least one more namespace, so the loop ends. Returns the merged
+/// sources, their compilation and the kept namespaces; `None` (the whole bundle is refused)
+/// without [`crate::bundle::Resolved::isolation`], when an error belongs to no single
+/// object, when an error appears in a namespace already kept (its objects in force no longer
+/// compile beside the others'), or when every namespace would be kept.
 fn isolate(
     full: &kinf_lang::Compilation,
     sources: &Sources,
@@ -297,15 +310,24 @@ fn isolate(
             let (merged, mc) = round?;
             return Some((merged, mc, kept));
         }
-        let mut grew = false;
+        let mut more = BTreeSet::new();
         for d in c
             .diagnostics
             .iter()
             .filter(|d| d.severity == Severity::Error)
         {
-            grew |= kept.insert(iso.namespace_of(d, diag_sources)?);
+            let ns = iso.namespace_of(d, diag_sources)?;
+            if kept.contains(&ns) {
+                return None;
+            }
+            more.insert(ns);
         }
-        if !grew || kept.is_superset(&all) {
+        if more.is_empty() {
+            // No policy and no error: nothing to isolate.
+            return None;
+        }
+        kept.extend(more);
+        if kept.is_superset(&all) {
             return None;
         }
         let merged = iso.merge(&kept);
@@ -374,6 +396,7 @@ mod tests {
         all: BTreeSet<String>,
         merges: BTreeMap<String, Sources>,
         merged: parking_lot::Mutex<Vec<String>>,
+        settled: parking_lot::Mutex<Vec<ApplyOutcome>>,
     }
 
     impl NamespaceIsolation for Scripted {
@@ -389,6 +412,12 @@ mod tests {
             let key = kept.iter().cloned().collect::<Vec<_>>().join(",");
             self.merged.lock().push(key.clone());
             self.merges.get(&key).cloned().unwrap_or_default()
+        }
+        fn endpoints_in_force(&self) -> Option<BTreeMap<String, Vec<String>>> {
+            None
+        }
+        fn settle(&self, outcome: &ApplyOutcome) {
+            self.settled.lock().push(outcome.clone());
         }
     }
 
@@ -407,6 +436,7 @@ mod tests {
             all: all.iter().map(|s| (*s).to_owned()).collect(),
             merges: merges.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
             merged: parking_lot::Mutex::new(Vec::new()),
+            settled: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -434,6 +464,7 @@ mod tests {
             }
         );
         assert_eq!(*s.merged.lock(), vec!["a", "a,b"]);
+        assert_eq!(*s.settled.lock(), vec![outcome], "told what is in force");
         let names: Vec<String> = store
             .current()
             .unwrap()

@@ -903,6 +903,13 @@ async fn report_with_n_choices_measures_tpot_over_the_longest_choice() {
             },
             "longest_choice_tokens needs usage",
         ),
+        (
+            ReportRequest {
+                longest_choice_tokens: Some(0),
+                ..rep.clone()
+            },
+            "longest_choice_tokens is 0 while usage.completion_tokens is 10",
+        ),
     ] {
         let e = c.report(bad).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);

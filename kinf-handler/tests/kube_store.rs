@@ -849,15 +849,26 @@ fn apply_isolated(
     ApplyOutcome,
     Vec<kinf_lang::Diagnostic>,
 ) {
+    let bundle = isolated_bundle(s, in_force);
+    // The gateway records what the outcome put in force.
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    (bundle, outcome, diags)
+}
+
+/// The store's bundle as the controller makes it, with namespace isolation against the
+/// objects in force.
+fn isolated_bundle(
+    s: &ClusterStore,
+    in_force: &kinf_handler::kube::isolation::InForce,
+) -> kinf_handler::bundle::ConfigBundle {
     let merge = Arc::new(kinf_handler::kube::isolation::NamespaceMerge::new(
         Arc::new(s.objects().cloned().collect()),
         in_force.clone(),
+        s.pods_snapshot(),
     ));
     let mut bundle = s.bundle();
-    bundle.resolved.isolation = Some(merge.clone());
-    let (outcome, diags) = gw.apply_bundle(&bundle);
-    merge.settle(&outcome);
-    (bundle, outcome, diags)
+    bundle.resolved.isolation = Some(merge);
+    bundle
 }
 
 /// The text of source `label` in the policy in force.
@@ -1058,4 +1069,107 @@ fn without_isolation_a_bundle_with_errors_in_one_namespace_is_refused_whole() {
         "{outcome:?}"
     );
     assert!(!gw.store.is_ready());
+}
+
+#[test]
+fn a_kept_namespace_serves_the_endpoints_its_worker_sets_in_force_select() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    team_b(&mut s, 8, "if");
+    let gw = gateway_();
+    let in_force = kinf_handler::kube::isolation::InForce::default();
+    apply_isolated(&s, &gw, &in_force);
+    assert_eq!(
+        endpoints(&gw, "llm/vllm"),
+        vec!["10.0.0.1:8000", "10.0.0.4:9000"]
+    );
+    // llm's edit points its worker set at other pods and breaks its policy; team-b edits.
+    let mut ws = worker_set();
+    ws.metadata.generation = Some(2);
+    ws.data["spec"]["selector"] = json!({"matchLabels": {"app": "web"}});
+    s.apply_object_event(ResourceKind::InferenceWorkerSet, Event::Apply(ws));
+    s.apply_object_event(
+        ResourceKind::InferencePolicy,
+        Event::Apply(policy(2, "iff")),
+    );
+    team_b(&mut s, 4, "if");
+    let (_, outcome, _) = apply_isolated(&s, &gw, &in_force);
+    assert!(
+        matches!(outcome, ApplyOutcome::PartlyApplied { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        endpoints(&gw, "llm/vllm"),
+        vec!["10.0.0.1:8000", "10.0.0.4:9000"],
+        "the refused selector must not take effect"
+    );
+    // Pods that the worker set in force selects still come and go.
+    s.apply_pod_event(Event::Apply(pod(
+        "vllm-1",
+        "vllm",
+        Some("10.0.0.2"),
+        true,
+        Some(8000),
+    )));
+    apply_isolated(&s, &gw, &in_force);
+    assert_eq!(
+        endpoints(&gw, "llm/vllm"),
+        vec!["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.4:9000"]
+    );
+}
+
+#[test]
+fn a_bundle_made_while_the_one_before_is_applied_merges_with_what_that_one_put_in_force() {
+    let mut s = initial_store(policy(1, "if"));
+    team_b(&mut s, 8, "if");
+    let gw = gateway_();
+    let in_force = kinf_handler::kube::isolation::InForce::default();
+    apply_isolated(&s, &gw, &in_force);
+    // Bundle 2: llm edits its policy (valid). Bundle 3, made before bundle 2 is applied:
+    // llm's next edit is invalid, team-b edits.
+    let mut edited = policy(3, "if");
+    edited.data["spec"]["rules"][0]["name"] = json!("local-first-v3");
+    s.apply_object_event(ResourceKind::InferencePolicy, Event::Apply(edited));
+    let second = isolated_bundle(&s, &in_force);
+    s.apply_object_event(
+        ResourceKind::InferencePolicy,
+        Event::Apply(policy(4, "iff")),
+    );
+    team_b(&mut s, 5, "if");
+    let third = isolated_bundle(&s, &in_force);
+    assert!(matches!(
+        gw.apply_bundle(&second).0,
+        ApplyOutcome::Applied { .. }
+    ));
+    let (outcome, _) = gw.apply_bundle(&third);
+    assert!(
+        matches!(outcome, ApplyOutcome::PartlyApplied { .. }),
+        "{outcome:?}"
+    );
+    let held = in_force.lock().clone().unwrap();
+    let llm = held
+        .iter()
+        .find(|o| o.key.namespace == "llm" && o.key.kind == ResourceKind::InferencePolicy)
+        .unwrap();
+    assert_eq!(
+        llm.generation,
+        Some(3),
+        "llm keeps bundle 2's policy, not bundle 1's"
+    );
+    let text = in_force_text(&gw, "InferencePolicy/llm/routing").unwrap();
+    assert_eq!(
+        text,
+        second
+            .sources
+            .iter()
+            .find(|(_, f)| f.name == "InferencePolicy/llm/routing")
+            .unwrap()
+            .1
+            .text
+            .to_string()
+    );
 }

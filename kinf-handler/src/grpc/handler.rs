@@ -146,6 +146,13 @@ fn longest_share(req: &ReportRequest) -> Result<f64, tonic::Status> {
             "longest_choice_tokens needs usage (its share of usage.completion_tokens)",
         ));
     };
+    if longest == 0 && usage.completion_tokens > 0 {
+        return Err(tonic::Status::invalid_argument(format!(
+            "longest_choice_tokens is 0 while usage.completion_tokens is {}: the longest \
+             choice has at least one of them",
+            usage.completion_tokens
+        )));
+    }
     if longest > usage.completion_tokens {
         return Err(tonic::Status::invalid_argument(format!(
             "longest_choice_tokens ({longest}) exceeds usage.completion_tokens ({})",

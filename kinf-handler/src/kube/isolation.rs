@@ -10,7 +10,7 @@ use kinf_lang::{Diagnostic, Sources};
 use parking_lot::Mutex;
 
 use super::status::diagnostic_object;
-use super::store::{StoredObject, sources_of};
+use super::store::{Pods, StoredObject, select_pods, sources_of};
 use crate::ApplyOutcome;
 
 /// The objects of the policy in force (`None`: none), as the controller keeps them. Read when
@@ -19,17 +19,24 @@ use crate::ApplyOutcome;
 /// while the one before was being applied still merges with what that one left in force.
 pub type InForce = Arc<Mutex<Option<Arc<Vec<StoredObject>>>>>;
 
-/// The objects of a bundle and those of the policy in force.
+/// The objects of a bundle, those of the policy in force, and the pods the bundle was made
+/// with.
 #[derive(Debug, Clone)]
 pub struct NamespaceMerge {
     bundle: Arc<Vec<StoredObject>>,
     in_force: InForce,
+    pods: Pods,
 }
 
 impl NamespaceMerge {
-    /// The bundle's objects and the policy in force's.
-    pub fn new(bundle: Arc<Vec<StoredObject>>, in_force: InForce) -> Self {
-        NamespaceMerge { bundle, in_force }
+    /// The bundle's objects, the policy in force's and the pods the bundle's endpoints were
+    /// selected from.
+    pub fn new(bundle: Arc<Vec<StoredObject>>, in_force: InForce, pods: Pods) -> Self {
+        NamespaceMerge {
+            bundle,
+            in_force,
+            pods,
+        }
     }
 
     /// The bundle's objects.
@@ -46,7 +53,7 @@ impl NamespaceMerge {
 
     /// Records what the bundle's apply put in force: all its objects (applied, unchanged),
     /// the merge (partly applied) or nothing new (refused). Returns the objects now in force.
-    pub fn settle(&self, outcome: &ApplyOutcome) -> Option<Arc<Vec<StoredObject>>> {
+    pub fn settle_objects(&self, outcome: &ApplyOutcome) -> Option<Arc<Vec<StoredObject>>> {
         let mut in_force = self.in_force.lock();
         match outcome {
             ApplyOutcome::Refused { .. } => {}
@@ -102,6 +109,20 @@ impl crate::bundle::NamespaceIsolation for NamespaceMerge {
 
     fn merge(&self, kept: &BTreeSet<String>) -> Sources {
         sources_of(self.objects(kept).iter())
+    }
+
+    fn endpoints_in_force(&self) -> Option<std::collections::BTreeMap<String, Vec<String>>> {
+        let in_force = self.in_force.lock().clone()?;
+        Some(
+            select_pods(&self.pods, in_force.iter())
+                .into_iter()
+                .map(|(k, v)| (k, v.endpoints))
+                .collect(),
+        )
+    }
+
+    fn settle(&self, outcome: &ApplyOutcome) {
+        self.settle_objects(outcome);
     }
 }
 

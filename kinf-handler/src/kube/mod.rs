@@ -56,6 +56,10 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Secrets read at once.
 const SECRET_READS_AT_ONCE: usize = 8;
 
+/// Bundles made and not yet applied whose objects are kept for status (the apply loop takes
+/// the newest; older ones are dropped when it applies a newer one).
+const MAX_UNAPPLIED_SNAPSHOTS: usize = 64;
+
 /// Settings of Kubernetes mode.
 #[derive(Clone, Debug)]
 pub struct KubeOptions {
@@ -157,8 +161,8 @@ pub struct Controller {
     changed: tokio::sync::watch::Sender<u64>,
     leader: Arc<lease::Leadership>,
     revision: AtomicU64,
-    /// What each recent bundle was made of, by revision.
-    snapshots: Mutex<BTreeMap<u64, Arc<isolation::NamespaceMerge>>>,
+    /// The objects of each bundle not yet applied, by revision (for status).
+    snapshots: Mutex<BTreeMap<u64, Arc<Vec<StoredObject>>>>,
     /// The objects of the last bundle applied (or found unchanged): the policy in force.
     in_force_objects: isolation::InForce,
     last: Mutex<Option<LastApply>>,
@@ -382,7 +386,7 @@ impl Controller {
     /// kept for status.
     pub fn snapshot_bundle(&self) -> ConfigBundle {
         let in_force = self.in_force_objects.lock().clone();
-        let (mut bundle, objects) = self.with_store(|s| {
+        let (mut bundle, objects, pods) = self.with_store(|s| {
             let mut bundle = s.bundle();
             // If this bundle is refused, the policy in force is re-applied with the current
             // pods as *its* worker sets select them.
@@ -392,21 +396,25 @@ impl Controller {
                     .map(|(k, v)| (k, v.endpoints))
                     .collect()
             });
-            (bundle, s.objects().cloned().collect())
+            (bundle, s.objects().cloned().collect(), s.pods_snapshot())
         });
-        let merge = Arc::new(isolation::NamespaceMerge::new(
-            Arc::new(objects),
+        let objects: Arc<Vec<StoredObject>> = Arc::new(objects);
+        // Namespace isolation: the gateway merges this bundle with the objects in force, and
+        // records what it put in force, when it applies it.
+        bundle.resolved.isolation = Some(Arc::new(isolation::NamespaceMerge::new(
+            objects.clone(),
             self.in_force_objects.clone(),
-        ));
-        bundle.resolved.isolation = Some(merge.clone());
+            pods,
+        )));
         if self.seeded.load(Ordering::SeqCst) {
             bundle.resolved.last_good = in_force.map(|objects| store::sources_of(objects.iter()));
         }
         let rev = self.revision.fetch_add(1, Ordering::SeqCst) + 1;
         bundle.revision = rev;
         let mut snaps = self.snapshots.lock();
-        snaps.insert(rev, merge);
-        while snaps.len() > 8 {
+        snaps.insert(rev, objects);
+        // Applied bundles are removed by `after_apply`; this only bounds a stalled apply loop.
+        while snaps.len() > MAX_UNAPPLIED_SNAPSHOTS {
             snaps.pop_first();
         }
         bundle
@@ -421,16 +429,22 @@ impl Controller {
         outcome: &ApplyOutcome,
         diags: &[Diagnostic],
     ) {
-        let Some(merge) = self.snapshots.lock().get(&bundle.revision).cloned() else {
+        // This one and every older one (skipped for a newer bundle) are done.
+        let objects = {
+            let mut snaps = self.snapshots.lock();
+            let objects = snaps.remove(&bundle.revision);
+            snaps.retain(|rev, _| *rev > bundle.revision);
+            objects
+        };
+        let Some(objects) = objects else {
             return;
         };
-        let objects = merge.bundle_objects().clone();
+        // (What the bundle put in force was recorded when it was applied:
+        // `NamespaceIsolation::settle`.)
         let in_force = outcome.in_force();
         let refused_namespaces: Option<std::collections::BTreeSet<String>> = outcome
             .refused_namespaces()
             .map(|ns| ns.iter().cloned().collect());
-        // Partly applied: the refused namespaces keep their objects in force.
-        merge.settle(outcome);
         if in_force {
             self.seeded.store(false, Ordering::SeqCst);
         }

@@ -348,15 +348,23 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
                 .filter(|(k, _)| k.namespace == o.key.namespace)
                 .collect();
             let n: usize = here.iter().map(|(_, f)| f.errors.len()).sum();
+            let why = if n == 0 {
+                // Refused in a later round: its objects did not compile beside those that
+                // other namespaces keep in force.
+                "not applied: its namespace's objects do not compile beside the objects other \
+                 namespaces keep in force"
+                    .to_owned()
+            } else {
+                format!(
+                    "not applied: its namespace has {n} error{} in other resources: {}",
+                    if n == 1 { "" } else { "s" },
+                    summary(&here, &[])
+                )
+            };
             (
                 false,
                 "NamespaceRefused",
-                format!(
-                    "not applied: its namespace has {n} error{} in other resources: {}; {}",
-                    if n == 1 { "" } else { "s" },
-                    summary(&here, &[]),
-                    kept_ns(&o.key.namespace)
-                ),
+                format!("{why}; {}", kept_ns(&o.key.namespace)),
             )
         } else if !bundle_ok && !partly {
             (
@@ -466,6 +474,11 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
         }
         if ready {
             match (serving, gen_) {
+                (Serving::Current, _) if !accepted && refused_ns(&o.key.namespace) => ready_message
+                    .push_str(
+                        "; this generation is in force (its namespace's newer objects were \
+                         refused, see Accepted)",
+                    ),
                 (Serving::Current, _) if !accepted => ready_message.push_str(
                     "; this generation is in force (a newer bundle was refused, see Accepted)",
                 ),

@@ -195,11 +195,15 @@ pub enum Stream {
     Pods,
 }
 
+/// The pods, by `(namespace, name)`: shared with the bundles made from the store (copied on
+/// the first change after a bundle took it).
+pub type Pods = Arc<BTreeMap<(String, String), PodInfo>>;
+
 /// Objects, pods and Secrets, as last seen.
 #[derive(Debug, Default)]
 pub struct ClusterStore {
     objects: BTreeMap<ObjectKey, StoredObject>,
-    pods: BTreeMap<(String, String), PodInfo>,
+    pods: Pods,
     /// `None`: looked up and not found.
     secrets: BTreeMap<(String, String), Option<BTreeMap<String, Secret>>>,
     /// Secrets whose read was attempted at least once (found, not found, or failed).
@@ -282,13 +286,16 @@ impl ClusterStore {
                     if self.pods.get(&k) == Some(&i) {
                         return false;
                     }
-                    self.pods.insert(k, i);
+                    Arc::make_mut(&mut self.pods).insert(k, i);
                     true
                 }
                 None => false,
             },
             Event::Delete(p) => match PodInfo::from_pod(&p) {
-                Some(i) => self.pods.remove(&(i.namespace, i.name)).is_some(),
+                Some(i) => {
+                    let k = (i.namespace, i.name);
+                    self.pods.contains_key(&k) && Arc::make_mut(&mut self.pods).remove(&k).is_some()
+                }
                 None => false,
             },
             Event::Init => {
@@ -310,8 +317,8 @@ impl ClusterStore {
                     .map(|i| ((i.namespace.clone(), i.name.clone()), i))
                     .collect();
                 let first = self.synced.insert(Stream::Pods);
-                let changed = fresh != self.pods;
-                self.pods = fresh;
+                let changed = fresh != *self.pods;
+                self.pods = Arc::new(fresh);
                 first || changed
             }
         }
@@ -447,38 +454,12 @@ impl ClusterStore {
         &self,
         objects: impl IntoIterator<Item = &'o StoredObject>,
     ) -> BTreeMap<String, SelectedPods> {
-        let mut out = BTreeMap::new();
-        for o in objects {
-            if o.key.kind != ResourceKind::InferenceWorkerSet {
-                continue;
-            }
-            let Some(sel) = o.spec.get("selector").filter(|s| s.is_object()) else {
-                continue;
-            };
-            let explicit = o
-                .spec
-                .get("port")
-                .and_then(Value::as_u64)
-                .and_then(|p| u16::try_from(p).ok());
-            let mut sp = SelectedPods::default();
-            for p in self.pods.values() {
-                if p.namespace != o.key.namespace || !selector_matches(sel, &p.labels) {
-                    continue;
-                }
-                sp.selected += 1;
-                if !p.ready || p.terminating {
-                    continue;
-                }
-                let port = explicit.unwrap_or_else(|| pod_port(p));
-                if let Some(a) = p.address(port) {
-                    sp.endpoints.push(a);
-                }
-            }
-            sp.endpoints.sort();
-            sp.endpoints.dedup();
-            out.insert(format!("{}/{}", o.key.namespace, o.key.name), sp);
-        }
-        out
+        select_pods(&self.pods, objects)
+    }
+
+    /// The current pods (shared, not copied).
+    pub fn pods_snapshot(&self) -> Pods {
+        self.pods.clone()
     }
 
     /// The bundle of everything known: one source per object (named `Kind/namespace/name`),
@@ -508,6 +489,46 @@ impl ClusterStore {
             revision: 0,
         }
     }
+}
+
+/// What the worker sets among `objects` select among `pods`: by `namespace/name`, the pods
+/// matched and the ready ones' addresses.
+pub fn select_pods<'o>(
+    pods: &BTreeMap<(String, String), PodInfo>,
+    objects: impl IntoIterator<Item = &'o StoredObject>,
+) -> BTreeMap<String, SelectedPods> {
+    let mut out = BTreeMap::new();
+    for o in objects {
+        if o.key.kind != ResourceKind::InferenceWorkerSet {
+            continue;
+        }
+        let Some(sel) = o.spec.get("selector").filter(|s| s.is_object()) else {
+            continue;
+        };
+        let explicit = o
+            .spec
+            .get("port")
+            .and_then(Value::as_u64)
+            .and_then(|p| u16::try_from(p).ok());
+        let mut sp = SelectedPods::default();
+        for p in pods.values() {
+            if p.namespace != o.key.namespace || !selector_matches(sel, &p.labels) {
+                continue;
+            }
+            sp.selected += 1;
+            if !p.ready || p.terminating {
+                continue;
+            }
+            let port = explicit.unwrap_or_else(|| pod_port(p));
+            if let Some(a) = p.address(port) {
+                sp.endpoints.push(a);
+            }
+        }
+        sp.endpoints.sort();
+        sp.endpoints.dedup();
+        out.insert(format!("{}/{}", o.key.namespace, o.key.name), sp);
+    }
+    out
 }
 
 /// The sources of `objects` (sorted by key), as a bundle holds them: front doors last, oldest
