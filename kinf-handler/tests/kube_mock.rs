@@ -13,6 +13,7 @@ use http::{Request, Response, StatusCode};
 use k8s_openapi::api::coordination::v1::Lease;
 use kinf_handler::gateway::{Gateway, GatewayOptions};
 use kinf_handler::kube::lease::{self, Action, LeaseConfig};
+use kinf_handler::kube::store::StoredObject;
 use kinf_handler::kube::{Controller, KubeOptions};
 use kinf_policy::ResourceKind;
 use kube::client::Body;
@@ -1033,6 +1034,7 @@ async fn a_replica_starting_while_the_bundle_is_refused_serves_the_last_good_pol
     assert_eq!(kept_endpoints[0].1.len(), 1, "{kept_endpoints:?}");
     let k = admin_status(&gw2).await["kubernetes"].clone();
     assert_eq!(k["lastGood"]["serving"], true, "{k}");
+    assert_eq!(k["lastGood"]["servingNamespaces"], json!(["llm"]), "{k}");
     assert_eq!(
         k["lastGood"]["configMap"],
         "llm/kinference-leader-last-good"
@@ -1044,6 +1046,7 @@ async fn a_replica_starting_while_the_bundle_is_refused_serves_the_last_good_pol
     assert!(gw2.store.last_rejected().is_none());
     let k = admin_status(&gw2).await["kubernetes"].clone();
     assert_eq!(k["lastGood"]["serving"], false);
+    assert_eq!(k["lastGood"]["servingNamespaces"], json!([]));
 
     // Nothing kept (404): a refused first bundle leaves the replica not ready, as before.
     let (client, mut handle) = mock();
@@ -1219,4 +1222,57 @@ async fn one_teams_invalid_object_does_not_hold_back_another_teams_edit() {
             .any(|l| l == "kinference_policy_refused_namespaces 0.0"),
         "{metrics}"
     );
+}
+
+#[tokio::test]
+async fn after_a_partial_apply_the_refused_namespace_is_served_from_the_kept_policy() {
+    let (client, _handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(None, "pod-b"));
+    let gw = Gateway::new(GatewayOptions::default());
+    let status: Arc<dyn kinf_handler::gateway::ControllerStatus> = c.clone();
+    assert!(gw.controller.set(status).is_ok());
+    // What the leader kept: llm's generation 1 and team-b's limit 8.
+    let kept: Vec<StoredObject> = [
+        (ResourceKind::InferenceWorkerSet, worker_set()),
+        (ResourceKind::InferenceProvider, provider()),
+        (ResourceKind::InferencePool, pool()),
+        (ResourceKind::InferencePolicy, policy(1, "if")),
+        (ResourceKind::GatewayBackend, gateway()),
+    ]
+    .into_iter()
+    .chain(team_b_objects(8, "if"))
+    .map(|(kind, o)| StoredObject::from_dynamic(kind, &o).unwrap())
+    .collect();
+    c.seed_last_good(kept);
+    // The replica starts while llm's policy is invalid and team-b has moved on.
+    load(&c, policy(2, "iff"));
+    c.update_store(|s| {
+        for (kind, o) in team_b_objects(4, "if") {
+            s.apply_object_event(kind, Event::Apply(o));
+        }
+        true
+    });
+    apply(&c, &gw);
+    let current = gw.store.current().expect("served");
+    let text = |label: &str| {
+        current
+            .sources
+            .iter()
+            .find(|(_, f)| f.name == label)
+            .map(|(_, f)| f.text.to_string())
+            .unwrap()
+    };
+    assert!(
+        !text("InferencePolicy/llm/routing").contains("iff"),
+        "llm: the kept policy"
+    );
+    assert!(text("InferencePolicy/team-b/routing").contains("greaterThan: 4"));
+    let k = admin_status(&gw).await["kubernetes"].clone();
+    assert_eq!(k["lastGood"]["serving"], false, "{k}");
+    assert_eq!(k["lastGood"]["servingNamespaces"], json!(["llm"]), "{k}");
+    // llm fixed: nothing is served from the kept policy any more.
+    load(&c, policy(3, "if"));
+    apply(&c, &gw);
+    let k = admin_status(&gw).await["kubernetes"].clone();
+    assert_eq!(k["lastGood"]["servingNamespaces"], json!([]), "{k}");
 }

@@ -180,6 +180,12 @@ pub struct Controller {
     last_good_error: Mutex<Option<String>>,
     /// The last bundle was refused and the kept policy is what this replica serves.
     serving_kept: std::sync::atomic::AtomicBool,
+    /// The namespaces whose objects in force are those kept in the cluster (read at start):
+    /// all of the kept policy's until a bundle of this process is in force; after a partial
+    /// apply, the refused namespaces that still hold them.
+    kept_namespaces: Mutex<std::collections::BTreeSet<String>>,
+    /// Those of them served after the last bundle (none while no policy is in force).
+    serving_kept_namespaces: Mutex<Vec<String>>,
 }
 
 impl crate::gateway::ControllerStatus for Controller {
@@ -217,6 +223,8 @@ impl Controller {
             last_good_written: Mutex::new(None),
             last_good_error: Mutex::new(None),
             serving_kept: std::sync::atomic::AtomicBool::new(false),
+            kept_namespaces: Mutex::new(std::collections::BTreeSet::new()),
+            serving_kept_namespaces: Mutex::new(Vec::new()),
         })
     }
 
@@ -244,6 +252,7 @@ impl Controller {
         objects.sort_by(|a, b| a.key.cmp(&b.key));
         *self.last_good_written.lock() = last_good::encode(&objects).ok().map(|j| content_hash(&j));
         self.seeded.store(true, Ordering::SeqCst);
+        *self.kept_namespaces.lock() = objects.iter().map(|o| o.key.namespace.clone()).collect();
         *in_force = Some(Arc::new(objects));
     }
 
@@ -336,6 +345,7 @@ impl Controller {
             "lastGood": {
                 "configMap": format!("{}/{}", self.opts.lease_namespace, self.last_good_name()),
                 "serving": self.serving_kept.load(std::sync::atomic::Ordering::Relaxed),
+                "servingNamespaces": self.serving_kept_namespaces.lock().clone(),
                 "error": self.last_good_error.lock().clone(),
             },
             "store": self.with_store(|s| s.summary_json(&STREAMS)),
@@ -447,12 +457,23 @@ impl Controller {
             .map(|ns| ns.iter().cloned().collect());
         if in_force {
             self.seeded.store(false, Ordering::SeqCst);
+            // Partly applied: the refused namespaces that held the kept objects still do.
+            let mut kept = self.kept_namespaces.lock();
+            match &refused_namespaces {
+                Some(refused) => kept.retain(|ns| refused.contains(ns)),
+                None => kept.clear(),
+            }
         }
         // Refused, and a policy is served all the same while only the kept one exists: the
         // kept one (it compiled).
         let serving_kept = !in_force && self.seeded.load(Ordering::SeqCst) && gw.store.is_ready();
         self.serving_kept
             .store(serving_kept, std::sync::atomic::Ordering::Relaxed);
+        *self.serving_kept_namespaces.lock() = if gw.store.is_ready() {
+            self.kept_namespaces.lock().iter().cloned().collect()
+        } else {
+            Vec::new()
+        };
         *self.last.lock() = Some(LastApply {
             revision: bundle.revision,
             objects,
