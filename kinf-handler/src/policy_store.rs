@@ -219,12 +219,7 @@ impl PolicyStore {
                 self.current.store(Some(Arc::new(Applied {
                     policy,
                     fingerprint,
-                    warnings: c
-                        .diagnostics
-                        .iter()
-                        .filter(|d| d.severity == Severity::Warning)
-                        .map(|d: &Diagnostic| d.render_plain(sources))
-                        .collect(),
+                    warnings: rendered(c, sources, Severity::Warning),
                     generation,
                     sources: sources.clone(),
                 })));
@@ -250,31 +245,29 @@ impl PolicyStore {
         c: &kinf_lang::Compilation,
         namespaces: Option<Vec<String>>,
     ) {
-        let errors = c
-            .diagnostics
-            .iter()
-            .filter(|d| d.severity == Severity::Error)
-            .map(|d: &Diagnostic| d.render_plain(sources))
-            .collect();
+        let errors = rendered(c, sources, Severity::Error);
         let codes = c
             .diagnostics
             .iter()
             .filter(|d| d.severity == Severity::Error)
             .map(|d| d.code.as_str())
             .collect();
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for (_, f) in sources.iter() {
-            for b in f.name.bytes().chain(f.text.bytes()) {
-                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
         self.rejected.store(Some(Arc::new(Rejected {
-            fingerprint: h,
+            fingerprint: crate::bundle::sources_hash(sources),
             errors,
             codes,
             namespaces,
         })));
     }
+}
+
+/// The diagnostics of `c` of one severity, rendered `file:line:col: severity[CODE]: message`.
+fn rendered(c: &kinf_lang::Compilation, sources: &Sources, severity: Severity) -> Vec<String> {
+    c.diagnostics
+        .iter()
+        .filter(|d| d.severity == severity)
+        .map(|d| d.render_plain(sources))
+        .collect()
 }
 
 fn error_count(c: &kinf_lang::Compilation) -> usize {

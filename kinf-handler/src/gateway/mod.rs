@@ -274,11 +274,7 @@ impl Gateway {
                 errors,
                 namespaces,
             } => {
-                if let Some(r) = self.store.last_rejected() {
-                    for e in &r.errors {
-                        tracing::error!("{e}");
-                    }
-                }
+                self.log_refused_errors();
                 tracing::error!(
                     errors,
                     namespaces = %namespaces.join(","),
@@ -293,11 +289,7 @@ impl Gateway {
                 self.metrics.set_policy_refused(true, namespaces.len());
             }
             ApplyOutcome::Refused { errors } => {
-                if let Some(r) = self.store.last_rejected() {
-                    for e in &r.errors {
-                        tracing::error!("{e}");
-                    }
-                }
+                self.log_refused_errors();
                 tracing::error!(
                     errors,
                     "policy bundle refused; the last good policy stays in force"
@@ -321,6 +313,15 @@ impl Gateway {
             }
         }
         (outcome, diagnostics)
+    }
+
+    /// Logs each error of the recorded refusal.
+    fn log_refused_errors(&self) {
+        if let Some(r) = self.store.last_rejected() {
+            for e in &r.errors {
+                tracing::error!("{e}");
+            }
+        }
     }
 
     /// Rebuilds the runtime, the cluster state and the provider pool for the policy in force

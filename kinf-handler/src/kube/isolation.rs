@@ -15,8 +15,9 @@ use crate::ApplyOutcome;
 
 /// The objects of the policy in force (`None`: none), as the controller keeps them. Read when
 /// a bundle is applied, not when it is made: bundles are applied one after the other, and the
-/// controller updates this after each ([`super::Controller::after_apply`]), so a bundle made
-/// while the one before was being applied still merges with what that one left in force.
+/// policy store updates this as it applies each one
+/// ([`crate::bundle::NamespaceIsolation::settle`]), so a bundle made while the one before was
+/// being applied still merges with what that one left in force.
 pub type InForce = Arc<Mutex<Option<Arc<Vec<StoredObject>>>>>;
 
 /// The objects of a bundle, those of the policy in force, and the pods the bundle was made
@@ -39,35 +40,11 @@ impl NamespaceMerge {
         }
     }
 
-    /// The bundle's objects.
-    pub fn bundle_objects(&self) -> &Arc<Vec<StoredObject>> {
-        &self.bundle
-    }
-
     /// The objects with the namespaces in `kept` taken from the policy in force and every
     /// other namespace from the bundle ([`merge_objects`]).
     pub fn objects(&self, kept: &BTreeSet<String>) -> Vec<StoredObject> {
         let in_force = self.in_force.lock().clone();
         merge_objects(&self.bundle, in_force.as_deref().map(Vec::as_slice), kept)
-    }
-
-    /// Records what the bundle's apply put in force: all its objects (applied, unchanged),
-    /// the merge (partly applied) or nothing new (refused). Returns the objects now in force.
-    pub fn settle_objects(&self, outcome: &ApplyOutcome) -> Option<Arc<Vec<StoredObject>>> {
-        let mut in_force = self.in_force.lock();
-        match outcome {
-            ApplyOutcome::Refused { .. } => {}
-            ApplyOutcome::PartlyApplied { namespaces, .. } => {
-                let kept = namespaces.iter().cloned().collect();
-                let merged =
-                    merge_objects(&self.bundle, in_force.as_deref().map(Vec::as_slice), &kept);
-                *in_force = Some(Arc::new(merged));
-            }
-            ApplyOutcome::Applied { .. } | ApplyOutcome::Unchanged => {
-                *in_force = Some(self.bundle.clone());
-            }
-        }
-        in_force.clone()
     }
 }
 
@@ -122,7 +99,19 @@ impl crate::bundle::NamespaceIsolation for NamespaceMerge {
     }
 
     fn settle(&self, outcome: &ApplyOutcome) {
-        self.settle_objects(outcome);
+        let mut in_force = self.in_force.lock();
+        match outcome {
+            ApplyOutcome::Refused { .. } => {}
+            ApplyOutcome::PartlyApplied { namespaces, .. } => {
+                let kept = namespaces.iter().cloned().collect();
+                let merged =
+                    merge_objects(&self.bundle, in_force.as_deref().map(Vec::as_slice), &kept);
+                *in_force = Some(Arc::new(merged));
+            }
+            ApplyOutcome::Applied { .. } | ApplyOutcome::Unchanged => {
+                *in_force = Some(self.bundle.clone());
+            }
+        }
     }
 }
 
