@@ -105,32 +105,26 @@ fn store(states: &[Ns]) -> ClusterStore {
     s
 }
 
-/// The sources in force, by namespace: `Kind/namespace/name` → text.
-fn in_force_by_namespace(gw: &Gateway) -> BTreeMap<String, BTreeMap<String, String>> {
-    let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    if let Some(current) = gw.store.current() {
-        for (_, f) in current.sources.iter() {
-            let ns = f.name.split('/').nth(1).unwrap().to_owned();
-            out.entry(ns)
-                .or_default()
-                .insert(f.name.clone(), f.text.to_string());
-        }
-    }
-    out
-}
+/// Sources named `Kind/namespace/name`, by namespace: name → text.
+type ByNamespace = BTreeMap<String, BTreeMap<String, String>>;
 
-/// The sources of `s`'s bundle, by namespace.
-fn bundle_by_namespace(
-    b: &kinf_handler::bundle::ConfigBundle,
-) -> BTreeMap<String, BTreeMap<String, String>> {
-    let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    for (_, f) in b.sources.iter() {
+fn by_namespace(sources: &kinf_lang::Sources) -> ByNamespace {
+    let mut out = ByNamespace::new();
+    for (_, f) in sources.iter() {
         let ns = f.name.split('/').nth(1).unwrap().to_owned();
         out.entry(ns)
             .or_default()
             .insert(f.name.clone(), f.text.to_string());
     }
     out
+}
+
+/// The sources in force, by namespace.
+fn in_force_by_namespace(gw: &Gateway) -> ByNamespace {
+    gw.store
+        .current()
+        .map(|c| by_namespace(&c.sources))
+        .unwrap_or_default()
 }
 
 proptest! {
@@ -153,7 +147,7 @@ proptest! {
             let before = in_force_by_namespace(&gw);
             let (outcome, _) = gw.apply_bundle(&bundle);
             let after = in_force_by_namespace(&gw);
-            let new = bundle_by_namespace(&bundle);
+            let new = by_namespace(&bundle.sources);
 
             let broken: BTreeSet<String> = NAMESPACES
                 .iter()
@@ -183,16 +177,9 @@ proptest! {
                 prop_assert_eq!(r.namespaces.as_ref(), Some(&broken.iter().cloned().collect::<Vec<_>>()));
             }
             // What the controller holds in force is what the gateway compiled.
-            let held: BTreeMap<String, BTreeMap<String, String>> = {
-                let objects = in_force.lock().clone().unwrap_or_default();
-                let sources = kinf_handler::kube::store::sources_of(objects.iter());
-                let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-                for (_, f) in sources.iter() {
-                    let ns = f.name.split('/').nth(1).unwrap().to_owned();
-                    out.entry(ns).or_default().insert(f.name.clone(), f.text.to_string());
-                }
-                out
-            };
+            let held = by_namespace(&kinf_handler::kube::store::sources_of(
+                in_force.lock().clone().unwrap_or_default().iter(),
+            ));
             if gw.store.is_ready() {
                 prop_assert_eq!(&held, &after);
             }

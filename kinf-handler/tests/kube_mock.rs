@@ -1108,16 +1108,12 @@ async fn one_teams_invalid_object_does_not_hold_back_another_teams_edit() {
     });
     team_b(&c, 4, "if");
     apply(&c, &gw);
-    let current = gw.store.current().unwrap();
-    assert_eq!(current.generation, 2, "team-b's edit is a new generation");
-    let text = |label: &str| {
-        current
-            .sources
-            .iter()
-            .find(|(_, f)| f.name == label)
-            .map(|(_, f)| f.text.to_string())
-            .unwrap()
-    };
+    assert_eq!(
+        gw.store.current().unwrap().generation,
+        2,
+        "team-b's edit is a new generation"
+    );
+    let text = |label: &str| in_force_text(&gw, label).unwrap();
     assert!(text("InferencePolicy/team-b/routing").contains("greaterThan: 4"));
     assert!(!text("InferencePolicy/llm/routing").contains("iff"));
 
@@ -1253,15 +1249,8 @@ async fn after_a_partial_apply_the_refused_namespace_is_served_from_the_kept_pol
         true
     });
     apply(&c, &gw);
-    let current = gw.store.current().expect("served");
-    let text = |label: &str| {
-        current
-            .sources
-            .iter()
-            .find(|(_, f)| f.name == label)
-            .map(|(_, f)| f.text.to_string())
-            .unwrap()
-    };
+    assert!(gw.store.is_ready(), "served");
+    let text = |label: &str| in_force_text(&gw, label).unwrap();
     assert!(
         !text("InferencePolicy/llm/routing").contains("iff"),
         "llm: the kept policy"

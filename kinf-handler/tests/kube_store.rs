@@ -871,16 +871,6 @@ fn isolated_bundle(
     bundle
 }
 
-/// The text of source `label` in the policy in force.
-fn in_force_text(gw: &Gateway, label: &str) -> Option<String> {
-    let current = gw.store.current()?;
-    current
-        .sources
-        .iter()
-        .find(|(_, f)| f.name == label)
-        .map(|(_, f)| f.text.to_string())
-}
-
 /// Adds (or replaces) the second team's objects ([`team_b_objects`]).
 fn team_b(s: &mut ClusterStore, generation: i64, exclude_key: &str) {
     for (kind, o) in team_b_objects(generation, exclude_key) {

@@ -190,3 +190,13 @@ pub fn team_b_objects(generation: i64, exclude_key: &str) -> Vec<(ResourceKind, 
     .map(|(k, o)| (k, in_namespace(o, "team-b")))
     .collect()
 }
+
+/// The text of source `label` (`Kind/namespace/name`) in `gw`'s policy in force.
+pub fn in_force_text(gw: &kinf_handler::gateway::Gateway, label: &str) -> Option<String> {
+    let current = gw.store.current()?;
+    current
+        .sources
+        .iter()
+        .find(|(_, f)| f.name == label)
+        .map(|(_, f)| f.text.to_string())
+}
