@@ -1265,3 +1265,67 @@ async fn after_a_partial_apply_the_refused_namespace_is_served_from_the_kept_pol
     let k = admin_status(&gw).await["kubernetes"].clone();
     assert_eq!(k["lastGood"]["servingNamespaces"], json!([]), "{k}");
 }
+
+#[tokio::test]
+async fn while_a_bundle_is_refused_pods_only_the_worker_sets_in_force_select_publish_a_bundle() {
+    use kinf_handler::kube::ContentKey;
+    let (client, _handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    load(&c, policy(1, "if"));
+    let first = c.content_key();
+    assert!(ContentKey::needs_publish(None, &first), "the first bundle");
+    apply(&c, &gw);
+    // A bundle was applied and nothing else changed: no new bundle.
+    let applied = c.content_key();
+    assert!(!ContentKey::needs_publish(Some(&first), &applied));
+
+    // A refused edit points the worker set at pods labelled `other`.
+    let mut ws = worker_set();
+    ws.metadata.generation = Some(2);
+    ws.data["spec"]["selector"] = json!({"matchLabels": {"app": "other"}});
+    c.update_store(|s| {
+        s.apply_object_event(
+            ResourceKind::InferencePolicy,
+            Event::Apply(policy(2, "iff")),
+        );
+        s.apply_object_event(ResourceKind::InferenceWorkerSet, Event::Apply(ws))
+    });
+    let refused = c.content_key();
+    assert!(ContentKey::needs_publish(Some(&applied), &refused));
+    apply(&c, &gw);
+    assert!(gw.store.last_rejected().is_some());
+
+    // A pod that only the worker set in force selects: the bundle's own content is the same,
+    // but the policy in force must get the endpoint.
+    c.update_store(|s| {
+        s.apply_pod_event(Event::Apply(pod(
+            "vllm-1",
+            "vllm",
+            Some("10.0.0.2"),
+            true,
+            Some(8000),
+        )))
+    });
+    let pod_added = c.content_key();
+    assert_eq!(
+        pod_added.bundle, refused.bundle,
+        "the bundle did not change"
+    );
+    assert!(ContentKey::needs_publish(Some(&refused), &pod_added));
+    apply(&c, &gw);
+    let mut endpoints: Vec<String> = gw.state.with(|st| {
+        st.worker_sets["llm/vllm"]
+            .endpoints
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect()
+    });
+    endpoints.sort();
+    assert_eq!(endpoints, ["10.0.0.1:8000", "10.0.0.2:8000"]);
+    // Nothing changed since: no new bundle.
+    assert!(!ContentKey::needs_publish(
+        Some(&pod_added),
+        &c.content_key()
+    ));
+}

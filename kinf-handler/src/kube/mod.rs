@@ -392,6 +392,25 @@ impl Controller {
         })
     }
 
+    /// What the apply loop compares to decide whether to publish a bundle
+    /// ([`ContentKey::needs_publish`]).
+    pub fn content_key(&self) -> ContentKey {
+        let in_force = self.in_force_objects.lock().clone();
+        self.with_store(|s| {
+            let b = s.bundle();
+            let in_force = in_force.map(|objects| {
+                use std::hash::{Hash, Hasher};
+                let mut h = ahash::AHasher::default();
+                in_force_endpoints(s, &objects).hash(&mut h);
+                (objects, h.finish())
+            });
+            ContentKey {
+                bundle: crate::bundle::sources_hash(&b.sources) ^ b.resolved.fingerprint(),
+                in_force,
+            }
+        })
+    }
+
     /// The bundle of the store's current content, numbered, with a snapshot of its objects
     /// kept for status.
     pub fn snapshot_bundle(&self) -> ConfigBundle {
@@ -400,12 +419,9 @@ impl Controller {
             let mut bundle = s.bundle();
             // If this bundle is refused, the policy in force is re-applied with the current
             // pods as *its* worker sets select them.
-            bundle.resolved.in_force_endpoints = in_force.as_ref().map(|objects| {
-                s.selected_pods_of(objects.iter())
-                    .into_iter()
-                    .map(|(k, v)| (k, v.endpoints))
-                    .collect()
-            });
+            bundle.resolved.in_force_endpoints = in_force
+                .as_ref()
+                .map(|objects| in_force_endpoints(s, objects));
             (bundle, s.objects().cloned().collect(), s.pods_snapshot())
         });
         let objects: Arc<Vec<StoredObject>> = Arc::new(objects);
@@ -788,11 +804,11 @@ impl ConfigSource for KubeSource {
             // Changes made before subscribing (the watches have started) count too.
             changed.mark_changed();
             let mut waiting_logged = false;
-            let mut last_content: Option<u64> = None;
+            let mut last_published: Option<ContentKey> = None;
             while changed.changed().await.is_ok() {
                 tokio::time::sleep(c.opts.debounce).await;
                 changed.borrow_and_update();
-                if last_content.is_none() && !c.first_bundle_ready() {
+                if last_published.is_none() && !c.first_bundle_ready() {
                     if !waiting_logged {
                         tracing::info!(
                             "waiting for the first listing of every watched resource and the \
@@ -804,21 +820,60 @@ impl ConfigSource for KubeSource {
                 }
                 // Status written by the leader comes back as events: a bundle whose sources,
                 // endpoints and Secrets are unchanged is not compiled again.
-                let content = c.with_store(|s| {
-                    let b = s.bundle();
-                    crate::bundle::sources_hash(&b.sources) ^ b.resolved.fingerprint()
-                });
-                if last_content == Some(content) {
+                let key = c.content_key();
+                if !ContentKey::needs_publish(last_published.as_ref(), &key) {
                     c.status_wake.notify_one();
                     continue;
                 }
-                last_content = Some(content);
+                last_published = Some(key);
                 let bundle = c.snapshot_bundle();
                 if tx.send(Some(Arc::new(bundle))).is_err() {
                     return;
                 }
             }
         })
+    }
+}
+
+/// The endpoints that the worker sets among `objects` (those of the policy in force) select
+/// among the store's pods, by `namespace/name`.
+fn in_force_endpoints(s: &ClusterStore, objects: &[StoredObject]) -> BTreeMap<String, Vec<String>> {
+    s.selected_pods_of(objects.iter())
+        .into_iter()
+        .map(|(k, v)| (k, v.endpoints))
+        .collect()
+}
+
+/// What the apply loop compares to decide whether to publish a new bundle.
+#[derive(Clone, Debug)]
+pub struct ContentKey {
+    /// A hash of the bundle's sources, endpoints and Secret values.
+    pub bundle: u64,
+    /// The objects in force, and a hash of the endpoints their worker sets select now.
+    pub in_force: Option<(Arc<Vec<StoredObject>>, u64)>,
+}
+
+impl ContentKey {
+    /// Whether a bundle must be published, `last` being the key when the last one was:
+    /// - the store's content changed (sources, the bundle's endpoints, Secret values); or
+    /// - the pods that the worker sets of the same objects in force select changed. While a
+    ///   bundle is refused, as a whole or in some namespaces, those worker sets may select
+    ///   other pods than the bundle's (an edited selector), and only a new bundle carries the
+    ///   change into the policy in force.
+    ///
+    /// Other objects in force alone (a bundle was applied since) are no reason: that apply
+    /// selected their endpoints itself.
+    pub fn needs_publish(last: Option<&ContentKey>, now: &ContentKey) -> bool {
+        let Some(last) = last else {
+            return true;
+        };
+        if last.bundle != now.bundle {
+            return true;
+        }
+        match (&last.in_force, &now.in_force) {
+            (Some((was, h0)), Some((is, h1))) => Arc::ptr_eq(was, is) && h0 != h1,
+            _ => false,
+        }
     }
 }
 
