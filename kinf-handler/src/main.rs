@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use kinf_handler::gateway::runtime::UnknownHosts;
 use kinf_handler::serve::{ServeOptions, serve};
 
 /// mimalloc: the request path (parsed bodies, token ids, decisions, response taps) and policy
@@ -122,6 +123,11 @@ struct ServeArgs {
     /// core while requests keep coming. Implies one worker thread. Off by default.
     #[arg(long, value_parser = parse_duration, conflicts_with = "worker_threads")]
     busy_poll: Option<Duration>,
+    /// A request whose `Host` no GatewayBackend lists, when every GatewayBackend lists its
+    /// hosts: `first-door` serves it at the first (oldest) one, `reject` answers 404
+    /// `unknown_host`. A GatewayBackend without `hosts` always catches such requests.
+    #[arg(long, default_value = "first-door", value_parser = parse_unknown_hosts)]
+    unknown_hosts: UnknownHosts,
 }
 
 impl ServeArgs {
@@ -155,6 +161,7 @@ impl ServeArgs {
                 }),
                 _ => None,
             },
+            unknown_hosts: self.unknown_hosts,
         }
     }
 }
@@ -182,6 +189,10 @@ impl ServeArgs {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     kinf_grammar::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_unknown_hosts(s: &str) -> Result<UnknownHosts, String> {
+    s.parse()
 }
 
 fn parse_bytes(s: &str) -> Result<usize, String> {

@@ -44,6 +44,8 @@ pub struct ServeOptions {
     pub body_read_timeout: Duration,
     /// Certificate and key for TLS on every listener (HTTP, admin, gRPC); `None`: plain TCP.
     pub tls: Option<crate::listen::TlsFiles>,
+    /// Where a request goes whose host no front door answers.
+    pub unknown_hosts: crate::gateway::runtime::UnknownHosts,
 }
 
 /// Called with each newly applied policy (starts and stops live-state ingestion).
@@ -101,6 +103,7 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             .as_ref()
             .map(|k| k.ambient_aws.clone())
             .unwrap_or_default(),
+        unknown_hosts: opts.unknown_hosts,
     });
     if let Some(path) = &opts.slo_file {
         let slos = crate::accounting::SloSet::from_file(path)

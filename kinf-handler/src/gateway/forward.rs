@@ -496,7 +496,7 @@ pub async fn admit_async(
     headers: &HeaderMap,
     bytes: Bytes,
 ) -> Result<Admitted, ApiError> {
-    let door = rt.door(host(headers));
+    let door = rt.door_for(host(headers))?;
     // A large body takes a millisecond or more to parse, classify and tokenize: on the
     // blocking pool it cannot hold up other requests, but the hand-off and the hand-back
     // each wake a thread. Alone in the gateway, the request has nobody to hold up: admit it
@@ -543,7 +543,7 @@ pub fn intake(
     headers: &HeaderMap,
     bytes: &[u8],
 ) -> Result<Intake, ApiError> {
-    let door = rt.door(host(headers));
+    let door = rt.door_for(host(headers))?;
     if bytes.len() > door.max_body_bytes {
         return Err(too_large(door.max_body_bytes));
     }
@@ -920,7 +920,8 @@ async fn admit_and_forward(
         gw.metrics.count_request(api.label(), 503, "not_ready");
         return Ok(not_ready(api));
     };
-    let door = rt.door(host(headers));
+    // A host no front door answers is refused before its body is read.
+    let door = rt.door_for(host(headers))?;
     let limit = door.max_body_bytes;
     let bytes = read_body(headers, body, limit, gw.options.body_read_timeout).await?;
     // Tokenizing a long prompt takes milliseconds: `admit_async` keeps it off the async

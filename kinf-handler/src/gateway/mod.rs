@@ -70,6 +70,8 @@ pub struct GatewayOptions {
     /// Kubernetes mode: the namespaces whose Bedrock providers may sign with this process's
     /// own `AWS_*` credentials (`--ambient-aws-credentials`; default none).
     pub ambient_aws: crate::providers::credentials::AmbientAws,
+    /// Where a request goes whose host no front door answers (`--unknown-hosts`).
+    pub unknown_hosts: runtime::UnknownHosts,
 }
 
 impl std::fmt::Debug for GatewayOptions {
@@ -89,6 +91,7 @@ impl Default for GatewayOptions {
             limit_store: Arc::new(crate::tenants::MemoryStore::new()),
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             ambient_aws: crate::providers::credentials::AmbientAws::default(),
+            unknown_hosts: runtime::UnknownHosts::default(),
         }
     }
 }
@@ -328,13 +331,14 @@ impl Gateway {
     /// (after it was swapped in), with the Secret values of `resolved`.
     fn install_current(&self, resolved: &crate::bundle::Resolved) {
         if let Some(applied) = self.store.current() {
-            let rt = Runtime::build_with_secrets(
+            let mut rt = Runtime::build_with_secrets(
                 applied.clone(),
                 &self.options.base_dir,
                 &mut self.tokenizers.lock(),
                 &self.options.limit_store,
                 &resolved.secrets,
             );
+            rt.unknown_hosts = self.options.unknown_hosts;
             for p in &rt.problems {
                 tracing::warn!(problem = %p, "policy runtime");
             }
@@ -420,6 +424,22 @@ fn with_error_fallbacks(router: Router) -> Router {
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::map_request(authority_as_host))
+}
+
+/// HTTP/2 carries the host in the `:authority` pseudo-header (the request URI), and clients
+/// send no `Host` header with it: copy it into `Host` so that the front door is chosen by host
+/// on HTTP/2 as on HTTP/1.1. A `Host` the client did send is kept.
+async fn authority_as_host(mut req: axum::extract::Request) -> axum::extract::Request {
+    if !req.headers().contains_key(header::HOST)
+        && let Some(a) = req.uri().authority()
+        // Without any `user@` (not a host, and not allowed in `:authority` anyway).
+        && let Some(h) = a.as_str().rsplit('@').next()
+        && let Ok(v) = axum::http::HeaderValue::from_str(h)
+    {
+        req.headers_mut().insert(header::HOST, v);
+    }
+    req
 }
 
 /// The error shape for a path no handler answered: Anthropic under `/v1/messages`, else
@@ -464,21 +484,22 @@ async fn messages(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body
     forward::handle(gw, Api::Messages, headers, body).await
 }
 
-/// The pools the front door of `headers` serves: its pool, else every pool.
+/// The pools the front door of `headers` serves: its pool, else every pool; 404
+/// `unknown_host` for a host no door answers under `--unknown-hosts reject`.
 fn door_pools<'a>(
     rt: &'a Runtime,
     headers: &HeaderMap,
-) -> Vec<&'a kinf_lang::compiled::CompiledPool> {
-    let door = rt.door(host(headers));
+) -> Result<Vec<&'a kinf_lang::compiled::CompiledPool>, ApiError> {
+    let door = rt.door_for(host(headers))?;
     let policy = &rt.applied.policy;
     let pool = match &door.pool {
         Some(p) => p.split_once('/').and_then(|(ns, n)| policy.pool(ns, n)),
         None => policy.find_pool(None),
     };
-    match pool {
+    Ok(match pool {
         Some(p) => vec![p],
         None => policy.pools.iter().collect(),
-    }
+    })
 }
 
 /// Every client-facing name (model names and aliases) of `pools`, sorted, without duplicates.
@@ -531,7 +552,10 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
     let Some(rt) = gw.runtime() else {
         return not_ready(Api::Chat);
     };
-    let pools = door_pools(&rt, &headers);
+    let pools = match door_pools(&rt, &headers) {
+        Ok(p) => p,
+        Err(e) => return e.into_response_for(Api::Chat),
+    };
     let live = gw.live.load_full();
     let live = live.as_deref().map(|l| &**l);
     let data: Vec<_> = model_names(&pools)
@@ -558,7 +582,10 @@ async fn model(
                 .into_response_for(Api::Chat);
         }
     };
-    let pools = door_pools(&rt, &headers);
+    let pools = match door_pools(&rt, &headers) {
+        Ok(p) => p,
+        Err(e) => return e.into_response_for(Api::Chat),
+    };
     let names = model_names(&pools);
     if names.binary_search(&id.as_str()).is_ok() {
         let live = gw.live.load_full();

@@ -54,6 +54,31 @@ pub struct FrontDoor {
     pub limiter: Option<Arc<crate::tenants::Limiter>>,
 }
 
+/// Where a request goes whose `Host` no front door lists and no door without `hosts` catches
+/// (`kinference serve --unknown-hosts`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UnknownHosts {
+    /// To the first front door (the oldest in Kubernetes mode): single-door deployments that
+    /// list hosts keep answering every other name they are reached by (a port-forward, the
+    /// Service's DNS name).
+    #[default]
+    FirstDoor,
+    /// Refused with 404 `unknown_host`, as the Gateway API does for a host no listener names.
+    Reject,
+}
+
+impl std::str::FromStr for UnknownHosts {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "first-door" => Ok(UnknownHosts::FirstDoor),
+            "reject" => Ok(UnknownHosts::Reject),
+            _ => Err(format!("`{s}`: expected `first-door` or `reject`")),
+        }
+    }
+}
+
 /// The policy in force and everything derived from it.
 #[derive(Debug)]
 pub struct Runtime {
@@ -65,6 +90,8 @@ pub struct Runtime {
     pub doors: Vec<FrontDoor>,
     /// Problems found while deriving (tokenizers that failed to load); shown in status.
     pub problems: Vec<String>,
+    /// Where requests for a host no door answers go (a gateway option, not the policy's).
+    pub unknown_hosts: UnknownHosts,
 }
 
 /// Loaded tokenizers by resolved directory, kept across policy generations.
@@ -267,25 +294,67 @@ impl Runtime {
             tokenizers,
             doors,
             problems,
+            unknown_hosts: UnknownHosts::default(),
         }
     }
 
     /// The front door for a request's `Host` (port ignored): the first door naming the host,
     /// else the first door that names no hosts, else the first door.
     pub fn door(&self, host: Option<&str>) -> &FrontDoor {
-        let host = host.map(|h| h.rsplit_once(':').map_or(h, |(h, _)| h));
+        match self.named_or_catch_all(host) {
+            Some(d) => d,
+            // `build` always creates at least one door.
+            None => &self.doors[0],
+        }
+    }
+
+    /// Like [`Runtime::door`], but a host that no door names and no door without `hosts`
+    /// catches is refused (404 `unknown_host`) under [`UnknownHosts::Reject`].
+    pub fn door_for(&self, host: Option<&str>) -> Result<&FrontDoor, super::errors::ApiError> {
+        match (self.named_or_catch_all(host), self.unknown_hosts) {
+            (Some(d), _) => Ok(d),
+            (None, UnknownHosts::FirstDoor) => Ok(self.door(host)),
+            (None, UnknownHosts::Reject) => {
+                let mut e = super::errors::ApiError::new(
+                    axum::http::StatusCode::NOT_FOUND,
+                    "unknown_host",
+                    match host {
+                        Some(h) => format!(
+                            "no front door answers for host `{h}` (GatewayBackend spec.hosts; \
+                             this gateway runs with --unknown-hosts reject)"
+                        ),
+                        None => "the request names no host, and every front door lists its \
+                                 hosts (GatewayBackend spec.hosts; this gateway runs with \
+                                 --unknown-hosts reject)"
+                            .to_owned(),
+                    },
+                );
+                e.param = Some("host".into());
+                Err(e)
+            }
+        }
+    }
+
+    /// The first door naming `host`, else the first door without `hosts`.
+    fn named_or_catch_all(&self, host: Option<&str>) -> Option<&FrontDoor> {
+        let host = host.map(strip_port);
         if let Some(h) = host
             && let Some(d) = self
                 .doors
                 .iter()
                 .find(|d| d.hosts.iter().any(|x| x.eq_ignore_ascii_case(h)))
         {
-            return d;
+            return Some(d);
         }
-        self.doors
-            .iter()
-            .find(|d| d.hosts.is_empty())
-            // `build` always creates at least one door.
-            .unwrap_or(&self.doors[0])
+        self.doors.iter().find(|d| d.hosts.is_empty())
+    }
+}
+
+/// A `Host` value without its port: `example.com:8080` → `example.com`, `[::1]:8080` →
+/// `[::1]`; `[::1]` and `example.com` as they are.
+fn strip_port(host: &str) -> &str {
+    match host.rsplit_once(':') {
+        Some((h, port)) if !port.contains(']') => h,
+        _ => host,
     }
 }
