@@ -72,14 +72,15 @@ struct ServeArgs {
     /// external-processing service. Absent: no gRPC.
     #[arg(long)]
     grpc_listen: Option<SocketAddr>,
-    /// How often the configuration is checked for changes, e.g. `1s`, `500ms`.
+    /// How often the `--config` directory is checked for changes, e.g. `1s`, `500ms`. Not used
+    /// with `--kubernetes` (changes come from the API server's watches).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     reload_interval: Duration,
     /// Longest wait for an upstream's response headers, e.g. `600s`.
     #[arg(long, default_value = "600s", value_parser = parse_duration)]
     upstream_timeout: Duration,
-    /// Token-rate-limit store: `memory` (one replica) or `redis://HOST:PORT/DB` (shared by
-    /// replicas).
+    /// Token-rate-limit store: `memory` (one replica), or Redis shared by replicas:
+    /// `redis://[USER][:PASS@]HOST[:PORT][/DB]` or `redis+unix:///PATH?db=N` (no TLS).
     #[arg(long, default_value = "memory")]
     limiter_store: String,
     /// When Redis is unreachable: `open` admits (and counts it), `closed` refuses with 503.

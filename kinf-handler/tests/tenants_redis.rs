@@ -412,5 +412,15 @@ async fn store_from_flags_parses() {
     let s = store_from_flags("redis://127.0.0.1:1/0", FailMode::Closed, Some("x:")).unwrap();
     assert_eq!(s.fail_mode(), FailMode::Closed);
     let e = store_from_flags("mem", FailMode::Open, None).err().unwrap();
-    assert!(e.contains("--limiter-store"), "{e}");
+    assert!(
+        e.contains("--limiter-store") && e.contains("redis+unix://"),
+        "{e}"
+    );
+    assert!(store_from_flags("redis+unix:///tmp/redis.sock?db=2", FailMode::Open, None).is_ok());
+    // No TLS in this build's Redis client: refused at startup, saying so, rather than failing
+    // with the client's `invalid Redis URL`.
+    let e = store_from_flags("rediss://127.0.0.1:6380/0", FailMode::Open, None)
+        .err()
+        .unwrap();
+    assert!(e.contains("not supported") && e.contains("TLS"), "{e}");
 }

@@ -27,8 +27,10 @@ pub struct ReportArgs {
     #[arg(long)]
     pub scale_duration: Option<f64>,
     /// Also run the scale target itself: `kinference` and `epp` on 1,000 workers at 10,000
-    /// req/s for 600 simulated seconds (6 million requests each; 16 and 30 minutes, 6.1 and
-    /// 13.4 GB of memory, side by side with the default two jobs).
+    /// req/s for 600 simulated seconds (6 million requests each). Last measured
+    /// (bench/analysis.md): `kinference` 539 s (9 min) alone, peak memory 4.7 GB (about twice
+    /// the time when the VM is slower); `epp` 1,807 s (30 min), 13.4 GB (an older build). With
+    /// the default two jobs they run side by side: about 30 minutes and 18 GB.
     #[arg(long)]
     pub scale_full: bool,
     /// JSON results directory.

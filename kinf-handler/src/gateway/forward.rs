@@ -308,7 +308,11 @@ struct Report {
 
 /// Settles a rate-limit reservation with what the request used: the reported usage, else an
 /// estimate (the prompt, one output token per token event seen).
-fn settle(reservation: Option<crate::tenants::Reservation>, c: &Chosen, o: &ResponseObservation) {
+pub fn settle_reservation(
+    reservation: Option<crate::tenants::Reservation>,
+    c: &Chosen,
+    o: &ResponseObservation,
+) {
     if let Some(res) = reservation {
         let used = o.usage.unwrap_or(TokenUsage {
             cached_prompt_tokens: 0,
@@ -755,6 +759,72 @@ fn body_timeout(limit: std::time::Duration) -> ApiError {
 }
 
 /// The 429 for a tenant at its limit of concurrent streams.
+/// The tenant's stream slot for a streamed request of an identified tenant (given back when
+/// dropped); 429 `too_many_streams` when its front door's `maxConcurrentStreamsPerTenant` are
+/// all in flight. `None` for other requests.
+pub fn acquire_stream(
+    gw: &Gateway,
+    rt: &super::runtime::Runtime,
+    headers: &HeaderMap,
+    admitted: &Admitted,
+) -> Result<Option<super::streams::StreamSlot>, ApiError> {
+    match (&admitted.request.tenant, admitted.parsed.stream) {
+        (Some(t), true) => {
+            let max = rt.door(host(headers)).max_streams_per_tenant;
+            match gw.streams.try_acquire(t, max) {
+                Some(slot) => Ok(Some(slot)),
+                None => Err(too_many_streams(t, max)),
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Reserves the request's estimated tokens (and concurrency) under its pool's rate limits;
+/// `None` when none apply. Over a `whenExceeded: Tag` limit the request goes through
+/// uncharged by it, tagged `over-limit` for the rules; over any other: 429 (or 503 when the
+/// limiter's store is unreachable in fail mode `closed`) with the rate-limit headers. Settle
+/// the reservation with [`settle_reservation`] once the response is known.
+pub async fn reserve(
+    admitted: &mut Admitted,
+) -> Result<Option<crate::tenants::Reservation>, ApiError> {
+    let Some(l) = admitted.limiter.clone() else {
+        return Ok(None);
+    };
+    let mut skipped: SmallVec<[Arc<str>; 2]> = SmallVec::new();
+    loop {
+        let estimate = crate::tenants::TokenEstimate::of(&admitted.request);
+        match l
+            .admit_skipping(&admitted.request, estimate, &skipped)
+            .await
+        {
+            Ok(r) => return Ok(Some(r)),
+            Err(crate::tenants::LimitError::Exceeded(x))
+                if l.action(&x.limit) == kinf_policy::WhenExceeded::Tag
+                    && !skipped.contains(&x.limit) =>
+            {
+                // Over a `whenExceeded: Tag` limit: through uncharged, tagged for the rules.
+                let tag: Arc<str> = Arc::from(kinf_lang::check::OVER_LIMIT_TAG);
+                if !admitted.request.has_tag(&tag) {
+                    admitted.request.tags.push(tag);
+                }
+                skipped.push(x.limit.clone());
+            }
+            Err(e) => {
+                let mut err = ApiError::new(e.status(), e.code(), e.to_string());
+                err.retry_after_s = Some(e.retry_after_secs());
+                if let crate::tenants::LimitError::Exceeded(x) = &e {
+                    err.extra = Some(Box::new(super::errors::ErrorExtra {
+                        headers: x.header_pairs(),
+                        openai_type: Some(x.kind_label()),
+                    }));
+                }
+                return Err(err);
+            }
+        }
+    }
+}
+
 fn too_many_streams(tenant: &str, max: u32) -> ApiError {
     let mut e = ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
@@ -930,53 +1000,8 @@ async fn admit_and_forward(
     pending.who.admitted(&admitted.request);
     // Held by the response body: given back when the body is dropped (stream over, client
     // gone, upstream failed) or when this function returns an error.
-    let stream_slot = match (&admitted.request.tenant, admitted.parsed.stream) {
-        (Some(t), true) => {
-            let max = rt.door(host(headers)).max_streams_per_tenant;
-            match gw.streams.try_acquire(t, max) {
-                Some(slot) => Some(slot),
-                None => return Err(too_many_streams(t, max)),
-            }
-        }
-        _ => None,
-    };
-    if let Some(l) = admitted.limiter.clone() {
-        let mut skipped: SmallVec<[Arc<str>; 2]> = SmallVec::new();
-        loop {
-            let estimate = crate::tenants::TokenEstimate::of(&admitted.request);
-            match l
-                .admit_skipping(&admitted.request, estimate, &skipped)
-                .await
-            {
-                Ok(r) => {
-                    pending.reservation = Some(r);
-                    break;
-                }
-                Err(crate::tenants::LimitError::Exceeded(x))
-                    if l.action(&x.limit) == kinf_policy::WhenExceeded::Tag
-                        && !skipped.contains(&x.limit) =>
-                {
-                    // Over a `whenExceeded: Tag` limit: through uncharged, tagged for the rules.
-                    let tag: Arc<str> = Arc::from(kinf_lang::check::OVER_LIMIT_TAG);
-                    if !admitted.request.has_tag(&tag) {
-                        admitted.request.tags.push(tag);
-                    }
-                    skipped.push(x.limit.clone());
-                }
-                Err(e) => {
-                    let mut err = ApiError::new(e.status(), e.code(), e.to_string());
-                    err.retry_after_s = Some(e.retry_after_secs());
-                    if let crate::tenants::LimitError::Exceeded(x) = &e {
-                        err.extra = Some(Box::new(super::errors::ErrorExtra {
-                            headers: x.header_pairs(),
-                            openai_type: Some(x.kind_label()),
-                        }));
-                    }
-                    return Err(err);
-                }
-            }
-        }
-    }
+    let stream_slot = acquire_stream(gw, &rt, headers, &admitted)?;
+    pending.reservation = reserve(&mut admitted).await?;
     let mut retried = false;
     let mut failed_providers: SmallVec<[Arc<str>; 2]> = SmallVec::new();
     // The last provider failure that let the decision move on: what the client gets when
@@ -1125,7 +1150,7 @@ fn respond_provider(
                 client_gone: false,
             };
             report(&gw2, api, &chosen, &obs);
-            settle(reservation, &chosen, &obs);
+            settle_reservation(reservation, &chosen, &obs);
         }
     });
     builder.body(Body::from_stream(body)).unwrap_or_else(|e| {
@@ -1403,7 +1428,7 @@ impl Drop for Finisher {
                 ResponseObservation::from_tap(r.status, &self.tap.observed, r.sent_at, r.started);
             obs.client_gone = !self.upstream_ended && !self.tap.observed.completed;
             report(&r.gw, r.api, &r.chosen, &obs);
-            settle(r.reservation, &r.chosen, &obs);
+            settle_reservation(r.reservation, &r.chosen, &obs);
         }
     }
 }

@@ -149,6 +149,24 @@ struct Routed {
     response_seen: bool,
     body: Vec<u8>,
     reported: bool,
+    /// The rate-limit reservation, settled when the response is reported; dropped with the
+    /// exchange otherwise (concurrency given back, the estimate kept charged).
+    reservation: Option<crate::tenants::Reservation>,
+    /// The tenant's stream slot (a streamed request), held until the response is reported.
+    stream_slot: Option<crate::gateway::streams::StreamSlot>,
+}
+
+/// What [`Exchange::decide`] decided.
+struct Decided {
+    chosen: Chosen,
+    /// The body to send upstream.
+    body: Bytes,
+    /// Whether the response's usage chunk must be removed (it was injected).
+    strip_usage: bool,
+    /// Whether the request streams.
+    stream: bool,
+    reservation: Option<crate::tenants::Reservation>,
+    stream_slot: Option<crate::gateway::streams::StreamSlot>,
 }
 
 /// How a stream ends early.
@@ -431,7 +449,14 @@ impl Exchange {
         let body = std::mem::take(&mut self.body);
         let mut who = crate::accounting::Who::default();
         match self.decide(api, body, &mut who).await {
-            Ok((chosen, new_body, strip_usage, stream)) => {
+            Ok(Decided {
+                chosen,
+                body: new_body,
+                strip_usage,
+                stream,
+                reservation,
+                stream_slot,
+            }) => {
                 let mut set = vec![
                     set_header(DESTINATION_HEADER, chosen.endpoint.as_bytes()),
                     set_header("content-length", new_body.len().to_string().as_bytes()),
@@ -491,6 +516,8 @@ impl Exchange {
                     response_seen: false,
                     body: Vec::new(),
                     reported: false,
+                    reservation,
+                    stream_slot,
                 });
                 out
             }
@@ -502,28 +529,45 @@ impl Exchange {
         }
     }
 
-    /// Admission and decision; the chosen route, the body to send, whether the response's
-    /// usage chunk must be removed, and whether the request streams.
+    /// Admission, the tenant's limits and the decision.
     async fn decide(
         &self,
         api: Api,
         body: Vec<u8>,
         who: &mut crate::accounting::Who,
-    ) -> Result<(Chosen, Bytes, bool, bool), ApiError> {
+    ) -> Result<Decided, ApiError> {
         let rt = self.gw.runtime().ok_or_else(not_ready_error)?;
         let headers = request_headers(self.headers.iter().map(|(k, v)| (k.as_str(), &v[..])))?;
         let mut admitted = forward::admit_async(&self.gw, &rt, api, &headers, body.into()).await?;
         who.admitted(&admitted.request);
-        let chosen = forward::plan(&self.gw, &admitted)?;
+        let stream_slot = forward::acquire_stream(&self.gw, &rt, &headers, &admitted)?;
+        let reservation = forward::reserve(&mut admitted).await?;
+        let chosen = match forward::plan(&self.gw, &admitted) {
+            Ok(c) => c,
+            Err(e) => {
+                // Nothing will serve it: the whole estimate goes back.
+                if let Some(r) = reservation {
+                    r.complete(&kinf_router::usage::TokenUsage::default());
+                }
+                return Err(e);
+            }
+        };
         who.routed(&chosen);
         let strip = admitted.inject_usage && self.sees_response_body();
         if admitted.inject_usage && !strip {
             // The response will not be seen: do not add a chunk the client did not ask for.
             uninject_usage(&mut admitted.parsed.body);
         }
-        let new_body = forward::upstream_body(&admitted, &chosen);
+        let body = forward::upstream_body(&admitted, &chosen);
         count_request(&self.gw, api, 200, "routed", who);
-        Ok((chosen, new_body, strip, admitted.parsed.stream))
+        Ok(Decided {
+            chosen,
+            body,
+            strip_usage: strip,
+            stream: admitted.parsed.stream,
+            reservation,
+            stream_slot,
+        })
     }
 
     fn pass_request_body(&self, b: HttpBody) -> ProcessingResponse {
@@ -632,6 +676,7 @@ impl Exchange {
 
     /// Reports the routed request's outcome once.
     fn report(&mut self, ended: bool) {
+        let body_seen = self.sees_response_body();
         let Some(r) = &mut self.routed else {
             return;
         };
@@ -645,6 +690,14 @@ impl Exchange {
         }
         let obs = ResponseObservation::from_tap(r.status, &r.tap.observed, r.sent_at, r.started);
         forward::report(&self.gw, r.api, &r.chosen, &obs);
+        // Settled with the usage or the tokens seen; when Envoy does not send the response
+        // body, what was generated is unknown and the whole estimate stays charged (dropped:
+        // concurrency given back).
+        let reservation = r.reservation.take();
+        if body_seen {
+            forward::settle_reservation(reservation, &r.chosen, &obs);
+        }
+        r.stream_slot = None;
     }
 
     /// The stream closed: report what was seen, if the response started.
@@ -687,6 +740,10 @@ fn immediate(e: &ApiError, api: Api) -> ProcessingResponse {
     let mut set = vec![set_header("content-type", b"application/json")];
     if let Some(s) = e.retry_after_s {
         set.push(set_header("retry-after", s.to_string().as_bytes()));
+    }
+    // A rate limit's `x-ratelimit-*` headers, as the HTTP gateway sends them.
+    for (k, v) in e.extra.iter().flat_map(|x| x.headers.iter()) {
+        set.push(set_header(k, v.as_bytes()));
     }
     resp(Resp::ImmediateResponse(ImmediateResponse {
         status: Some(HttpStatus {

@@ -69,15 +69,32 @@ impl HandlerService {
                 .iter()
                 .map(|h| (h.name.as_str(), h.value.as_bytes())),
         )?;
-        let admitted = forward::admit_async(&self.gw, &rt, api, &headers, req.body.into()).await?;
+        let mut admitted =
+            forward::admit_async(&self.gw, &rt, api, &headers, req.body.into()).await?;
         who.admitted(&admitted.request);
-        let chosen = forward::plan(&self.gw, &admitted)?;
+        // Decisions never reported hold their tenant's stream slots and concurrency until they
+        // expire: let the expired ones go before this one counts them.
+        self.pending.expire();
+        let stream_slot = forward::acquire_stream(&self.gw, &rt, &headers, &admitted)?;
+        let reservation = forward::reserve(&mut admitted).await?;
+        let chosen = match forward::plan(&self.gw, &admitted) {
+            Ok(c) => c,
+            Err(e) => {
+                // Nothing will serve it: the whole estimate goes back.
+                if let Some(r) = reservation {
+                    r.complete(&TokenUsage::default());
+                }
+                return Err(e);
+            }
+        };
         who.routed(&chosen);
         let body = forward::upstream_body(&admitted, &chosen);
         count_request(&self.gw, api, 200, "routed", who);
         let decision_id = self.pending.insert(PendingDecision {
             api,
             chosen: chosen.clone(),
+            reservation,
+            stream_slot,
         });
         Ok(Route {
             endpoint: chosen.endpoint.to_string(),
@@ -130,6 +147,11 @@ impl HandlerService {
             client_gone: false,
         };
         forward::report(&self.gw, p.api, &p.chosen, &obs);
+        // Settled with the reported usage; without it, what was generated is unknown and the
+        // whole estimate stays charged (the reservation is dropped: concurrency given back).
+        if obs.usage.is_some() {
+            forward::settle_reservation(p.reservation, &p.chosen, &obs);
+        }
         Ok(())
     }
 }
@@ -174,6 +196,13 @@ fn reject(e: &ApiError, api: Api) -> decide_response::Outcome {
         headers.push(Header {
             name: "retry-after".into(),
             value: s.to_string(),
+        });
+    }
+    // A rate limit's `x-ratelimit-*` headers, as the HTTP gateway sends them.
+    for (k, v) in e.extra.iter().flat_map(|x| x.headers.iter()) {
+        headers.push(Header {
+            name: (*k).to_string(),
+            value: v.clone(),
         });
     }
     decide_response::Outcome::Reject(Reject {

@@ -15,13 +15,18 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
 /// Default most decisions kept.
 pub const DEFAULT_CAPACITY: usize = 100_000;
 
-/// A decision waiting for its report.
-#[derive(Clone, Debug)]
+/// A decision waiting for its report. Dropping it unreported (expired, evicted) gives back its
+/// stream slot and its rate-limit concurrency, and keeps its estimated tokens charged.
+#[derive(Debug)]
 pub struct PendingDecision {
     /// The API the request came in on.
     pub api: Api,
     /// What was chosen.
     pub chosen: Chosen,
+    /// Its rate-limit reservation, settled by the report.
+    pub reservation: Option<crate::tenants::Reservation>,
+    /// Its tenant's stream slot (a streamed request), held until the report.
+    pub stream_slot: Option<crate::gateway::streams::StreamSlot>,
 }
 
 #[derive(Debug, Default)]
@@ -71,17 +76,7 @@ impl Pending {
         let now = Instant::now();
         let mut g = self.inner.lock();
         let inner = &mut *g;
-        while let Some((k, at)) = inner.order.front() {
-            let live = inner.map.get(k).is_some_and(|(_, t)| t == at);
-            let expired = now.duration_since(*at) >= self.ttl;
-            if live && !expired && inner.map.len() < self.capacity {
-                break;
-            }
-            if live {
-                inner.map.remove(k);
-            }
-            inner.order.pop_front();
-        }
+        self.evict(inner, now, self.capacity.saturating_sub(1));
         // Reported decisions leave their key in `order`; compact it when they pile up.
         if inner.order.len() > 2 * self.capacity.max(inner.map.len()) {
             let map = &inner.map;
@@ -92,6 +87,28 @@ impl Pending {
         inner.order.push_back((id.clone(), now));
         inner.map.insert(id.clone(), (decision, now));
         id
+    }
+
+    /// Drops the expired decisions (their stream slots and rate-limit concurrency are given
+    /// back). Called before a new decision takes its own.
+    pub fn expire(&self) {
+        let mut g = self.inner.lock();
+        self.evict(&mut g, Instant::now(), usize::MAX);
+    }
+
+    /// Drops expired decisions, then the oldest until at most `keep` are held.
+    fn evict(&self, inner: &mut Inner, now: Instant, keep: usize) {
+        while let Some((k, at)) = inner.order.front() {
+            let live = inner.map.get(k).is_some_and(|(_, t)| t == at);
+            let expired = now.duration_since(*at) >= self.ttl;
+            if live && !expired && inner.map.len() <= keep {
+                break;
+            }
+            if live {
+                inner.map.remove(k);
+            }
+            inner.order.pop_front();
+        }
     }
 
     /// Takes the decision `id` out, if it is known and has not expired.

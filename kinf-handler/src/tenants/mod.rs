@@ -16,8 +16,8 @@ pub use memory::MemoryStore;
 pub use redis_store::{RedisConfig, RedisStore};
 pub use store::{FailMode, LimitStore, StoreStats, StoreStatsSnapshot};
 
-/// The store named by the server flags: `memory`, or a `redis://` / `rediss://` URL with
-/// `fail_mode` and `key_prefix` (`None`: `kinf:rl:`). A Redis store must be built inside a
+/// The store named by the server flags: `memory`, or a `redis://` / `redis+unix://` URL with
+/// `fail_mode` and `key_prefix` (`None`: `kinf:rl:`); `rediss://` is refused (no TLS). A Redis store must be built inside a
 /// Tokio runtime; it connects lazily, so Redis being down at startup is not an error (the fail
 /// mode applies).
 pub fn store_from_flags(
@@ -28,10 +28,14 @@ pub fn store_from_flags(
     if store == "memory" {
         return Ok(std::sync::Arc::new(MemoryStore::new()));
     }
-    if store.starts_with("redis://")
-        || store.starts_with("rediss://")
-        || store.starts_with("redis+unix://")
-    {
+    if store.starts_with("rediss://") {
+        return Err(
+            "--limiter-store: `rediss://` (Redis over TLS) is not supported by this build; use \
+             `redis://` on a network you trust, or `redis+unix:///PATH` beside the gateway"
+                .into(),
+        );
+    }
+    if store.starts_with("redis://") || store.starts_with("redis+unix://") {
         let mut cfg = RedisConfig::new(store);
         cfg.fail_mode = fail_mode;
         if let Some(p) = key_prefix {
@@ -40,6 +44,7 @@ pub fn store_from_flags(
         return Ok(std::sync::Arc::new(RedisStore::new(cfg)?));
     }
     Err(format!(
-        "--limiter-store: expected `memory` or `redis://HOST:PORT/DB`, got `{store}`"
+        "--limiter-store: expected `memory`, `redis://[USER][:PASS@]HOST[:PORT][/DB]` or \
+         `redis+unix:///PATH?db=N`, got `{store}`"
     ))
 }

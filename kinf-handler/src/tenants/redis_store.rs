@@ -23,7 +23,7 @@ use super::store::{
 /// Settings of a [`RedisStore`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct RedisConfig {
-    /// `redis://HOST:PORT/DB` (or `rediss://`, `redis+unix://`).
+    /// `redis://HOST:PORT/DB` (or `redis+unix:///PATH?db=N`).
     pub url: String,
     /// Prefix of every key (`kinf:rl:` by default).
     pub key_prefix: String,
