@@ -223,6 +223,17 @@ async fn streams_get_usage_injected_and_the_extra_chunk_removed() {
     let body = r#"{"model":"tiny","messages":[{"role":"user","content":"Hi"}],"stream":true,"stream_options":{"include_usage":true}}"#;
     let r = call(addr, "/v1/chat/completions", body, &[]).await;
     assert_eq!(r.body, CHAT_STREAM);
+
+    // `"stream_options": null` is no request for usage: it is asked for all the same (before,
+    // the null was forwarded and the response went unaccounted), and the chunk is removed.
+    let body = r#"{"model":"tiny","messages":[{"role":"user","content":"Hi"}],"stream":true,"stream_options":null}"#;
+    let r = call(addr, "/v1/chat/completions", body, &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        seen.lock().bodies[2]["stream_options"],
+        serde_json::json!({"include_usage": true})
+    );
+    assert_eq!(r.body, expected);
 }
 
 #[tokio::test]

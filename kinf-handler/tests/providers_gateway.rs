@@ -447,3 +447,72 @@ async fn when_every_provider_fails_the_client_gets_the_last_providers_error() {
         "{v}"
     );
 }
+
+/// A request the provider's protocol cannot carry (`n` > 1 to Bedrock) is refused before
+/// anything is sent: 400 naming the field, and its token reservation given back (it used
+/// nothing). Before, the reservation stayed charged, so a second such request got 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untranslatable_request_names_its_field_and_is_not_charged() {
+    let bedrock = Fake::start().await;
+    let dir = temp_dir("untranslatable");
+    std::fs::write(
+        dir.join("bedrock.creds"),
+        format!(
+            "aws_access_key_id = {}\naws_secret_access_key = {}\n",
+            fake_provider::AWS_ID,
+            fake_provider::AWS_SECRET
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("c.yaml"),
+        format!(
+            r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {{ name: bedrock, namespace: t }}
+spec:
+  type: Bedrock
+  url: {url}
+  region: {region}
+  credentials: {{ file: bedrock.creds }}
+  models:
+  - {{ name: llama-70b, providerModel: meta.llama3-3-70b-instruct-v1:0 }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: t }}
+spec:
+  destinations: [ {{ kind: InferenceProvider, name: bedrock }} ]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {{ name: p, namespace: t }}
+spec:
+  rules:
+  - name: cloud
+    route:
+      select: [ {{ type: Provider, order: [bedrock] }} ]
+  limits:
+  - name: budget
+    tokensPerMinute: 100
+"#,
+            url = bedrock.url,
+            region = fake_provider::REGION,
+        ),
+    )
+    .unwrap();
+    let (_gw, addr) = gateway(&dir).await;
+    // Each reserves its prompt plus 60 of the 100 tokens.
+    let mut body = chat("hello", 60);
+    body["n"] = json!(2);
+    for attempt in 0..3 {
+        let (s, _, v) = post(addr, &body).await;
+        assert_eq!(s, 400, "attempt {attempt}: {v}");
+        assert_eq!(v["error"]["code"], "provider_untranslatable", "{v}");
+        assert_eq!(v["error"]["param"], "n", "{v}");
+    }
+    assert!(bedrock.requests.lock().is_empty(), "nothing was sent");
+    // The budget is whole: a translatable request goes through.
+    let (s, _, v) = post(addr, &chat("hello", 60)).await;
+    assert_eq!(s, 200, "{v}");
+}

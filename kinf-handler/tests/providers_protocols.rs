@@ -429,6 +429,29 @@ async fn mid_stream_death_ends_with_an_error_event_and_counts_as_failure() {
     assert!(!o.completed);
     assert!(body.contains("event: error"), "{body}");
     assert_eq!(pool.state_snapshot()[0].1.consecutive_failures, 1);
+    assert_eq!(
+        (o.usage, o.token_events),
+        (None, 0),
+        "no token before the cut"
+    );
+
+    // Cut after both deltas, before the usage: the tokens seen are counted, so that the
+    // gateway charges them (it charged none before).
+    fake.set_mode(Mode::DieBeforeLast);
+    let r = pool
+        .forward(
+            "ns/b",
+            Api::Messages,
+            client_body(Api::Messages, true, false),
+            "m",
+            true,
+            false,
+        )
+        .await
+        .unwrap();
+    let (body, o) = read_all(r).await;
+    assert!(!o.completed && body.contains("event: error"), "{body}");
+    assert_eq!((o.usage, o.token_events), (None, 2), "{body}");
 }
 
 #[tokio::test]

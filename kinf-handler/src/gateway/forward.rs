@@ -666,6 +666,10 @@ pub fn complete(
             .body
             .entry("stream_options")
             .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        // `"stream_options": null` is as if it were absent (admission accepted it as such).
+        if opts.is_null() {
+            *opts = serde_json::Value::Object(Default::default());
+        }
         if let serde_json::Value::Object(o) = opts {
             o.insert("include_usage".into(), serde_json::Value::Bool(true));
         }
@@ -1007,6 +1011,8 @@ async fn admit_and_forward(
     // The last provider failure that let the decision move on: what the client gets when
     // nothing is left to try.
     let mut last_provider_error: Option<ApiError> = None;
+    // Whether an earlier attempt's upstream may have had the request (then its charge stays).
+    let mut reached_earlier = false;
     loop {
         let chosen = match plan_with(gw, &admitted, &failed_providers) {
             Ok(c) => c,
@@ -1033,6 +1039,12 @@ async fn admit_and_forward(
                 )
                 .await;
             pending.forwarding = None;
+            if let Err(e) = &forwarded {
+                // Refused before sending (busy, circuit open, untranslatable, ...) or not
+                // connected: the provider never had it.
+                reached_earlier |= e.reached_provider();
+                pending.reached_upstream = reached_earlier;
+            }
             match forwarded {
                 Ok(resp) => {
                     return Ok(hold(
@@ -1081,14 +1093,14 @@ async fn admit_and_forward(
             Err(SendError::Connect(e)) if !retried => {
                 // Nothing reached the worker: mark it down (health checks bring it back) and
                 // decide again once.
-                pending.reached_upstream = false;
+                pending.reached_upstream = reached_earlier;
                 tracing::warn!(endpoint = %chosen.endpoint, error = %e, "upstream unreachable; retrying on the next best endpoint");
                 gw.metrics.upstream_retry(&chosen.endpoint);
                 mark_unready(gw, &chosen);
                 retried = true;
             }
             Err(SendError::Connect(e)) => {
-                pending.reached_upstream = false;
+                pending.reached_upstream = reached_earlier;
                 mark_unready(gw, &chosen);
                 return Err(ApiError::new(
                     StatusCode::BAD_GATEWAY,
@@ -1145,7 +1157,7 @@ fn respond_provider(
                 usage: o.usage,
                 completed: o.completed,
                 duration_s,
-                token_events: 0,
+                token_events: o.token_events,
                 longest_share: o.longest_share,
                 client_gone: false,
             };

@@ -171,6 +171,8 @@ pub struct ProviderError {
     pub fall_through: bool,
     /// The provider's own `retry-after` (seconds) on a 429, passed on to the client.
     pub retry_after_s: Option<u64>,
+    /// The request field at fault (an untranslatable request: `tools`, `n`, ...).
+    pub param: Option<String>,
 }
 
 /// Kinds of [`ProviderError`].
@@ -220,13 +222,26 @@ impl ProviderError {
             before_first_byte: true,
             fall_through,
             retry_after_s: None,
+            param: None,
         }
+    }
+
+    /// Whether the provider may have received the request: it answered (an error status, an
+    /// unreadable answer) or did not answer in time. `false` for failures before anything was
+    /// sent (unknown provider, credentials, circuit open, busy, untranslatable) and for a
+    /// connection that failed.
+    pub fn reached_provider(&self) -> bool {
+        matches!(
+            self.kind,
+            ProviderErrorKind::Timeout | ProviderErrorKind::Status(_) | ProviderErrorKind::Protocol
+        )
     }
 
     /// The error to send to the client (in its API's shape with
     /// [`ApiError::into_response_for`]).
     pub fn to_api_error(&self) -> ApiError {
         let mut e = ApiError::new(self.status, self.code, self.message.clone());
+        e.param.clone_from(&self.param);
         if matches!(
             self.kind,
             ProviderErrorKind::Busy | ProviderErrorKind::CircuitOpen
@@ -257,6 +272,9 @@ pub struct ProviderOutcome {
     pub completed: bool,
     /// Time from sending the request to the end of the response.
     pub duration_s: f64,
+    /// Token-carrying events seen (streamed responses): what a response cut short before its
+    /// usage is charged for.
+    pub token_events: u64,
 }
 
 /// The body stream: bytes in the client's protocol.
@@ -558,6 +576,7 @@ impl Drop for Guard {
                 longest_share: self.tokens.longest_share(),
                 completed: self.completed,
                 duration_s: now.duration_since(self.sent_at).as_secs_f64(),
+                token_events: self.tokens.token_events,
             });
         }
     }
@@ -588,8 +607,9 @@ fn provider_request(
         .split_once("://")
         .map(|(_, rest)| rest.contains('/'))
         .unwrap_or(false);
-    let untrans = |e: translate::Untranslatable| {
-        ProviderError::new(
+    let untrans = |e: translate::Untranslatable| ProviderError {
+        param: Some(e.param.to_string()),
+        ..ProviderError::new(
             ProviderErrorKind::Untranslatable,
             StatusCode::BAD_REQUEST,
             "provider_untranslatable",
@@ -604,6 +624,10 @@ fn provider_request(
                 let opts = body
                     .entry("stream_options")
                     .or_insert_with(|| Value::Object(Map::new()));
+                // `"stream_options": null` is as if it were absent.
+                if opts.is_null() {
+                    *opts = Value::Object(Map::new());
+                }
                 if let Value::Object(o) = opts {
                     o.insert("include_usage".into(), Value::Bool(true));
                 }

@@ -38,6 +38,9 @@ pub enum Mode {
     Hang(Duration),
     /// Streams the first event and then drops the connection.
     DieMidStream,
+    /// Streams every event but the last (Bedrock: the `metadata` frame with the usage) and
+    /// then drops the connection.
+    DieBeforeLast,
 }
 
 /// One request received.
@@ -171,7 +174,11 @@ impl Fake {
             Mode::Hang(d) => tokio::time::sleep(d).await,
             _ => {}
         }
-        let die = mode == Mode::DieMidStream;
+        let die = match mode {
+            Mode::DieMidStream => Some(Die::AfterFirst),
+            Mode::DieBeforeLast => Some(Die::BeforeLast),
+            _ => None,
+        };
         if path.starts_with("/model/") {
             let model = path
                 .trim_start_matches("/model/")
@@ -322,11 +329,23 @@ fn bedrock_frames() -> Vec<Bytes> {
     v
 }
 
-fn stream_response(events: Vec<Bytes>, die: bool, content_type: &'static str) -> Response {
+/// Where a stream is cut.
+#[derive(Clone, Copy)]
+enum Die {
+    AfterFirst,
+    BeforeLast,
+}
+
+fn stream_response(events: Vec<Bytes>, die: Option<Die>, content_type: &'static str) -> Response {
+    let cut = match die {
+        None => usize::MAX,
+        Some(Die::AfterFirst) => 1,
+        Some(Die::BeforeLast) => events.len().saturating_sub(1),
+    };
     let s =
         futures_util::stream::iter(events.into_iter().enumerate()).then(move |(i, b)| async move {
             tokio::time::sleep(Duration::from_millis(5)).await;
-            if die && i >= 1 {
+            if i >= cut {
                 Err(std::io::Error::other("died"))
             } else {
                 Ok::<_, std::io::Error>(b)
