@@ -168,6 +168,58 @@ async fn decide_rejects_unknown_models_and_bad_json() {
     };
     let body: Value = serde_json::from_slice(&rej.body).unwrap();
     assert_eq!(body["type"], "error", "{body}");
+
+    // A path that is no inference path: 404 `unknown_path`, in the shape the HTTP gateway
+    // gives it (Anthropic's under `/v1/messages/`; it was always OpenAI's).
+    for (path, anthropic) in [
+        ("/v1/messages/count_tokens", true),
+        ("/v1/embeddings", false),
+    ] {
+        let mut req = decide_req(chat("qwen"));
+        req.path = path.into();
+        let r = c.decide(req).await.unwrap().into_inner();
+        let Some(decide_response::Outcome::Reject(rej)) = r.outcome else {
+            panic!("expected a reject, got {r:?}");
+        };
+        assert_eq!((rej.http_status, rej.code.as_str()), (404, "unknown_path"));
+        let body: Value = serde_json::from_slice(&rej.body).unwrap();
+        assert_eq!(body["type"] == "error", anthropic, "{path}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn report_refuses_a_status_that_is_no_http_status_and_keeps_the_decision() {
+    let url = start().await;
+    let mut c = HandlerClient::connect(url).await.unwrap();
+    let r = c
+        .decide(decide_req(chat("qwen")))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(decide_response::Outcome::Route(route)) = r.outcome else {
+        panic!("expected a route, got {r:?}");
+    };
+    for status in [70_000, 99, 600] {
+        let e = c
+            .report(ReportRequest {
+                decision_id: route.decision_id.clone(),
+                status,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{status}: {e:?}");
+        assert!(e.message().contains(&status.to_string()), "{e:?}");
+    }
+    // Still pending: the corrected report is taken.
+    c.report(ReportRequest {
+        decision_id: route.decision_id,
+        status: 200,
+        completed: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
 }
 
 fn hv(k: &str, v: &str) -> HeaderValue {

@@ -206,7 +206,13 @@ pub fn parse_limited(api: Api, bytes: &[u8], max_depth: usize) -> Result<Parsed,
 }
 
 fn max_tokens(body: &Map<String, Value>, api: Api) -> Result<Option<u32>, ApiError> {
-    for field in ["max_completion_tokens", "max_tokens"] {
+    // Anthropic's Messages API knows only `max_tokens` (a `max_completion_tokens` there is no
+    // limit, and would reach the worker without the one it requires).
+    let fields: &[&str] = match api {
+        Api::Messages => &["max_tokens"],
+        Api::Chat | Api::Completions => &["max_completion_tokens", "max_tokens"],
+    };
+    for &field in fields {
         match body.get(field) {
             None | Some(Value::Null) => {}
             Some(v) => {
@@ -662,5 +668,19 @@ mod tests {
         assert!(p.stream && p.client_wants_usage);
         assert_eq!(p.prompt, Prompt::Tokens(vec![1, 2, 3]));
         assert_eq!(p.max_tokens, Some(7));
+    }
+
+    #[test]
+    fn messages_require_max_tokens_itself() {
+        let body = br#"{"model":"m","max_completion_tokens":5,"messages":[{"role":"user","content":"a"}]}"#;
+        // OpenAI's newer name counts on the chat API...
+        let p = parse(Api::Chat, body).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(p.max_tokens, Some(5));
+        // ...but is no `max_tokens` for Anthropic's, which requires that one.
+        let e = parse(Api::Messages, body)
+            .err()
+            .unwrap_or_else(|| panic!("accepted"));
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert_eq!(e.message, "`max_tokens` is required");
     }
 }

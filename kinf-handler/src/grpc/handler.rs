@@ -42,7 +42,9 @@ impl HandlerService {
                         req.path
                     ),
                 ),
-                Api::Chat,
+                // The error shape the HTTP gateway gives that path (Anthropic's under
+                // `/v1/messages/`).
+                crate::listen::api_of_path(&req.path),
             ),
             Some(api) => match self.route(api, req, &mut who).await {
                 Ok(r) => decide_response::Outcome::Route(r),
@@ -123,6 +125,15 @@ impl HandlerService {
         }
         // Checked before the decision is taken: a refused report can be sent again, fixed.
         let longest_share = longest_share(req)?;
+        let status = u16::try_from(req.status)
+            .ok()
+            .filter(|s| *s == 0 || (100..=599).contains(s))
+            .ok_or_else(|| {
+                tonic::Status::invalid_argument(format!(
+                    "status {} is not an HTTP status (100–599, or 0 for no response)",
+                    req.status
+                ))
+            })?;
         let Some(p) = self.pending.take(&req.decision_id) else {
             return Err(tonic::Status::not_found(format!(
                 "no pending decision `{}` (never made, already reported, or expired)",
@@ -131,7 +142,7 @@ impl HandlerService {
         };
         let finite = |x: Option<f64>| x.filter(|v| v.is_finite() && *v >= 0.0);
         let obs = ResponseObservation {
-            status: u16::try_from(req.status).unwrap_or(0),
+            status,
             // The caller measured both from when it sent the request on.
             ttft_s: finite(req.ttft_seconds),
             upstream_ttft_s: finite(req.ttft_seconds),
