@@ -351,7 +351,12 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
     assert_eq!(r.status, StatusCode::OK);
     let events: Vec<&str> = r.body.split_inclusive("\n\n").collect();
     assert_eq!(events.len(), 3 + 2, "{}", r.body);
+    // The half-received fourth event is dropped (an SSE client drops an event the stream ends
+    // inside of), so that the error event is one of its own: glued to it, it was invalid JSON.
     assert!(events[3].starts_with("data: {\"error\""), "{}", events[3]);
+    let error: serde_json::Value =
+        serde_json::from_str(events[3].trim_start_matches("data: ").trim_end()).unwrap();
+    assert_eq!(error["error"]["code"], "upstream_error", "{error}");
     assert_eq!(events[4], "data: [DONE]\n\n");
     assert_eq!(
         gw.metrics.value(
@@ -361,6 +366,31 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
                 ("destination_namespace", "test"),
                 ("status", "200"),
                 ("outcome", "incomplete")
+            ]
+        ),
+        Some(1.0)
+    );
+
+    // A non-streamed answer that breaks half way: a 502 in the caller's shape, not a 200 cut
+    // short.
+    let r = call(addr, "/v1/chat/completions", HELLO, &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "upstream_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not be read whole"),
+        "{v}"
+    );
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_requests_total",
+            &[
+                ("api", "chat"),
+                ("status", "502"),
+                ("code", "upstream_error")
             ]
         ),
         Some(1.0)

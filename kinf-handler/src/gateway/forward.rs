@@ -1073,24 +1073,28 @@ async fn admit_and_forward(
         // The upstream's TTFT is measured from here: what the gateway spent before (body,
         // classifiers, limiter, decision) is in `kinference_ttft_seconds`, not the worker's.
         let sent_at = Instant::now();
-        let sent = send(gw, api, headers, &chosen, body).await;
-        pending.forwarding = None;
-        match sent {
+        let failure = match send(gw, api, headers, &chosen, body).await {
+            Err(e) => e,
             Ok(upstream) => {
-                return Ok(hold(
-                    respond(
-                        gw,
-                        api,
-                        chosen,
-                        upstream,
-                        admitted.inject_usage,
-                        (started, sent_at),
-                        pending.reservation.take(),
-                    ),
-                    stream_slot,
-                ));
+                // A non-streamed answer is read whole before its head goes out; a client that goes
+                // away meanwhile is still accounted against this route.
+                let resp = respond(
+                    gw,
+                    api,
+                    chosen,
+                    upstream,
+                    admitted.inject_usage,
+                    (started, sent_at),
+                    pending.reservation.take(),
+                )
+                .await;
+                pending.forwarding = None;
+                return Ok(hold(resp, stream_slot));
             }
-            Err(SendError::Connect(e)) if !retried => {
+        };
+        pending.forwarding = None;
+        match failure {
+            SendError::Connect(e) if !retried => {
                 // Nothing reached the worker: mark it down (health checks bring it back) and
                 // decide again once.
                 pending.reached_upstream = reached_earlier;
@@ -1099,7 +1103,7 @@ async fn admit_and_forward(
                 mark_unready(gw, &chosen);
                 retried = true;
             }
-            Err(SendError::Connect(e)) => {
+            SendError::Connect(e) => {
                 pending.reached_upstream = reached_earlier;
                 mark_unready(gw, &chosen);
                 return Err(ApiError::new(
@@ -1108,14 +1112,14 @@ async fn admit_and_forward(
                     format!("endpoint {} is unreachable: {e}", chosen.endpoint),
                 ));
             }
-            Err(SendError::Timeout) => {
+            SendError::Timeout => {
                 return Err(ApiError::new(
                     StatusCode::GATEWAY_TIMEOUT,
                     "upstream_timeout",
                     format!("endpoint {} did not answer in time", chosen.endpoint),
                 ));
             }
-            Err(SendError::Other(e)) => {
+            SendError::Other(e) => {
                 return Err(ApiError::new(
                     StatusCode::BAD_GATEWAY,
                     "upstream_error",
@@ -1365,8 +1369,12 @@ fn response_head(
     builder
 }
 
+/// The worker's response, passed on: a stream through the tap (usage chunk removed when it was
+/// injected), a non-streamed body read whole first, so that a failure while reading it is a
+/// 502 in the caller's shape rather than a 200 cut short. Its outcome is reported when the
+/// response is over.
 #[allow(clippy::too_many_arguments)]
-fn respond(
+async fn respond(
     gw: &Arc<Gateway>,
     api: Api,
     chosen: Chosen,
@@ -1382,32 +1390,71 @@ fn respond(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let builder = response_head(
-        gw,
-        api,
-        status,
-        &parts.headers,
-        &chosen,
-        reservation.as_ref(),
-    );
-    let report = Report {
-        gw: gw.clone(),
-        api,
-        chosen,
-        started,
-        sent_at,
-        status: status.as_u16(),
-        reservation,
-    };
-    let body = if is_sse {
-        Body::from_stream(tap_stream(api, body, inject_usage, report))
+    let answer = if is_sse {
+        Ok(Answer::Stream(body))
     } else {
-        Body::from_stream(buffered_stream(api, body, report))
+        body.collect().await.map(|c| Answer::Whole(c.to_bytes()))
+    };
+    let builder = answer.is_ok().then(|| {
+        response_head(
+            gw,
+            api,
+            status,
+            &parts.headers,
+            &chosen,
+            reservation.as_ref(),
+        )
+    });
+    let who = crate::accounting::Who::of(&chosen);
+    let mut fin = Finisher {
+        report: Some(Report {
+            gw: gw.clone(),
+            api,
+            chosen,
+            started,
+            sent_at,
+            status: status.as_u16(),
+            reservation,
+        }),
+        tap: SseTap::new(api, inject_usage),
+        upstream_ended: !is_sse,
+    };
+    let (builder, answer) = match (builder, answer) {
+        (Some(b), Ok(a)) => (b, a),
+        (_, answer) => {
+            // Accounted as an answer that did not complete; the client gets a 502.
+            drop(fin);
+            count_request(gw, api, 502, "upstream_error", &who);
+            let why = answer.err().map_or_else(String::new, |e| format!(": {e}"));
+            return ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                format!("the upstream's response could not be read whole{why}"),
+            )
+            .into_response_for(api);
+        }
+    };
+    let body = match answer {
+        // Accounted when the tap's stream ends or is dropped.
+        Answer::Stream(body) => Body::from_stream(tap_stream(api, body, fin)),
+        Answer::Whole(bytes) => {
+            fin.tap.observed.usage = body_usage(api, &bytes);
+            fin.tap.observed.completed = true;
+            // Accounted now: the whole answer is in hand.
+            drop(fin);
+            Body::from(bytes)
+        }
     };
     builder.body(body).unwrap_or_else(|e| {
         ApiError::new(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string())
             .into_response_for(api)
     })
+}
+
+/// A worker's answer: a stream to tap, or a non-streamed body read whole.
+enum Answer {
+    Stream(hyper::body::Incoming),
+    Whole(Bytes),
 }
 
 /// Accounting that runs when the response is over, however it ended (a client that goes away
@@ -1448,14 +1495,8 @@ impl Drop for Finisher {
 fn tap_stream(
     api: Api,
     body: hyper::body::Incoming,
-    strip_usage: bool,
-    report: Report,
+    fin: Finisher,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
-    let fin = Finisher {
-        report: Some(report),
-        tap: SseTap::new(api, strip_usage),
-        upstream_ended: false,
-    };
     let frames = body.into_data_stream();
     futures_util::stream::unfold(Some((frames, fin)), move |st| async move {
         let (mut frames, mut fin) = st?;
@@ -1472,7 +1513,8 @@ fn tap_stream(
                 }
                 Some(Err(e)) => {
                     fin.upstream_ended = true;
-                    let mut out = fin.tap.finish().to_vec();
+                    fin.tap.discard_partial();
+                    let mut out = Vec::new();
                     let err = ApiError::new(
                         StatusCode::BAD_GATEWAY,
                         "upstream_error",
@@ -1485,10 +1527,12 @@ fn tap_stream(
                 }
                 None => {
                     fin.upstream_ended = true;
-                    let rest = fin.tap.finish();
                     let completed = fin.tap.observed.completed;
-                    let mut out = rest.to_vec();
-                    if !completed {
+                    let mut out = Vec::new();
+                    if completed {
+                        out.extend_from_slice(&fin.tap.finish());
+                    } else {
+                        fin.tap.discard_partial();
                         let err = ApiError::new(
                             StatusCode::BAD_GATEWAY,
                             "upstream_incomplete",
@@ -1503,31 +1547,6 @@ fn tap_stream(
                     return Some((Ok(Bytes::from(out)), None));
                 }
             }
-        }
-    })
-}
-
-fn buffered_stream(
-    api: Api,
-    body: hyper::body::Incoming,
-    report: Report,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
-    futures_util::stream::once(async move {
-        let mut fin = Finisher {
-            report: Some(report),
-            tap: SseTap::new(api, false),
-            upstream_ended: false,
-        };
-        let collected = body.collect().await;
-        fin.upstream_ended = true;
-        match collected {
-            Ok(c) => {
-                let bytes = c.to_bytes();
-                fin.tap.observed.usage = body_usage(api, &bytes);
-                fin.tap.observed.completed = true;
-                Ok(bytes)
-            }
-            Err(e) => Err(std::io::Error::other(e.to_string())),
         }
     })
 }

@@ -148,6 +148,13 @@ impl SseTap {
         std::mem::take(&mut self.pending).freeze()
     }
 
+    /// Drops the partial event left when the upstream failed, so that the error event that
+    /// follows starts on a line of its own. An SSE client drops an event the stream ends
+    /// inside of, so the client loses nothing it would have read.
+    pub fn discard_partial(&mut self) {
+        self.pending.clear();
+    }
+
     /// Inspects one complete event (terminator included); false drops it.
     fn keep(&mut self, event: &[u8], now: Instant) -> bool {
         let mut event_name: Option<&[u8]> = None;

@@ -1122,7 +1122,12 @@ impl StreamState {
         let mut out = BytesMut::new();
         let (completed, observed) = match &mut self.mode {
             Mode::Pass(tap) => {
-                out.extend_from_slice(&tap.finish());
+                if err.is_none() && tap.observed.completed {
+                    out.extend_from_slice(&tap.finish());
+                } else {
+                    // An error event follows: not glued to a partial event.
+                    tap.discard_partial();
+                }
                 self.guard.usage = tap.observed.usage;
                 (tap.observed.completed, Some(tap.observed.clone()))
             }

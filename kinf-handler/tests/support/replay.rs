@@ -46,28 +46,54 @@ async fn replay(State(u): State<Upstream>, headers: HeaderMap, body: Bytes) -> R
         s.bodies.push(v);
         s.headers.push(headers);
     }
+    let die = u.die_mid_stream;
     if !stream {
-        return ([("content-type", "application/json")], CHAT).into_response();
+        if !die {
+            return ([("content-type", "application/json")], CHAT).into_response();
+        }
+        // Half the body, then the connection drops.
+        let half = CHAT.get(..CHAT.len() / 2).unwrap_or(CHAT);
+        return (
+            [("content-type", "application/json")],
+            Body::from_stream(cut(vec![half.to_owned()])),
+        )
+            .into_response();
     }
-    let events: Vec<String> = CHAT_STREAM
+    let mut events: Vec<String> = CHAT_STREAM
         .split_inclusive("\n\n")
         .map(str::to_owned)
         .collect();
-    let die = u.die_mid_stream;
-    let s =
-        futures_util::stream::iter(events.into_iter().enumerate()).then(move |(i, e)| async move {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            if die && i == 3 {
-                Err(std::io::Error::other("worker died"))
-            } else {
+    if die {
+        // Three events and half of the fourth, then the connection drops.
+        events.truncate(4);
+        if let Some(last) = events.last_mut() {
+            last.truncate(last.len() / 2);
+        }
+    }
+    let s: futures_util::stream::BoxStream<'static, Result<Bytes, std::io::Error>> = if die {
+        cut(events).boxed()
+    } else {
+        futures_util::stream::iter(events)
+            .then(|e| async move {
+                tokio::time::sleep(Duration::from_millis(2)).await;
                 Ok::<_, std::io::Error>(Bytes::from(e))
-            }
-        });
+            })
+            .boxed()
+    };
     (
         [("content-type", "text/event-stream")],
         Body::from_stream(s),
     )
         .into_response()
+}
+
+/// `chunks`, then an error (the connection drops).
+fn cut(chunks: Vec<String>) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures_util::stream::iter(chunks.into_iter().map(Some).chain([None])).then(|c| async move {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        c.map(Bytes::from)
+            .ok_or_else(|| std::io::Error::other("worker died"))
+    })
 }
 
 async fn messages(State(u): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response {
@@ -82,7 +108,7 @@ async fn messages(State(u): State<Upstream>, headers: HeaderMap, body: Bytes) ->
 
 /// An upstream on 127.0.0.1 replaying real vLLM 0.32 responses (testdata captures) to chat,
 /// completions and messages requests, recording what it received; `die_mid_stream` drops
-/// streams after their third event.
+/// streams in the middle of their fourth event, and non-streamed answers half way.
 pub async fn start_upstream(die_mid_stream: bool) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let app = Router::new()
