@@ -382,6 +382,32 @@ async fn ext_proc_passes_other_paths_through() {
 }
 
 #[tokio::test]
+async fn ext_proc_refuses_an_inference_post_without_a_body() {
+    let url = start().await;
+    let mut headers = headers_msg("/v1/chat/completions");
+    if let Some(Req::RequestHeaders(h)) = &mut headers.request {
+        h.end_of_stream = true;
+    }
+    let out = ext_proc(url.clone(), vec![headers]).await;
+    let imm = immediate_of(&out[0]);
+    assert_eq!(imm.status.as_ref().unwrap().code, 400);
+    let body: Value = serde_json::from_slice(&imm.body).unwrap();
+    assert_eq!(body["error"]["param"], "body", "{body}");
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+
+    // Without a body to a path that is no inference path: passed through, as before.
+    let mut get = headers_msg("/v1/models");
+    if let Some(Req::RequestHeaders(h)) = &mut get.request {
+        h.end_of_stream = true;
+    }
+    let out = ext_proc(url, vec![get]).await;
+    assert!(
+        matches!(out[0].response, Some(Resp::RequestHeaders(_))),
+        "{out:?}"
+    );
+}
+
+#[tokio::test]
 async fn ext_proc_full_duplex_streams_and_strips_the_injected_usage_chunk() {
     use kinf_handler::grpc::ext_proc_v3::ProtocolConfiguration;
     let url = start().await;

@@ -3,8 +3,10 @@
 //! Kinference's decisions while forwarding the bytes itself.
 //!
 //! Per stream (one HTTP exchange):
-//! 1. `request_headers`: remembered. Without a body (`end_of_stream`), or for a path that is
-//!    not an inference API, the request passes through untouched. Otherwise an empty
+//! 1. `request_headers`: remembered. A `POST` to an inference API without a body
+//!    (`end_of_stream`) is refused (400 naming `body`, as the HTTP gateway answers an empty
+//!    body); other requests without a body, or for a path that is not an inference API, pass
+//!    through untouched. Otherwise an empty
 //!    `HeadersResponse` is sent (in `FULL_DUPLEX_STREAMED` request-body mode, nothing is
 //!    sent until the body is complete).
 //! 2. `request_body` chunks are collected until `end_of_stream`; earlier chunks are answered
@@ -396,6 +398,30 @@ impl Exchange {
             .find(|(k, _)| k == ":path")
             .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_default();
+        let method_post = self
+            .headers
+            .iter()
+            .any(|(k, v)| k == ":method" && v.as_slice() == b"POST");
+        if h.end_of_stream
+            && method_post
+            && let Some(api) = api_for_path(&path)
+        {
+            // An inference request without a body: refused as the HTTP gateway refuses an
+            // empty body (400 naming `body`), rather than passed through undecided.
+            let e = match crate::gateway::parse::parse(api, b"") {
+                Err(e) => e,
+                Ok(_) => ApiError::invalid("body", "the request has no body"),
+            };
+            self.phase = Phase::Rejected;
+            count_request(
+                &self.gw,
+                api,
+                e.status.as_u16(),
+                e.code,
+                &crate::accounting::Who::default(),
+            );
+            return vec![immediate(&e, api)];
+        }
         self.api = if h.end_of_stream {
             None
         } else {
