@@ -47,10 +47,11 @@ enum Command {
         /// Requests per light-load run (default: 600).
         #[arg(long)]
         requests: Option<usize>,
-        /// Light-load arrival rate over the three workers, requests per second.
+        /// Light-load arrival rate over the three workers, requests per second (default: by
+        /// profile, 0.15 for the 16k-token workload, 30 for `tiny`'s scaled-down one).
         #[arg(long)]
         rate: Option<f64>,
-        /// Seed.
+        /// Seed (default: 1).
         #[arg(long)]
         seed: Option<u64>,
     },

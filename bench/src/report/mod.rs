@@ -367,7 +367,7 @@ fn markdown(all: &BTreeMap<String, Value>, args: &ReportArgs, analysis: &str) ->
          Reproduce from scratch (release build; the matrix takes ≈ 4 min and `--scale` ≈ 2 min more on an idle 2-core VM):\n\n\
          ```sh\ncargo run --release -p kinf-bench -- report --run            # light load + capacity\n\
          cargo run --release -p kinf-bench -- report --run --scale    # also the 3 → 1,000-worker series\n\
-         cargo run --release -p kinf-bench -- report --run --scale --scale-full    # and the 600 s, 1,000-worker target runs (≈ 30 min more, ≈ 20 GB)\n```\n\n\
+         cargo run --release -p kinf-bench -- report --run --scale --scale-full    # and the 600 s, 1,000-worker target runs (≈ 30 min more, ≈ 18 GB)\n```\n\n\
          One run by hand, e.g.:\n\n```sh\n\
          cargo run --release -p kinf-bench -- sim --workload shared-prefix --router kinference --seed 1 --format md\n\
          cargo run --release -p kinf-bench -- sim --workload hotspot --router dynamo --load concurrency:24 --format json\n```\n\n\

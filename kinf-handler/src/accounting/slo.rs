@@ -107,7 +107,12 @@ impl fmt::Display for SloError {
             if i > 0 {
                 writeln!(f)?;
             }
-            write!(f, "line {}:{}: {}", p.line, p.column, p.message)?;
+            // Line 0: a problem with the file as a whole (it cannot be read).
+            if p.line == 0 {
+                write!(f, "{}", p.message)?;
+            } else {
+                write!(f, "line {}:{}: {}", p.line, p.column, p.message)?;
+            }
         }
         Ok(())
     }
@@ -164,6 +169,16 @@ impl SloSet {
         }
         if !problems.is_empty() {
             return Err(SloError { problems });
+        }
+        if let Some(extra) = docs.get(1) {
+            problems.push(at(
+                extra.root.span.start,
+                format!(
+                    "the file has {} YAML documents; objectives are read from one (put them all \
+                     in one list)",
+                    docs.len()
+                ),
+            ));
         }
         let mut slos = Vec::new();
         if let Some(doc) = docs.first() {
@@ -494,6 +509,23 @@ mod tests {
         .unwrap_err();
         assert_eq!(dup.problems[0].line, 2, "{dup}");
         assert!(SloSet::from_yaml("slos: [").is_err());
+        // A second YAML document is not silently ignored.
+        let two = SloSet::from_yaml(
+            "- {metric: e2e, quantile: 0.9, threshold: 1s}\n---\n- {metric: ttft, quantile: 0.9, threshold: 1s}\n",
+        )
+        .unwrap_err();
+        assert_eq!(two.problems.len(), 1, "{two}");
+        assert_eq!(two.problems[0].line, 3, "{two}");
+        assert!(two.to_string().contains("2 YAML documents"), "{two}");
+        // A file that cannot be read names no line.
+        let missing =
+            SloSet::from_file(std::path::Path::new("/nonexistent/slos.yaml")).unwrap_err();
+        assert!(
+            missing
+                .to_string()
+                .starts_with("cannot read /nonexistent/slos.yaml"),
+            "{missing}"
+        );
     }
 
     #[test]
