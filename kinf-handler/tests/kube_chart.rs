@@ -160,3 +160,43 @@ fn app_chart_templates_are_well_formed_and_read_defined_values() {
         assert!(kinds.contains(k), "the chart has a {k}: {kinds:?}");
     }
 }
+
+/// Every value of the app chart has a row in `docs/reference/helm-values.md` (a value whose
+/// own entries are not listed, such as `resources`, is one row), and every row names a value.
+#[test]
+fn every_chart_value_is_documented_in_helm_values_md() {
+    let values = parse_yaml(&helm_dir().join("kinference/values.yaml"));
+    let mut defined = BTreeSet::new();
+    values_paths(&values[0], "", &mut defined);
+    let defined: BTreeSet<String> = defined
+        .into_iter()
+        .map(|p| p.trim_start_matches('.').to_owned())
+        .collect();
+    let doc = std::fs::read_to_string(helm_dir().join("../../docs/reference/helm-values.md"))
+        .unwrap();
+    let rows: BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once("` |"))
+        .map(|(key, _)| key.to_owned())
+        .collect();
+    for row in &rows {
+        assert!(
+            defined.contains(row),
+            "helm-values.md documents `{row}`, which values.yaml does not define"
+        );
+    }
+    // A value is covered by its own row or by a row of a value that contains it.
+    for path in &defined {
+        let covered = rows.contains(path)
+            || rows
+                .iter()
+                .any(|r| path.starts_with(&format!("{r}.")));
+        // A mapping whose every entry has a row of its own needs none.
+        let parent_of_rows = rows.iter().any(|r| r.starts_with(&format!("{path}.")));
+        assert!(
+            covered || parent_of_rows,
+            "values.yaml defines `{path}`, which helm-values.md does not document"
+        );
+    }
+}
