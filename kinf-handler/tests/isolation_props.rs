@@ -142,6 +142,7 @@ proptest! {
             bundle.resolved.isolation = Some(Arc::new(NamespaceMerge::new(
                 Arc::new(s.objects().cloned().collect()),
                 in_force.clone(),
+                Default::default(),
                 s.pods_snapshot(),
             )));
             let before = in_force_by_namespace(&gw);

@@ -172,8 +172,8 @@ fn every_chart_value_is_documented_in_helm_values_md() {
         .into_iter()
         .map(|p| p.trim_start_matches('.').to_owned())
         .collect();
-    let doc = std::fs::read_to_string(helm_dir().join("../../docs/reference/helm-values.md"))
-        .unwrap();
+    let doc =
+        std::fs::read_to_string(helm_dir().join("../../docs/reference/helm-values.md")).unwrap();
     let rows: BTreeSet<String> = doc
         .lines()
         .filter_map(|l| l.strip_prefix("| `"))
@@ -188,10 +188,8 @@ fn every_chart_value_is_documented_in_helm_values_md() {
     }
     // A value is covered by its own row or by a row of a value that contains it.
     for path in &defined {
-        let covered = rows.contains(path)
-            || rows
-                .iter()
-                .any(|r| path.starts_with(&format!("{r}.")));
+        let covered =
+            rows.contains(path) || rows.iter().any(|r| path.starts_with(&format!("{r}.")));
         // A mapping whose every entry has a row of its own needs none.
         let parent_of_rows = rows.iter().any(|r| r.starts_with(&format!("{path}.")));
         assert!(

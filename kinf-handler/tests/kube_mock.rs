@@ -1329,3 +1329,79 @@ async fn while_a_bundle_is_refused_pods_only_the_worker_sets_in_force_select_pub
         &c.content_key()
     ));
 }
+
+/// The same after a partial apply: namespace `llm` is refused (its edit also points its worker
+/// set elsewhere) while `team-b`'s objects are applied, which puts a new list of objects in
+/// force. A pod that only `llm`'s worker set in force selects must still reach the policy in
+/// force. Before, the apply loop compared the objects in force by identity, and a partial apply
+/// always makes a new list, so such pod changes were never published.
+#[tokio::test]
+async fn after_a_partial_apply_pods_only_the_kept_worker_sets_select_publish_a_bundle() {
+    use kinf_handler::kube::ContentKey;
+    let (client, _handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(None, "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    let team_b = |c: &Controller, generation: i64| {
+        c.update_store(|s| {
+            for (kind, o) in team_b_objects(generation, "if") {
+                s.apply_object_event(kind, Event::Apply(o));
+            }
+            true
+        });
+    };
+    load(&c, policy(1, "if"));
+    team_b(&c, 8);
+    apply(&c, &gw);
+    let applied = c.content_key();
+
+    // `llm` breaks its policy and points its worker set at pods labelled `other`; `team-b`
+    // edits its own policy.
+    let mut ws = worker_set();
+    ws.metadata.generation = Some(2);
+    ws.data["spec"]["selector"] = json!({"matchLabels": {"app": "other"}});
+    c.update_store(|s| {
+        s.apply_object_event(
+            ResourceKind::InferencePolicy,
+            Event::Apply(policy(2, "iff")),
+        );
+        s.apply_object_event(ResourceKind::InferenceWorkerSet, Event::Apply(ws))
+    });
+    team_b(&c, 4);
+    let edited = c.content_key();
+    assert!(ContentKey::needs_publish(Some(&applied), &edited));
+    apply(&c, &gw);
+    assert_eq!(
+        gw.store.last_rejected().and_then(|r| r.namespaces.clone()),
+        Some(vec!["llm".to_owned()]),
+        "a partial apply"
+    );
+
+    // A pod that only `llm`'s worker set in force selects.
+    c.update_store(|s| {
+        s.apply_pod_event(Event::Apply(pod(
+            "vllm-1",
+            "vllm",
+            Some("10.0.0.2"),
+            true,
+            Some(8000),
+        )))
+    });
+    let pod_added = c.content_key();
+    assert_eq!(pod_added.bundle, edited.bundle, "the bundle did not change");
+    assert!(ContentKey::needs_publish(Some(&edited), &pod_added));
+    apply(&c, &gw);
+    let mut endpoints: Vec<String> = gw.state.with(|st| {
+        st.worker_sets["llm/vllm"]
+            .endpoints
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect()
+    });
+    endpoints.sort();
+    assert_eq!(endpoints, ["10.0.0.1:8000", "10.0.0.2:8000"]);
+    // Published once for those pods: not again, neither before nor after it was applied.
+    assert!(!ContentKey::needs_publish(
+        Some(&pod_added),
+        &c.content_key()
+    ));
+}

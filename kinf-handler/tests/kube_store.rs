@@ -864,6 +864,7 @@ fn isolated_bundle(
     let merge = Arc::new(kinf_handler::kube::isolation::NamespaceMerge::new(
         Arc::new(s.objects().cloned().collect()),
         in_force.clone(),
+        Default::default(),
         s.pods_snapshot(),
     ));
     let mut bundle = s.bundle();

@@ -20,24 +20,56 @@ use crate::ApplyOutcome;
 /// being applied still merges with what that one left in force.
 pub type InForce = Arc<Mutex<Option<Arc<Vec<StoredObject>>>>>;
 
+/// A hash ([`endpoints_hash`]) of the endpoints that the worker sets in force were compiled
+/// with (`None`: no bundle applied yet). Set when each bundle is applied; the apply loop
+/// publishes a new bundle when the pods those worker sets select now hash otherwise.
+pub type CompiledWith = Arc<Mutex<Option<u64>>>;
+
+/// A hash of worker sets' endpoints (`namespace/name` → addresses).
+pub fn endpoints_hash(endpoints: &std::collections::BTreeMap<String, Vec<String>>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = ahash::AHasher::default();
+    endpoints.hash(&mut h);
+    h.finish()
+}
+
 /// The objects of a bundle, those of the policy in force, and the pods the bundle was made
 /// with.
 #[derive(Debug, Clone)]
 pub struct NamespaceMerge {
     bundle: Arc<Vec<StoredObject>>,
     in_force: InForce,
+    compiled_with: CompiledWith,
     pods: Pods,
 }
 
 impl NamespaceMerge {
-    /// The bundle's objects, the policy in force's and the pods the bundle's endpoints were
-    /// selected from.
-    pub fn new(bundle: Arc<Vec<StoredObject>>, in_force: InForce, pods: Pods) -> Self {
+    /// The bundle's objects, the policy in force's (and the hash of the endpoints they are
+    /// compiled with, both updated when the bundle is applied) and the pods the bundle's
+    /// endpoints were selected from.
+    pub fn new(
+        bundle: Arc<Vec<StoredObject>>,
+        in_force: InForce,
+        compiled_with: CompiledWith,
+        pods: Pods,
+    ) -> Self {
         NamespaceMerge {
             bundle,
             in_force,
+            compiled_with,
             pods,
         }
+    }
+
+    /// The hash of the endpoints the worker sets among `objects` select among the bundle's
+    /// pods.
+    fn selected_hash(&self, objects: &[StoredObject]) -> u64 {
+        endpoints_hash(
+            &select_pods(&self.pods, objects.iter())
+                .into_iter()
+                .map(|(k, v)| (k, v.endpoints))
+                .collect(),
+        )
     }
 
     /// The objects with the namespaces in `kept` taken from the policy in force and every
@@ -101,6 +133,8 @@ impl crate::bundle::NamespaceIsolation for NamespaceMerge {
     fn settle(&self, outcome: &ApplyOutcome) {
         let mut in_force = self.in_force.lock();
         match outcome {
+            // The policy in force was compiled again, with the endpoints its own worker sets
+            // select among this bundle's pods.
             ApplyOutcome::Refused { .. } => {}
             ApplyOutcome::PartlyApplied { namespaces, .. } => {
                 let kept = namespaces.iter().cloned().collect();
@@ -112,6 +146,7 @@ impl crate::bundle::NamespaceIsolation for NamespaceMerge {
                 *in_force = Some(self.bundle.clone());
             }
         }
+        *self.compiled_with.lock() = in_force.as_deref().map(|o| self.selected_hash(o));
     }
 }
 

@@ -165,6 +165,8 @@ pub struct Controller {
     snapshots: Mutex<BTreeMap<u64, Arc<Vec<StoredObject>>>>,
     /// The objects of the last bundle applied (or found unchanged): the policy in force.
     in_force_objects: isolation::InForce,
+    /// The endpoints its worker sets were compiled with (hashed).
+    in_force_compiled_with: isolation::CompiledWith,
     last: Mutex<Option<LastApply>>,
     status_wake: tokio::sync::Notify,
     /// Status bodies written, by object, until the watch reports the object again.
@@ -215,6 +217,7 @@ impl Controller {
             revision: AtomicU64::new(0),
             snapshots: Mutex::new(BTreeMap::new()),
             in_force_objects: Arc::new(Mutex::new(None)),
+            in_force_compiled_with: Arc::new(Mutex::new(None)),
             last: Mutex::new(None),
             status_wake: tokio::sync::Notify::new(),
             last_sent: Mutex::new(HashMap::new()),
@@ -396,17 +399,14 @@ impl Controller {
     /// ([`ContentKey::needs_publish`]).
     pub fn content_key(&self) -> ContentKey {
         let in_force = self.in_force_objects.lock().clone();
+        let compiled_with = *self.in_force_compiled_with.lock();
         self.with_store(|s| {
             let b = s.bundle();
-            let in_force = in_force.map(|objects| {
-                use std::hash::{Hash, Hasher};
-                let mut h = ahash::AHasher::default();
-                in_force_endpoints(s, &objects).hash(&mut h);
-                (objects, h.finish())
-            });
             ContentKey {
                 bundle: crate::bundle::sources_hash(&b.sources) ^ b.resolved.fingerprint(),
-                in_force,
+                in_force: in_force
+                    .map(|objects| isolation::endpoints_hash(&in_force_endpoints(s, &objects))),
+                compiled_with,
             }
         })
     }
@@ -430,6 +430,7 @@ impl Controller {
         bundle.resolved.isolation = Some(Arc::new(isolation::NamespaceMerge::new(
             objects.clone(),
             self.in_force_objects.clone(),
+            self.in_force_compiled_with.clone(),
             pods,
         )));
         if self.seeded.load(Ordering::SeqCst) {
@@ -849,20 +850,21 @@ fn in_force_endpoints(s: &ClusterStore, objects: &[StoredObject]) -> BTreeMap<St
 pub struct ContentKey {
     /// A hash of the bundle's sources, endpoints and Secret values.
     pub bundle: u64,
-    /// The objects in force, and a hash of the endpoints their worker sets select now.
-    pub in_force: Option<(Arc<Vec<StoredObject>>, u64)>,
+    /// A hash of the endpoints that the worker sets of the objects in force select now.
+    pub in_force: Option<u64>,
+    /// A hash of the endpoints the policy in force was compiled with (set when a bundle is
+    /// applied).
+    pub compiled_with: Option<u64>,
 }
 
 impl ContentKey {
     /// Whether a bundle must be published, `last` being the key when the last one was:
     /// - the store's content changed (sources, the bundle's endpoints, Secret values); or
-    /// - the pods that the worker sets of the same objects in force select changed. While a
-    ///   bundle is refused, as a whole or in some namespaces, those worker sets may select
-    ///   other pods than the bundle's (an edited selector), and only a new bundle carries the
-    ///   change into the policy in force.
-    ///
-    /// Other objects in force alone (a bundle was applied since) are no reason: that apply
-    /// selected their endpoints itself.
+    /// - the worker sets in force select other pods than the policy in force was compiled
+    ///   with, and no bundle was published for these pods yet. While a bundle is refused, as a
+    ///   whole or in some namespaces, those worker sets may select other pods than the
+    ///   bundle's (an edited selector), and only a new bundle carries the change into the
+    ///   policy in force.
     pub fn needs_publish(last: Option<&ContentKey>, now: &ContentKey) -> bool {
         let Some(last) = last else {
             return true;
@@ -870,8 +872,10 @@ impl ContentKey {
         if last.bundle != now.bundle {
             return true;
         }
-        match (&last.in_force, &now.in_force) {
-            (Some((was, h0)), Some((is, h1))) => Arc::ptr_eq(was, is) && h0 != h1,
+        match (now.in_force, now.compiled_with) {
+            (Some(selected), Some(compiled)) => {
+                selected != compiled && last.in_force != Some(selected)
+            }
             _ => false,
         }
     }
