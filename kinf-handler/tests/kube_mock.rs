@@ -1405,3 +1405,54 @@ async fn after_a_partial_apply_pods_only_the_kept_worker_sets_select_publish_a_b
         &c.content_key()
     ));
 }
+
+/// A pod joining a worker set makes a new gateway policy generation. Only the worker set's own
+/// status changes (its pod count); every other object's stays as written. Before, every
+/// message named the gateway's generation, so each pod change rewrote every object's status.
+#[tokio::test]
+async fn a_pod_change_rewrites_only_the_status_that_changed() {
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    load(&c, policy(1, "if"));
+    apply(&c, &gw);
+    c.set_leader(true);
+    let writer = {
+        let (c, gw) = (c.clone(), gw.clone());
+        tokio::spawn(async move { c.write_status(&gw).await })
+    };
+    let seen = serve_patches(&mut handle, 5).await;
+    assert_eq!(writer.await.unwrap(), 5);
+    store_written(&c, &seen);
+    let first = gw.store.current().unwrap().generation;
+
+    c.update_store(|s| {
+        s.apply_pod_event(Event::Apply(pod(
+            "vllm-1",
+            "vllm",
+            Some("10.0.0.2"),
+            true,
+            Some(8000),
+        )))
+    });
+    apply(&c, &gw);
+    assert!(gw.store.current().unwrap().generation > first);
+    let writer = {
+        let (c, gw) = (c.clone(), gw.clone());
+        tokio::spawn(async move { c.write_status(&gw).await })
+    };
+    let seen = serve_patches(&mut handle, 1).await;
+    assert_eq!(
+        seen[0].body["kind"], "InferenceWorkerSet",
+        "{:?}",
+        seen[0].body
+    );
+    // No other object's status is sent.
+    let more = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
+    assert!(
+        more.is_err(),
+        "another status was rewritten: {:?}",
+        more.ok().flatten().map(|(r, _)| r.uri().to_string())
+    );
+    assert_eq!(writer.await.unwrap(), 1, "one object's status changed");
+}

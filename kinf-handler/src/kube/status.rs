@@ -298,13 +298,11 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
         parts.join("; ")
     };
     let refused_summary = summary(&error_objects.iter().collect::<Vec<_>>(), &unowned);
-    let generation_in_force =
-        |g: u64| format!("gateway policy generation {g}, not an object's generation");
+    // Messages name no gateway policy generation: each replica counts its own, and every change
+    // of the selected pods makes a new one, so naming it would rewrite every object's status
+    // on each pod change and each change of leader (`/readyz` and `/admin/status` show it).
     let kept = match input.generation {
-        Some(g) => format!(
-            "the last good policy ({}) stays in force",
-            generation_in_force(g)
-        ),
+        Some(_) => "the last good policy stays in force".to_owned(),
         None => "no policy is in force yet".to_owned(),
     };
     let bundle_ok = input.in_force && total_errors == 0;
@@ -313,8 +311,7 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
     let kept_ns = |ns: &str| {
         format!(
             "namespace `{ns}` keeps the objects it has in force and every other namespace's \
-             are applied ({})",
-            generation_in_force(input.generation.unwrap_or(0))
+             are applied"
         )
     };
 
@@ -388,14 +385,7 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
                 ),
             )
         } else {
-            (
-                true,
-                "Accepted",
-                format!(
-                    "in force (gateway policy generation {})",
-                    input.generation.unwrap_or(0)
-                ),
-            )
+            (true, "Accepted", "in force".to_owned())
         };
 
         // References: names (compiler) and Secrets (controller).
