@@ -945,6 +945,29 @@ async fn a_replica_starting_while_the_bundle_is_refused_serves_the_last_good_pol
         !c1.persist_last_good().await,
         "unchanged: not written again"
     );
+    // Leadership lost and won back: another leader may have written meanwhile, so the
+    // ConfigMap is written again even though this replica's policy did not change.
+    c1.set_leader(false);
+    assert!(!c1.persist_last_good().await);
+    c1.set_leader(true);
+    let writer = {
+        let c1 = c1.clone();
+        tokio::spawn(async move { c1.persist_last_good().await })
+    };
+    let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        .await
+        .expect("written again")
+        .unwrap();
+    assert_eq!(req.method(), "PATCH");
+    let again: Value =
+        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+    assert_eq!(again["data"], kept["data"]);
+    send.send_response(
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(&again).unwrap()))
+            .unwrap(),
+    );
+    assert!(writer.await.unwrap());
 
     // A new replica starts while someone's edit is invalid: it reads the kept policy and
     // serves it, with the refusal visible.

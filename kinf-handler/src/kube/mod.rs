@@ -282,6 +282,9 @@ impl Controller {
     /// they differ from what it holds. Returns whether it wrote.
     pub async fn persist_last_good(&self) -> bool {
         if !self.is_leader() {
+            // Another leader may write it meanwhile: once this replica leads again, it writes
+            // what it has in force rather than trust what it wrote (or read) before.
+            *self.last_good_written.lock() = None;
             return false;
         }
         let Some(objects) = self.in_force_objects.lock().clone() else {
