@@ -129,6 +129,11 @@ struct ServeArgs {
     /// `unknown_host`. A GatewayBackend without `hosts` always catches such requests.
     #[arg(long, default_value = "first-door", value_parser = parse_unknown_hosts)]
     unknown_hosts: UnknownHosts,
+    /// On SIGTERM or SIGINT: answer `/readyz` with 503 and give up the Lease at once, keep
+    /// accepting connections this long (so that load balancers stop sending requests), then
+    /// stop accepting and let open requests finish (up to 30 s). E.g. `5s`.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    shutdown_delay: Duration,
 }
 
 impl ServeArgs {
@@ -163,6 +168,7 @@ impl ServeArgs {
                 _ => None,
             },
             unknown_hosts: self.unknown_hosts,
+            shutdown_delay: self.shutdown_delay,
         }
     }
 }

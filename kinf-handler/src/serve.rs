@@ -46,6 +46,9 @@ pub struct ServeOptions {
     pub tls: Option<crate::listen::TlsFiles>,
     /// Where a request goes whose host no front door answers.
     pub unknown_hosts: crate::gateway::runtime::UnknownHosts,
+    /// On SIGTERM/SIGINT: how long `/readyz` answers 503 while connections are still accepted,
+    /// before the listener closes (load balancers take a moment to stop sending requests).
+    pub shutdown_delay: Duration,
 }
 
 /// Called with each newly applied policy (starts and stops live-state ingestion).
@@ -212,12 +215,22 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             );
         })
     };
-    let result =
-        crate::listen::serve_http(listener, app, limits, http_tls, shutdown_signal()).await;
+    // On a signal: fail `/readyz` and give up the Lease at once (another replica takes over
+    // status within seconds), keep accepting for `shutdown_delay` while load balancers catch
+    // up, then close the listener and let open requests finish.
+    let drain = async {
+        shutdown_signal().await;
+        gw.begin_draining();
+        if let Some(c) = &controller {
+            c.release_lease().await;
+        }
+        if !opts.shutdown_delay.is_zero() {
+            tracing::info!(delay = ?opts.shutdown_delay, "draining: /readyz answers 503, still accepting");
+            tokio::time::sleep(opts.shutdown_delay).await;
+        }
+    };
+    let result = crate::listen::serve_http(listener, app, limits, http_tls, drain).await;
     watcher.abort();
-    if let Some(c) = controller {
-        c.release_lease().await;
-    }
     result
 }
 

@@ -120,6 +120,9 @@ pub struct Gateway {
     admitting: std::sync::atomic::AtomicUsize,
     /// Provider clients, rebuilt with each policy (unchanged providers keep their state).
     pub providers: arc_swap::ArcSwap<crate::providers::ProviderPool>,
+    /// Shutting down: `/readyz` answers 503 so that load balancers stop sending requests,
+    /// while requests still arriving are served.
+    draining: std::sync::atomic::AtomicBool,
     options: GatewayOptions,
 }
 
@@ -222,8 +225,21 @@ impl Gateway {
                     None,
                 ),
             ),
+            draining: std::sync::atomic::AtomicBool::new(false),
             options,
         })
+    }
+
+    /// Starts draining for shutdown: `/readyz` answers 503 (`"draining": true`) from now on;
+    /// requests are still served.
+    pub fn begin_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether [`Gateway::begin_draining`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The runtime in force.
@@ -620,12 +636,17 @@ async fn healthz() -> &'static str {
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     let current = gw.store.current();
     let rejected = gw.store.last_rejected();
-    let body = json!({
-        "ready": current.is_some(),
+    let draining = gw.is_draining();
+    let ready = current.is_some() && !draining;
+    let mut body = json!({
+        "ready": ready,
         "generation": current.as_ref().map(|c| c.generation),
         "lastRefused": rejected.as_ref().map(refusal_json),
     });
-    let status = if current.is_some() {
+    if draining {
+        body["draining"] = json!(true);
+    }
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

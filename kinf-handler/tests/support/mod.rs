@@ -251,6 +251,20 @@ impl ServeProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Sends SIGTERM, as Kubernetes does to stop a pod.
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// The exit status, once the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
 }
 
 impl Drop for ServeProcess {
