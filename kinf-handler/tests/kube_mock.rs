@@ -581,6 +581,46 @@ async fn the_first_bundle_waits_until_every_referenced_secret_was_read_once() {
     assert!(c2.first_bundle_ready());
 }
 
+/// Later bundles wait for a Secret they newly name too (the apply loop holds them until
+/// [`Controller::secrets_read`], at most 12 s), and a Secret no longer named is forgotten:
+/// named again, it is read afresh instead of served from a value that may have been revoked.
+#[tokio::test]
+async fn a_newly_named_secret_is_read_before_use_and_an_unnamed_one_is_forgotten() {
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    load(&c, policy(1, "if"));
+    assert!(c.secrets_read());
+    // The provider now names another Secret.
+    let mut p = provider();
+    p.metadata.generation = Some(2);
+    p.data["spec"]["credentials"]["secretRef"]["name"] = json!("openai-key-2");
+    c.update_store(|s| s.apply_object_event(ResourceKind::InferenceProvider, Event::Apply(p)));
+    assert!(!c.secrets_read(), "the new Secret is not read yet");
+    // The reader reads only the new one, and forgets the old one.
+    let reader = {
+        let c = c.clone();
+        tokio::spawn(async move { c.read_secrets(false).await })
+    };
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(
+        req.uri().path(),
+        "/api/v1/namespaces/llm/secrets/openai-key-2"
+    );
+    send.send_response(api_error(404, "NotFound", "not found"));
+    reader.await.unwrap();
+    assert!(c.secrets_read());
+    assert_eq!(
+        c.with_store(|s| s.secret_state("llm", "openai-key", None)),
+        None,
+        "the Secret no one names is forgotten"
+    );
+    // Named again: not read yet, so it waits for a fresh read.
+    c.update_store(|s| {
+        s.apply_object_event(ResourceKind::InferenceProvider, Event::Apply(provider()))
+    });
+    assert!(!c.secrets_read());
+}
+
 #[tokio::test]
 async fn a_holder_shutting_down_releases_the_lease_and_resigns() {
     let (client, mut handle) = mock();

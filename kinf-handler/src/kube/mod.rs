@@ -56,6 +56,10 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Secrets read at once.
 const SECRET_READS_AT_ONCE: usize = 8;
 
+/// Longest a bundle waits for the first read of a Secret it newly refers to: one read's
+/// timeout and a margin.
+const NEW_SECRET_WAIT: Duration = Duration::from_secs(12);
+
 /// Bundles made and not yet applied whose objects are kept for status (the apply loop takes
 /// the newest; older ones are dropped when it applies a newer one).
 const MAX_UNAPPLIED_SNAPSHOTS: usize = 64;
@@ -385,16 +389,19 @@ impl Controller {
     /// a starting replica would serve, and report ready, with tenant keys and provider
     /// credentials "not found".
     pub fn first_bundle_ready(&self) -> bool {
-        // The Secrets in use include those of the objects in force (the last good policy
-        // kept in the cluster, before any bundle of this process): a refused first bundle
-        // serves that policy.
+        self.with_store(|s| s.synced(&STREAMS)) && self.secrets_read()
+    }
+
+    /// Whether every Secret in use was read (or its read failed) at least once. The Secrets
+    /// in use include those of the objects in force (the last good policy kept in the
+    /// cluster, before any bundle of this process): a refused bundle serves that policy.
+    pub fn secrets_read(&self) -> bool {
         let in_force = self.in_force_objects.lock().clone();
         self.with_store(|s| {
-            s.synced(&STREAMS)
-                && s.secrets_tried(&secret_refs_in_use(
-                    s,
-                    in_force.as_deref().map(Vec::as_slice),
-                ))
+            s.secrets_tried(&secret_refs_in_use(
+                s,
+                in_force.as_deref().map(Vec::as_slice),
+            ))
         })
     }
 
@@ -644,8 +651,13 @@ impl Controller {
         // force is re-applied with their current values (a refused edit may name another
         // Secret; a revocation in the one in force must still be seen).
         let in_force = self.in_force_objects.lock().clone();
+        let in_use =
+            self.with_store(|s| secret_refs_in_use(s, in_force.as_deref().map(Vec::as_slice)));
+        // Secrets no longer referenced are forgotten (not signalled as a change: nothing uses
+        // them).
+        self.store.lock().forget_secrets_except(&in_use);
         let refs = self.with_store(|s| {
-            secret_refs_in_use(s, in_force.as_deref().map(Vec::as_slice))
+            in_use
                 .into_iter()
                 .filter(|(ns, n)| all || s.secret_state(ns, n, None).is_none())
                 .collect::<Vec<_>>()
@@ -809,6 +821,8 @@ impl ConfigSource for KubeSource {
             changed.mark_changed();
             let mut waiting_logged = false;
             let mut last_published: Option<ContentKey> = None;
+            // Since when a bundle waits for a Secret it newly refers to.
+            let mut secret_wait: Option<tokio::time::Instant> = None;
             while changed.changed().await.is_ok() {
                 tokio::time::sleep(c.opts.debounce).await;
                 changed.borrow_and_update();
@@ -822,6 +836,23 @@ impl ConfigSource for KubeSource {
                     }
                     continue;
                 }
+                // An edit that names a Secret not read yet (a new API-key Secret) waits for its
+                // first read (the reader signals when it ends), so that it is not compiled
+                // without it; at most `NEW_SECRET_WAIT`, should the API server not answer.
+                if !c.secrets_read() {
+                    let since = *secret_wait.get_or_insert_with(|| {
+                        let c = c.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(NEW_SECRET_WAIT).await;
+                            c.changed.send_modify(|n| *n = n.wrapping_add(1));
+                        });
+                        tokio::time::Instant::now()
+                    });
+                    if since.elapsed() < NEW_SECRET_WAIT {
+                        continue;
+                    }
+                }
+                secret_wait = None;
                 // Status written by the leader comes back as events: a bundle whose sources,
                 // endpoints and Secrets are unchanged is not compiled again.
                 let key = c.content_key();

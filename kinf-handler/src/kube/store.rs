@@ -358,6 +358,17 @@ impl ClusterStore {
         first || changed
     }
 
+    /// Forgets the Secrets not in `in_use` (values, errors, that they were read): one
+    /// referenced again is read afresh before it is used, not served from a value that may
+    /// have been revoked meanwhile. Returns whether anything was forgotten.
+    pub fn forget_secrets_except(&mut self, in_use: &BTreeSet<(String, String)>) -> bool {
+        let before = self.secrets_tried.len() + self.secrets.len() + self.secret_errors.len();
+        self.secrets.retain(|k, _| in_use.contains(k));
+        self.secrets_tried.retain(|k| in_use.contains(k));
+        self.secret_errors.retain(|k, _| in_use.contains(k));
+        before != self.secrets_tried.len() + self.secrets.len() + self.secret_errors.len()
+    }
+
     /// Why the last read of each Secret failed, for Secrets whose reads fail.
     pub fn secret_errors(&self) -> &BTreeMap<(String, String), String> {
         &self.secret_errors
