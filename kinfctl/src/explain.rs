@@ -9,7 +9,7 @@ use kinf_router::decision::{StagesTrace, Trace};
 use kinf_router::{Decider, Decision, Outcome};
 
 use crate::cli::Format;
-use crate::scenario::{RequestFile, StateFile, read_yaml};
+use crate::scenario::{RequestFile, StateFile, read_request, read_state};
 use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
 
 /// The JSON form of a decision (also what `kinfctl test` compares against).
@@ -261,17 +261,16 @@ pub fn run(
         Ok(p) => p,
         Err(code) => return code,
     };
-    let req: RequestFile = match read_yaml(request) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = writeln!(err, "error: {e}");
-            return EXIT_USAGE;
-        }
-    };
-    let st: StateFile = match state.map(read_yaml).transpose() {
-        Ok(s) => s.unwrap_or_default(),
-        Err(e) => {
-            let _ = writeln!(err, "error: {e}");
+    let req = read_request(request);
+    let st = state.map(read_state).transpose();
+    let (req, st) = match (req, st) {
+        (Ok(r), Ok(s)) => (r, s.unwrap_or_default()),
+        (r, s) => {
+            // Every error of both files.
+            let errors = r.err().into_iter().chain(s.err()).flatten();
+            for e in errors {
+                let _ = writeln!(err, "error: {e}");
+            }
             return EXIT_USAGE;
         }
     };

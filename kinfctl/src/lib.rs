@@ -7,6 +7,7 @@ pub mod crds;
 pub mod explain;
 pub mod explain_code;
 pub mod graph;
+pub mod input;
 pub mod lint;
 pub mod load;
 pub mod scenario;

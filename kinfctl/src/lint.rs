@@ -3,8 +3,14 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
+use kinf_lang::diagnostic::Report;
 use kinf_lang::{Diagnostic, Severity, Sources};
-use miette::{GraphicalReportHandler, GraphicalTheme};
+use miette::{
+    GraphicalReportHandler, GraphicalTheme, MietteError, MietteSpanContents, SourceCode,
+    SourceSpan, SpanContents,
+};
 
 use crate::cli::Format;
 use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
@@ -47,7 +53,17 @@ pub fn render_human(d: &Diagnostic, sources: &Sources) -> String {
         .with_width(100)
         .with_links(false);
     let mut s = String::new();
-    let report = d.to_report(sources);
+    let report = CharColumnReport {
+        source: d
+            .primary
+            .as_ref()
+            .and_then(|(span, _)| sources.get(span.file))
+            .map(|f| CharColumns {
+                name: f.name.clone(),
+                text: f.text.clone(),
+            }),
+        inner: d.to_report(sources),
+    };
     if handler.render_report(&mut s, &report).is_err() {
         s = d.render_plain(sources);
     }
@@ -61,6 +77,92 @@ pub fn render_human(d: &Diagnostic, sources: &Sources) -> String {
         }
     }
     s
+}
+
+/// A source text that miette reads with the column of each snippet's header (`╭─[FILE:LINE:COLUMN]`)
+/// counted in characters, as in `--format json` and the plain rendering: miette counts bytes,
+/// which differ once the line has non-ASCII text before the marked place.
+#[derive(Debug)]
+struct CharColumns {
+    name: String,
+    text: Arc<str>,
+}
+
+impl SourceCode for CharColumns {
+    fn read_span<'a>(
+        &'a self,
+        span: &SourceSpan,
+        context_lines_before: usize,
+        context_lines_after: usize,
+    ) -> Result<Box<dyn SpanContents<'a> + 'a>, MietteError> {
+        let bytes: &'a [u8] = self.text.as_bytes();
+        let inner = bytes.read_span(span, context_lines_before, context_lines_after)?;
+        // A column of 0 is the start of a line either way (always so with context lines).
+        let column = if inner.column() == 0 {
+            0
+        } else {
+            let at = span.offset().min(self.text.len());
+            let before = self.text.get(..at).unwrap_or_default();
+            // miette starts lines after `\n` and after a lone `\r`.
+            let line_start = before.rfind(['\n', '\r']).map_or(0, |i| i + 1);
+            before
+                .get(line_start..)
+                .map_or(inner.column(), |l| l.chars().count())
+        };
+        Ok(Box::new(MietteSpanContents::new_named(
+            self.name.clone(),
+            inner.data(),
+            *inner.span(),
+            inner.line(),
+            column,
+            inner.line_count(),
+        )))
+    }
+}
+
+/// kinf-lang's report of a diagnostic, read from [`CharColumns`].
+#[derive(Debug)]
+struct CharColumnReport {
+    inner: Report,
+    source: Option<CharColumns>,
+}
+
+impl std::fmt::Display for CharColumnReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl std::error::Error for CharColumnReport {}
+
+impl miette::Diagnostic for CharColumnReport {
+    fn code<'a>(&'a self) -> Option<Box<dyn std::fmt::Display + 'a>> {
+        self.inner.code()
+    }
+    fn severity(&self) -> Option<miette::Severity> {
+        self.inner.severity()
+    }
+    fn help<'a>(&'a self) -> Option<Box<dyn std::fmt::Display + 'a>> {
+        self.inner.help()
+    }
+    fn url<'a>(&'a self) -> Option<Box<dyn std::fmt::Display + 'a>> {
+        self.inner.url()
+    }
+    fn source_code(&self) -> Option<&dyn SourceCode> {
+        match &self.source {
+            Some(s) => Some(s),
+            None => self.inner.source_code(),
+        }
+    }
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = miette::LabeledSpan> + '_>> {
+        self.inner.labels()
+    }
+    fn related<'a>(&'a self) -> Option<Box<dyn Iterator<Item = &'a dyn miette::Diagnostic> + 'a>> {
+        self.inner.related()
+    }
+    fn diagnostic_source(&self) -> Option<&dyn miette::Diagnostic> {
+        self.inner.diagnostic_source()
+    }
 }
 
 /// `kinfctl lint`.

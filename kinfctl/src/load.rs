@@ -4,11 +4,20 @@ use std::path::{Path, PathBuf};
 
 use kinf_lang::Sources;
 
-/// Reads every path (files as given; directories recursively, `*.yaml`/`*.yml`, sorted).
+/// Reads every path (files as given; directories recursively, `*.yaml`/`*.yml`, sorted). A
+/// directory that holds no such file is an error.
 pub fn read_sources(paths: &[PathBuf]) -> Result<Sources, String> {
     let mut files = Vec::new();
     for p in paths {
+        let before = files.len();
         collect(p, &mut files, true)?;
+        // A directory without any policy file is a mistyped path or layout, not a clean bundle.
+        if files.len() == before {
+            return Err(format!(
+                "no policy files found: `{}` holds no `*.yaml` or `*.yml` file (subdirectories included)\n  help: check the path",
+                p.display()
+            ));
+        }
     }
     let mut sources = Sources::new();
     for f in files {

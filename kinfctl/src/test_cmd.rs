@@ -3,41 +3,34 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use kinf_lang::yaml::{Node, Value};
 
 use crate::cli::Format;
 use crate::explain::{decide_files, decision_json, load_policy};
-use crate::scenario::{RequestFile, StateFile, parse_yaml};
+use crate::input::{Errors, Input};
+use crate::scenario::{RequestFile, StateFile};
 use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
 
 /// One case: a request, a state, and the expected fields of `kinfctl explain --format json`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub struct Case {
     /// Name shown in reports (default: the file name and index).
-    #[serde(default)]
     pub name: Option<String>,
     /// What the case shows, for readers.
-    #[serde(default)]
     pub description: Option<String>,
     /// The request.
     pub request: RequestFile,
     /// The state (default: everything ready, idle and cold).
-    #[serde(default)]
     pub state: StateFile,
-    /// Expected fields: any of `outcome`, `backendType`, `endpoint`, `destination`, `model`,
-    /// `policy`, `rule`, `status`, `code`, `rewriteModel`.
+    /// Expected fields: any of [`COMPARABLE`].
     pub expect: serde_json::Map<String, serde_json::Value>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum CaseFile {
-    Many { cases: Vec<Case> },
-    One(Box<Case>),
-}
+/// The fields of a case.
+pub const CASE_FIELDS: &[&str] = &["name", "description", "request", "state", "expect"];
 
-const COMPARABLE: &[&str] = &[
+/// The fields `expect` may hold.
+pub const COMPARABLE: &[&str] = &[
     "outcome",
     "backendType",
     "endpoint",
@@ -50,15 +43,43 @@ const COMPARABLE: &[&str] = &[
     "rewriteModel",
 ];
 
+const CASE_FILE_HELP: &str = "each YAML document of a case file (documents are separated by \
+    `---`) holds one case (`request`, `expect`, and optionally `name`, `description`, `state`) \
+    or `cases:` with a list of cases";
+
+/// The case files named by `--cases`: files as given, and the `*.yaml` / `*.yml` files directly
+/// inside each directory. A directory without any is an error.
 fn case_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
     let mut out = Vec::new();
     for p in paths {
         if p.is_dir() {
-            let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
-                .map_err(|e| format!("cannot read `{}`: {e}", p.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-                .collect();
+            let mut entries = Vec::new();
+            let mut subdirs = Vec::new();
+            for e in
+                std::fs::read_dir(p).map_err(|e| format!("cannot read `{}`: {e}", p.display()))?
+            {
+                let Ok(e) = e else { continue };
+                let path = e.path();
+                if path.is_dir() {
+                    subdirs.push(path);
+                } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                    entries.push(path);
+                }
+            }
+            if entries.is_empty() {
+                subdirs.sort();
+                let help = match subdirs.first() {
+                    Some(d) => format!(
+                        "case directories are not read recursively: name `{}` with another `--cases`",
+                        d.display()
+                    ),
+                    None => "check the path, or put case files in it".to_string(),
+                };
+                return Err(format!(
+                    "no test cases found: `{}` holds no case file (`*.yaml`, `*.yml`)\n  help: {help}",
+                    p.display()
+                ));
+            }
             entries.sort();
             out.extend(entries);
         } else if p.exists() {
@@ -73,35 +94,202 @@ fn case_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
     Ok(out)
 }
 
-fn load_cases(path: &Path) -> Result<Vec<(String, Case)>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-    let file: CaseFile = parse_yaml(&path.display().to_string(), &text)?;
-    let cases = match file {
-        CaseFile::Many { cases } => cases,
-        CaseFile::One(c) => vec![*c],
-    };
-    for c in &cases {
-        if let Some(k) = c.expect.keys().find(|k| !COMPARABLE.contains(&k.as_str())) {
-            return Err(format!(
-                "{}: unknown `expect` field `{k}` (allowed: {})",
-                path.display(),
-                COMPARABLE.join(", ")
-            ));
+/// Reads a case file: every YAML document, each one case or `cases:` with a list of them.
+/// Cases are named `FILE#N` (N counts from 1 through the file) unless they have a `name`.
+pub fn parse_cases(name: &str, text: &str) -> Result<Vec<(String, Case)>, Errors> {
+    let (mut input, docs) = Input::parse(name, text)?;
+    let mut cases = Vec::new();
+    let mut ok = true;
+    for doc in &docs {
+        let root = &doc.root;
+        let list = match &root.value {
+            Value::Map(entries) if entries.iter().any(|e| e.key == "cases") => {
+                for e in entries.iter().filter(|e| e.key != "cases") {
+                    let message = format!(
+                        "`{}` cannot be next to `cases`: a document holds one case, \
+                         or `cases:` and nothing else",
+                        e.key
+                    );
+                    let help = "move it into a case of the list, \
+                                or put the case in a document of its own after `---`";
+                    input.error(e.key_span, message, Some(help.to_string()));
+                    ok = false;
+                }
+                let Some(items_node) = root.get("cases") else {
+                    continue;
+                };
+                match &items_node.value {
+                    Value::Seq(items) if items.is_empty() => {
+                        input.error(
+                            items_node.span,
+                            "`cases` is an empty list",
+                            Some("add cases to it, or delete the file".to_string()),
+                        );
+                        ok = false;
+                        continue;
+                    }
+                    Value::Seq(items) => items.iter().collect(),
+                    _ => {
+                        let found = input.found(items_node);
+                        input.error(
+                            items_node.span,
+                            format!("`cases` must be a list of cases, not {found}"),
+                            Some(CASE_FILE_HELP.to_string()),
+                        );
+                        ok = false;
+                        continue;
+                    }
+                }
+            }
+            Value::Map(_) => vec![root],
+            Value::Seq(_) => {
+                input.error(
+                    root.span,
+                    "a case file document must be a mapping, not a list",
+                    Some("put the list under `cases:`".to_string()),
+                );
+                ok = false;
+                continue;
+            }
+            _ => {
+                let found = input.found(root);
+                input.error(
+                    root.span,
+                    format!("a case file document must be a mapping, not {found}"),
+                    Some(CASE_FILE_HELP.to_string()),
+                );
+                ok = false;
+                continue;
+            }
+        };
+        for node in list {
+            match case(&mut input, node) {
+                Some(c) => {
+                    let n = cases.len() + 1;
+                    let label = c.name.clone().unwrap_or_else(|| format!("{name}#{n}"));
+                    cases.push((label, c));
+                }
+                None => {
+                    ok = false;
+                    // Keep the numbering of the cases that follow.
+                    cases.push((String::new(), empty_case()));
+                }
+            }
         }
     }
-    Ok(cases
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            (
-                c.name
-                    .clone()
-                    .unwrap_or_else(|| format!("{}#{}", path.display(), i + 1)),
-                c,
-            )
-        })
-        .collect())
+    if ok && cases.is_empty() {
+        let at = input.start();
+        input.error_at(
+            &at,
+            "no test cases found: the file holds no case",
+            Some(CASE_FILE_HELP.to_string()),
+        );
+    }
+    input.finish(ok.then_some(cases))
+}
+
+fn empty_case() -> Case {
+    Case {
+        name: None,
+        description: None,
+        request: RequestFile::default(),
+        state: StateFile::default(),
+        expect: serde_json::Map::new(),
+    }
+}
+
+/// One case; errors are recorded in `input`.
+fn case(input: &mut Input, node: &Node) -> Option<Case> {
+    let entries = input.mapping(node, "a case", CASE_FIELDS)?;
+    let mut ok = entries
+        .iter()
+        .all(|e| CASE_FIELDS.contains(&e.key.as_str()));
+    let mut c = empty_case();
+    match input.required(
+        entries,
+        "request",
+        node.span,
+        "the case",
+        "add `request: { model: NAME }`",
+    ) {
+        Some(n) => match RequestFile::from_node(input, n) {
+            Some(r) => c.request = r,
+            None => ok = false,
+        },
+        None => ok = false,
+    }
+    match input.required(
+        entries,
+        "expect",
+        node.span,
+        "the case",
+        "add `expect:` with the fields to check, e.g. `{ outcome: route, destination: NAME }`",
+    ) {
+        Some(n) => match expect(input, n) {
+            Some(e) => c.expect = e,
+            None => ok = false,
+        },
+        None => ok = false,
+    }
+    for e in entries {
+        let n = &e.value;
+        let good = match e.key.as_str() {
+            "name" => input.non_empty(n, "`name`").map(|v| c.name = Some(v)),
+            "description" if matches!(n.value, Value::Null) => Some(()),
+            "description" => input
+                .string(n, "`description`")
+                .map(|v| c.description = Some(v)),
+            "state" => StateFile::from_node(input, n).map(|v| c.state = v),
+            _ => Some(()),
+        };
+        ok &= good.is_some();
+    }
+    ok.then_some(c)
+}
+
+/// `expect`: a non-empty mapping of [`COMPARABLE`] fields to scalars.
+fn expect(input: &mut Input, node: &Node) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let entries = input.mapping(node, "`expect`", COMPARABLE)?;
+    let mut ok = entries.iter().all(|e| COMPARABLE.contains(&e.key.as_str()));
+    if entries.is_empty() {
+        input.error(
+            node.span,
+            "`expect` is empty: the case would check nothing and always pass",
+            Some(format!(
+                "expect at least one of {}",
+                COMPARABLE
+                    .iter()
+                    .map(|c| format!("`{c}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        );
+        return None;
+    }
+    let mut out = serde_json::Map::new();
+    for e in entries {
+        if matches!(e.value.value, Value::Seq(_) | Value::Map(_)) {
+            let found = input.found(&e.value);
+            input.error(
+                e.value.span,
+                format!(
+                    "`expect.{}` must be a single value (or `null`), not {found}",
+                    e.key
+                ),
+                None,
+            );
+            ok = false;
+            continue;
+        }
+        out.insert(e.key.to_string(), e.value.to_json());
+    }
+    ok.then_some(out)
+}
+
+fn load_cases(path: &Path) -> Result<Vec<(String, Case)>, Errors> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| vec![format!("cannot read `{}`: {e}", path.display())])?;
+    parse_cases(&path.display().to_string(), &text)
 }
 
 /// `kinfctl test`.
@@ -123,58 +311,70 @@ pub fn run(
             return EXIT_USAGE;
         }
     };
+    // Every case file is read before any case runs, and all their errors are reported.
+    let mut all = Vec::new();
+    let mut errors = Vec::new();
+    for f in &files {
+        match load_cases(f) {
+            Ok(l) => all.extend(l),
+            Err(e) => errors.extend(e),
+        }
+    }
+    if !errors.is_empty() {
+        for e in errors {
+            let _ = writeln!(err, "error: {e}");
+        }
+        return EXIT_USAGE;
+    }
+    if all.is_empty() {
+        // `case_files` refuses empty directories and `parse_cases` empty files; no `--cases`
+        // at all is refused by the command line.
+        let _ = writeln!(err, "error: no test cases found");
+        return EXIT_USAGE;
+    }
     let (mut passed, mut failed) = (0usize, 0usize);
     let mut results = Vec::new();
-    for f in files {
-        let list = match load_cases(&f) {
-            Ok(l) => l,
+    for (name, case) in all {
+        let got = match decide_files(&policy, &case.request, &case.state) {
+            Ok(d) => decision_json(&d),
             Err(e) => {
-                let _ = writeln!(err, "error: {e}");
+                let _ = writeln!(err, "error: {name}: {e}");
                 return EXIT_USAGE;
             }
         };
-        for (name, case) in list {
-            let got = match decide_files(&policy, &case.request, &case.state) {
-                Ok(d) => decision_json(&d),
-                Err(e) => {
-                    let _ = writeln!(err, "error: {name}: {e}");
-                    return EXIT_USAGE;
+        let mismatches: Vec<(String, serde_json::Value, serde_json::Value)> = case
+            .expect
+            .iter()
+            .filter(|(k, v)| got.get(k.as_str()) != Some(v))
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.clone(),
+                    got.get(k.as_str()).cloned().unwrap_or_default(),
+                )
+            })
+            .collect();
+        if mismatches.is_empty() {
+            passed += 1;
+            if format == Format::Human {
+                let _ = writeln!(out, "ok   {name}");
+            }
+        } else {
+            failed += 1;
+            if format == Format::Human {
+                let _ = writeln!(out, "FAIL {name}");
+                for (k, want, have) in &mismatches {
+                    let _ = writeln!(out, "  {k}:\n  - expected: {want}\n  + actual:   {have}");
                 }
-            };
-            let mismatches: Vec<(String, serde_json::Value, serde_json::Value)> = case
-                .expect
-                .iter()
-                .filter(|(k, v)| got.get(k.as_str()) != Some(v))
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        v.clone(),
-                        got.get(k.as_str()).cloned().unwrap_or_default(),
-                    )
-                })
-                .collect();
-            if mismatches.is_empty() {
-                passed += 1;
-                if format == Format::Human {
-                    let _ = writeln!(out, "ok   {name}");
-                }
-            } else {
-                failed += 1;
-                if format == Format::Human {
-                    let _ = writeln!(out, "FAIL {name}");
-                    for (k, want, have) in &mismatches {
-                        let _ = writeln!(out, "  {k}:\n  - expected: {want}\n  + actual:   {have}");
-                    }
-                    if let Some(s) = got.get("stages") {
-                        let _ = writeln!(out, "  trace: {s}");
-                    }
+                if let Some(s) = got.get("stages") {
+                    let _ = writeln!(out, "  trace: {s}");
                 }
             }
-            results.push(serde_json::json!({
-                "name": name, "passed": mismatches.is_empty(),
-                "mismatches": mismatches.iter().map(|(k, w, h)| serde_json::json!({"field": k, "expected": w, "actual": h})).collect::<Vec<_>>(),
-            }));
         }
+        results.push(serde_json::json!({
+            "name": name, "passed": mismatches.is_empty(),
+            "mismatches": mismatches.iter().map(|(k, w, h)| serde_json::json!({"field": k, "expected": w, "actual": h})).collect::<Vec<_>>(),
+        }));
     }
     match format {
         Format::Json => {
