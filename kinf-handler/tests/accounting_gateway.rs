@@ -409,12 +409,14 @@ async fn rejections_are_accounted_per_model_and_histograms_and_capacity_are_on_m
     if let Ok(path) = std::env::var("KINF_METRICS_DUMP") {
         std::fs::write(path, &text).unwrap();
     }
+    // A model no pool serves is labelled "": a client must not create a series per string.
+    assert!(!text.contains("model=\"nope\""), "{text}");
     let rejected_model = kinf_handler::metrics::sample_value(
         &text,
         "kinference_tenant_requests_total",
         &[
             ("tenant", "anonymous"),
-            ("model", "nope"),
+            ("model", ""),
             ("destination", ""),
             ("destination_namespace", ""),
             ("outcome", "rejected"),

@@ -395,6 +395,15 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
         ),
         Some(1.0)
     );
+    // Accounted once per tenant: as the incomplete answer it was, not also as a refusal.
+    let mut m = String::new();
+    gw.metrics.render(&mut m);
+    let refusals: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("kinference_tenant_requests_total{"))
+        .filter(|l| l.contains("code=\"upstream_error\""))
+        .collect();
+    assert!(refusals.is_empty(), "{refusals:#?}");
 }
 
 #[tokio::test]

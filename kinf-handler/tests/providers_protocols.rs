@@ -454,6 +454,38 @@ async fn mid_stream_death_ends_with_an_error_event_and_counts_as_failure() {
     assert_eq!((o.usage, o.token_events), (None, 2), "{body}");
 }
 
+/// A client that closes a provider stream half way is reported as gone (its latency counts
+/// for no objective, as on the worker path); one read to the end is not.
+#[tokio::test]
+async fn a_stream_the_client_abandons_is_reported_as_client_gone() {
+    let fake = Fake::start().await;
+    let pool = pool_of(
+        vec![(
+            "b",
+            info(&fake, ProviderType::Bedrock, Duration::from_secs(5), None),
+        )],
+        PoolOptions::default(),
+    );
+    let forward = || {
+        pool.forward(
+            "ns/b",
+            Api::Messages,
+            client_body(Api::Messages, true, false),
+            "m",
+            true,
+            false,
+        )
+    };
+    let (_, o) = read_all(forward().await.unwrap()).await;
+    assert!(o.completed && !o.client_gone, "{o:?}");
+    let r = forward().await.unwrap();
+    let mut body = r.body;
+    assert!(body.next().await.is_some());
+    drop(body);
+    let o = r.outcome.await.unwrap();
+    assert!(!o.completed && o.client_gone, "{o:?}");
+}
+
 #[tokio::test]
 async fn concurrency_limit_makes_the_provider_busy() {
     let fake = Fake::start().await;

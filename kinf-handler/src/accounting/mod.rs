@@ -40,13 +40,28 @@ pub struct Who {
     pub destination: Option<Arc<str>>,
     /// The destination's namespace.
     pub destination_namespace: Option<Arc<str>>,
+    /// The client asked for a stream (only then does a failure count for `ttft` objectives).
+    pub streamed: bool,
 }
 
 impl Who {
-    /// Notes what admission learned.
-    pub fn admitted(&mut self, r: &kinf_router::Request) {
+    /// Notes what admission learned. The model is noted only when a pool of the policy serves
+    /// that name (else it is labelled `""`): the `model` label of a refusal must not take
+    /// whatever string a client sends, one series per string.
+    pub fn admitted(&mut self, a: &crate::gateway::forward::Admitted) {
+        let r = &a.request;
         self.tenant = r.tenant.clone();
-        self.model = Some(r.model.clone());
+        let known = a
+            .policy
+            .pools
+            .iter()
+            .any(|p| p.models.contains_key(&*r.model));
+        self.model = Some(if known {
+            r.model.clone()
+        } else {
+            Arc::from("")
+        });
+        self.streamed = a.parsed.stream;
     }
 
     /// Notes the route.
@@ -84,6 +99,11 @@ pub const CLIENT_CLOSED: &str = "client_closed_request";
 /// passed through (accounted later by [`account_response`]).
 const PASSED_THROUGH: [&str; 3] = ["ok", "upstream_status", "routed"];
 
+/// Codes of routed requests that failed through the client's own fault (a provider's 4xx
+/// other than 408 and 429, a request the provider's protocol cannot carry): like an upstream's
+/// 4xx passed through, they count for no latency objective.
+const CLIENT_FAULT: [&str; 2] = ["provider_rejected", "provider_untranslatable"];
+
 /// Accounts a request that ended without a response from an upstream: `rejected` when it was
 /// not routed (admission or policy), `upstream_error` when it was (the upstream could not be
 /// reached or did not answer in time), `incomplete` when the client went away first
@@ -116,12 +136,18 @@ pub fn account_refusal(m: &Metrics, who: &Who, code: &str) {
             code: code.into(),
         })
         .inc();
-    if who.destination.is_some() && !client_closed {
-        // The upstream failed the request: it counts against latency objectives.
+    if who.destination.is_some() && !client_closed && !CLIENT_FAULT.contains(&code) {
+        // The upstream failed the request: it counts against latency objectives (`ttft` only
+        // for a stream, as for responses: see `account_response`).
         let slos = m.slos();
         let now = m.now_s();
         for s in slos.iter() {
-            if matches!(s.metric, SloMetric::Ttft | SloMetric::E2e) && s.matches(tenant, model) {
+            let counts = match s.metric {
+                SloMetric::Ttft => who.streamed,
+                SloMetric::E2e => true,
+                SloMetric::Itl | SloMetric::Tpot => false,
+            };
+            if counts && s.matches(tenant, model) {
                 count_slo(m, s, tenant, model, false, now);
             }
         }
@@ -506,6 +532,39 @@ mod tests {
         }
         assert_eq!(count("kinference_slo_requests_total", "fast"), Some(4.0));
         assert_eq!(count("kinference_slo_requests_total", "whole"), Some(6.0));
+    }
+
+    #[test]
+    fn refusals_count_against_objectives_as_responses_do() {
+        let m = Metrics::new();
+        m.set_slos(
+            SloSet::from_yaml(
+                "- {name: fast, metric: ttft, quantile: 0.9, threshold: 1s}\n- {name: whole, metric: e2e, quantile: 0.9, threshold: 5s}\n",
+            )
+            .unwrap(),
+        );
+        let who = |streamed: bool| Who {
+            tenant: Some("acme".into()),
+            model: Some("small".into()),
+            destination: Some("tiny".into()),
+            destination_namespace: Some("test".into()),
+            streamed,
+        };
+        let count = |slo: &'static str| {
+            m.value(
+                "kinference_slo_requests_total",
+                &[("slo", slo), ("tenant", "acme"), ("model", "small")],
+            )
+        };
+        // The client's own fault, from a provider: no objective.
+        account_refusal(&m, &who(true), "provider_rejected");
+        account_refusal(&m, &who(true), "provider_untranslatable");
+        assert_eq!((count("fast"), count("whole")), (None, None));
+        // An unreachable upstream: a non-streamed request counts for `e2e` only.
+        account_refusal(&m, &who(false), "upstream_unreachable");
+        assert_eq!((count("fast"), count("whole")), (None, Some(1.0)));
+        account_refusal(&m, &who(true), "upstream_timeout");
+        assert_eq!((count("fast"), count("whole")), (Some(1.0), Some(2.0)));
     }
 
     #[test]

@@ -1001,7 +1001,7 @@ async fn admit_and_forward(
     // Tokenizing a long prompt takes milliseconds: `admit_async` keeps it off the async
     // workers.
     let mut admitted = admit_async(gw, &rt, api, headers, bytes).await?;
-    pending.who.admitted(&admitted.request);
+    pending.who.admitted(&admitted);
     // Held by the response body: given back when the body is dropped (stream over, client
     // gone, upstream failed) or when this function returns an error.
     let stream_slot = acquire_stream(gw, &rt, headers, &admitted)?;
@@ -1163,7 +1163,7 @@ fn respond_provider(
                 duration_s,
                 token_events: o.token_events,
                 longest_share: o.longest_share,
-                client_gone: false,
+                client_gone: o.client_gone,
             };
             report(&gw2, api, &chosen, &obs);
             settle_reservation(reservation, &chosen, &obs);
@@ -1405,7 +1405,6 @@ async fn respond(
             reservation.as_ref(),
         )
     });
-    let who = crate::accounting::Who::of(&chosen);
     let mut fin = Finisher {
         report: Some(Report {
             gw: gw.clone(),
@@ -1422,9 +1421,10 @@ async fn respond(
     let (builder, answer) = match (builder, answer) {
         (Some(b), Ok(a)) => (b, a),
         (_, answer) => {
-            // Accounted as an answer that did not complete; the client gets a 502.
+            // Accounted (per tenant, objectives) as an answer that did not complete, by the
+            // finisher; counted here only among the gateway's responses: the client gets a 502.
             drop(fin);
-            count_request(gw, api, 502, "upstream_error", &who);
+            gw.metrics.count_request(api.label(), 502, "upstream_error");
             let why = answer.err().map_or_else(String::new, |e| format!(": {e}"));
             return ApiError::new(
                 StatusCode::BAD_GATEWAY,

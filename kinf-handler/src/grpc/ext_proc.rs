@@ -565,7 +565,7 @@ impl Exchange {
         let rt = self.gw.runtime().ok_or_else(not_ready_error)?;
         let headers = request_headers(self.headers.iter().map(|(k, v)| (k.as_str(), &v[..])))?;
         let mut admitted = forward::admit_async(&self.gw, &rt, api, &headers, body.into()).await?;
-        who.admitted(&admitted.request);
+        who.admitted(&admitted);
         let stream_slot = forward::acquire_stream(&self.gw, &rt, &headers, &admitted)?;
         let reservation = forward::reserve(&mut admitted).await?;
         let chosen = match forward::plan(&self.gw, &admitted) {

@@ -73,7 +73,7 @@ impl HandlerService {
         )?;
         let mut admitted =
             forward::admit_async(&self.gw, &rt, api, &headers, req.body.into()).await?;
-        who.admitted(&admitted.request);
+        who.admitted(&admitted);
         // Decisions never reported hold their tenant's stream slots and concurrency until they
         // expire: let the expired ones go before this one counts them.
         self.pending.expire();

@@ -275,6 +275,8 @@ pub struct ProviderOutcome {
     /// Token-carrying events seen (streamed responses): what a response cut short before its
     /// usage is charged for.
     pub token_events: u64,
+    /// The client went away before the provider's answer ended (a stream it abandoned).
+    pub client_gone: bool,
 }
 
 /// The body stream: bytes in the client's protocol.
@@ -549,6 +551,9 @@ struct Guard {
     tokens: crate::gateway::sse_tap::TokenTimes,
     usage: Option<TokenUsage>,
     completed: bool,
+    /// The provider's answer ended (whole, or with an error); dropped before that, the client
+    /// went away.
+    provider_ended: bool,
     tx: Option<oneshot::Sender<ProviderOutcome>>,
 }
 
@@ -577,6 +582,7 @@ impl Drop for Guard {
                 completed: self.completed,
                 duration_s: now.duration_since(self.sent_at).as_secs_f64(),
                 token_events: self.tokens.token_events,
+                client_gone: !self.provider_ended && !self.completed,
             });
         }
     }
@@ -828,6 +834,7 @@ async fn forward_to(
         tokens: Default::default(),
         usage: None,
         completed: false,
+        provider_ended: false,
         tx: Some(tx),
     };
     let timeout = p.info.timeout;
@@ -979,11 +986,12 @@ async fn forward_to(
                     true,
                 ));
             };
-            guard.usage = Some(r.usage);
+            guard.usage = r.usage_reported.then_some(r.usage);
             Bytes::from(translate::client_response(client_api, &r, model).to_string())
         };
         guard.verdict = Verdict::Success;
         guard.completed = true;
+        guard.provider_ended = true;
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -1119,6 +1127,7 @@ impl StreamState {
 
     /// The end of the provider's stream (`err`: why it ended early, with its code).
     fn finish(&mut self, err: Option<(&'static str, String)>) -> Bytes {
+        self.guard.provider_ended = true;
         let mut out = BytesMut::new();
         let (completed, observed) = match &mut self.mode {
             Mode::Pass(tap) => {
@@ -1182,6 +1191,7 @@ async fn step(
             Some(Ok(c)) => {
                 let (out, over) = st.process(&c);
                 if over {
+                    st.guard.provider_ended = true;
                     return Some((Ok(out), None));
                 }
                 if !out.is_empty() {

@@ -130,7 +130,15 @@ impl ProviderDecoder {
                 }
             }
             "message_stop" => {
-                out.push(Ev::Usage(usage_anthropic(&self.anthropic_usage)));
+                // No usage seen (neither `message_start`'s nor `message_delta`'s): none is
+                // reported, so that the gateway estimates it instead of charging nothing.
+                if self
+                    .anthropic_usage
+                    .as_object()
+                    .is_some_and(|u| !u.is_empty())
+                {
+                    out.push(Ev::Usage(usage_anthropic(&self.anthropic_usage)));
+                }
                 out.push(Ev::Done);
             }
             "error" => out.push(Ev::Error(
@@ -171,7 +179,8 @@ fn openai_event(data: &str, out: &mut Vec<Ev>) {
     let Ok(v) = serde_json::from_str::<Value>(data) else {
         return;
     };
-    if v.get("error").is_some() {
+    // `"error": null` is no error (some OpenAI-compatible servers send it on every chunk).
+    if v.get("error").is_some_and(|e| !e.is_null()) {
         out.push(Ev::Error(
             super::translate::provider_error_message(&v)
                 .unwrap_or_else(|| "the provider reported an error".into()),
@@ -427,6 +436,43 @@ pub fn collect(chunks: &[Bytes]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Evs of a whole SSE body.
+    fn decode(protocol: ProviderType, src: &str) -> Vec<Ev> {
+        let mut d = ProviderDecoder::new(protocol);
+        d.feed(src.as_bytes())
+    }
+
+    #[test]
+    fn a_null_error_member_is_no_error() {
+        let evs = decode(
+            ProviderType::OpenAI,
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}],\"error\":null}\n\n",
+        );
+        assert!(
+            evs.iter().any(|e| matches!(e, Ev::Text(t) if t == "hi")),
+            "{evs:?}"
+        );
+        assert!(!evs.iter().any(|e| matches!(e, Ev::Error(_))), "{evs:?}");
+        let evs = decode(
+            ProviderType::OpenAI,
+            "data: {\"error\":{\"message\":\"overloaded\"}}\n\n",
+        );
+        assert!(evs.iter().any(|e| matches!(e, Ev::Error(_))), "{evs:?}");
+    }
+
+    #[test]
+    fn an_anthropic_stream_without_usage_reports_none() {
+        let evs = decode(
+            ProviderType::Anthropic,
+            concat!(
+                "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n",
+                "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+            ),
+        );
+        assert!(evs.iter().any(|e| matches!(e, Ev::Done)), "{evs:?}");
+        assert!(!evs.iter().any(|e| matches!(e, Ev::Usage(_))), "{evs:?}");
+    }
 
     #[test]
     fn anthropic_sse_to_openai_chunks() {

@@ -408,8 +408,11 @@ pub struct ChatResponse {
     pub text: String,
     /// Why it ended.
     pub finish: Finish,
-    /// Token usage.
+    /// Token usage (zeros when the provider reported none).
     pub usage: TokenUsage,
+    /// Whether the provider reported usage: when not, the gateway estimates what was used
+    /// rather than charge nothing.
+    pub usage_reported: bool,
 }
 
 fn n(v: &Value, ptr: &str) -> u64 {
@@ -481,6 +484,7 @@ pub fn parse_provider_response(
                     c.get("finish_reason").and_then(Value::as_str).unwrap_or(""),
                 ),
                 usage: v.get("usage").map(usage_openai).unwrap_or_default(),
+                usage_reported: v.get("usage").is_some_and(|u| !u.is_null()),
             })
         }
         P::Anthropic => {
@@ -498,6 +502,7 @@ pub fn parse_provider_response(
                     v.get("stop_reason").and_then(Value::as_str).unwrap_or(""),
                 ),
                 usage: v.get("usage").map(usage_anthropic).unwrap_or_default(),
+                usage_reported: v.get("usage").is_some_and(|u| !u.is_null()),
             })
         }
         P::Bedrock => {
@@ -514,6 +519,7 @@ pub fn parse_provider_response(
                     v.get("stopReason").and_then(Value::as_str).unwrap_or(""),
                 ),
                 usage: v.get("usage").map(usage_bedrock).unwrap_or_default(),
+                usage_reported: v.get("usage").is_some_and(|u| !u.is_null()),
             })
         }
     }
@@ -616,6 +622,43 @@ pub fn provider_error_message(v: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_response_without_usage_says_so() {
+        use kinf_policy::ProviderType as P;
+        for (p, with, without) in [
+            (
+                P::OpenAI,
+                json!({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 3, "completion_tokens": 1}}),
+                json!({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}),
+            ),
+            (
+                P::Anthropic,
+                json!({"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+                       "usage": {"input_tokens": 3, "output_tokens": 1}}),
+                json!({"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn"}),
+            ),
+            (
+                P::Bedrock,
+                json!({"output": {"message": {"content": [{"text": "hi"}]}}, "stopReason": "end_turn",
+                       "usage": {"inputTokens": 3, "outputTokens": 1}}),
+                json!({"output": {"message": {"content": [{"text": "hi"}]}}, "stopReason": "end_turn"}),
+            ),
+        ] {
+            let r = parse_provider_response(p, &with);
+            assert!(
+                r.as_ref()
+                    .is_some_and(|r| r.usage_reported && r.usage.output_tokens == 1),
+                "{p:?}"
+            );
+            let r = parse_provider_response(p, &without);
+            assert!(
+                r.as_ref().is_some_and(|r| !r.usage_reported),
+                "{p:?}: charged zero instead of estimated"
+            );
+        }
+    }
 
     #[test]
     fn openai_chat_to_anthropic_and_bedrock() {
