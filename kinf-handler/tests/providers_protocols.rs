@@ -349,6 +349,46 @@ async fn timeout_is_an_error_before_the_first_byte() {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
+/// Which provider statuses are the provider's failure (fall through to the next, count for
+/// the breaker) and which the client's (passed on, no fall-through).
+#[tokio::test]
+async fn provider_statuses_are_the_providers_or_the_clients_fault() {
+    let fake = Fake::start().await;
+    let pool = pool_of(
+        vec![(
+            "o",
+            info(&fake, ProviderType::OpenAI, Duration::from_secs(5), None),
+        )],
+        PoolOptions {
+            failure_threshold: 100,
+            ..PoolOptions::default()
+        },
+    );
+    for (status, code, fall_through) in [
+        (404, "provider_error", true),
+        (424, "provider_error", true),
+        (408, "provider_error", true),
+        (503, "provider_error", true),
+        (400, "provider_rejected", false),
+        (422, "provider_rejected", false),
+    ] {
+        fake.set_mode(Mode::FailWith(status));
+        let e = pool
+            .forward(
+                "ns/o",
+                Api::Chat,
+                client_body(Api::Chat, false, false),
+                "m",
+                false,
+                false,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ProviderErrorKind::Status(status));
+        assert_eq!((e.code, e.fall_through), (code, fall_through), "{status}");
+    }
+}
+
 #[tokio::test]
 async fn breaker_opens_after_failures_and_half_opens() {
     let fake = Fake::start().await;

@@ -908,7 +908,10 @@ async fn forward_to(
                 true,
                 Verdict::Failure,
             ),
-            408 | 500.. => (
+            // 404: the provider does not know the configured `providerModel` (a
+            // misconfiguration, not the client's fault); 424: Bedrock's ModelErrorException, the
+            // model failed.
+            404 | 408 | 424 | 500.. => (
                 StatusCode::BAD_GATEWAY,
                 "provider_error",
                 true,

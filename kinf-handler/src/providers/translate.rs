@@ -327,6 +327,38 @@ pub fn to_openai(r: &ChatRequest, model: &str, stream: bool) -> Map<String, Valu
     b
 }
 
+/// `r`'s messages as Anthropic's and Bedrock's APIs take them: empty texts left out (both
+/// refuse an empty text block), and a run of messages of one role joined into one with blank
+/// lines (Bedrock Converse refuses two user or two assistant turns in a row).
+fn alternating(r: &ChatRequest) -> Vec<(&str, String)> {
+    let mut out: Vec<(&str, String)> = Vec::new();
+    for m in r.messages.iter().filter(|m| !m.text.trim().is_empty()) {
+        match out.last_mut() {
+            Some((role, text)) if *role == m.role.as_str() => {
+                text.push_str("\n\n");
+                text.push_str(&m.text);
+            }
+            _ => out.push((m.role.as_str(), m.text.clone())),
+        }
+    }
+    out
+}
+
+/// An OpenAI `temperature` (0–2) as Anthropic's and Bedrock's (0–1) take it: capped at 1.
+fn capped_temperature(t: f64) -> f64 {
+    t.min(1.0)
+}
+
+/// Stop sequences Anthropic and Bedrock accept: those with a non-whitespace character (they
+/// refuse a whitespace-only one such as `"\n"` with a 400).
+fn visible_stops(r: &ChatRequest) -> Vec<&str> {
+    r.stop
+        .iter()
+        .map(String::as_str)
+        .filter(|s| !s.trim().is_empty())
+        .collect()
+}
+
 /// The Anthropic Messages request body for `r`.
 pub fn to_anthropic(r: &ChatRequest, model: &str, stream: bool) -> Map<String, Value> {
     let mut b = Map::new();
@@ -337,9 +369,9 @@ pub fn to_anthropic(r: &ChatRequest, model: &str, stream: bool) -> Map<String, V
     b.insert(
         "messages".into(),
         Value::Array(
-            r.messages
-                .iter()
-                .map(|m| json!({"role": m.role, "content": m.text}))
+            alternating(r)
+                .into_iter()
+                .map(|(role, text)| json!({"role": role, "content": text}))
                 .collect(),
         ),
     );
@@ -348,13 +380,14 @@ pub fn to_anthropic(r: &ChatRequest, model: &str, stream: bool) -> Map<String, V
         r.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).into(),
     );
     if let Some(t) = r.temperature {
-        b.insert("temperature".into(), t.into());
+        b.insert("temperature".into(), capped_temperature(t).into());
     }
     if let Some(t) = r.top_p {
         b.insert("top_p".into(), t.into());
     }
-    if !r.stop.is_empty() {
-        b.insert("stop_sequences".into(), json!(r.stop));
+    let stops = visible_stops(r);
+    if !stops.is_empty() {
+        b.insert("stop_sequences".into(), json!(stops));
     }
     if stream {
         b.insert("stream".into(), true.into());
@@ -374,9 +407,9 @@ pub fn to_bedrock(r: &ChatRequest) -> Map<String, Value> {
     b.insert(
         "messages".into(),
         Value::Array(
-            r.messages
-                .iter()
-                .map(|m| json!({"role": m.role, "content": [{"text": m.text}]}))
+            alternating(r)
+                .into_iter()
+                .map(|(role, text)| json!({"role": role, "content": [{"text": text}]}))
                 .collect(),
         ),
     );
@@ -385,13 +418,14 @@ pub fn to_bedrock(r: &ChatRequest) -> Map<String, Value> {
         cfg.insert("maxTokens".into(), n.into());
     }
     if let Some(t) = r.temperature {
-        cfg.insert("temperature".into(), t.into());
+        cfg.insert("temperature".into(), capped_temperature(t).into());
     }
     if let Some(t) = r.top_p {
         cfg.insert("topP".into(), t.into());
     }
-    if !r.stop.is_empty() {
-        cfg.insert("stopSequences".into(), json!(r.stop));
+    let stops = visible_stops(r);
+    if !stops.is_empty() {
+        cfg.insert("stopSequences".into(), json!(stops));
     }
     if !cfg.is_empty() {
         b.insert("inferenceConfig".into(), Value::Object(cfg));
@@ -622,6 +656,47 @@ pub fn provider_error_message(v: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn anthropic_and_bedrock_get_alternating_turns_capped_temperature_and_visible_stops() {
+        let body = json!({
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "first"},
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "second"},
+                {"role": "assistant", "content": ""},
+                {"role": "user", "content": "third"},
+                {"role": "assistant", "content": "ok"},
+            ],
+            "temperature": 1.7, "stop": ["\n", "END", "  "],
+        });
+        let Value::Object(body) = body else { return };
+        let r = parse_client(Api::Chat, &body);
+        let Ok(r) = r else {
+            assert!(r.is_ok(), "{r:?}");
+            return;
+        };
+        let a = Value::Object(to_anthropic(&r, "claude", false));
+        assert_eq!(
+            a["messages"],
+            json!([
+                {"role": "user", "content": "first\n\nsecond\n\nthird"},
+                {"role": "assistant", "content": "ok"},
+            ])
+        );
+        assert_eq!(a["temperature"], 1.0);
+        assert_eq!(a["stop_sequences"], json!(["END"]));
+        let b = Value::Object(to_bedrock(&r));
+        assert_eq!(
+            b["messages"][0]["content"][0]["text"],
+            "first\n\nsecond\n\nthird"
+        );
+        assert_eq!(b["messages"][1]["role"], "assistant");
+        assert_eq!(b["messages"].as_array().map(Vec::len), Some(2));
+        assert_eq!(b["inferenceConfig"]["temperature"], 1.0);
+        assert_eq!(b["inferenceConfig"]["stopSequences"], json!(["END"]));
+    }
 
     #[test]
     fn a_response_without_usage_says_so() {

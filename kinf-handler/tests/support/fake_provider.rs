@@ -34,6 +34,8 @@ pub enum Mode {
     Fail500,
     /// 429 with `retry-after` of this many seconds.
     Fail429(u64),
+    /// This status before any byte, with an error body.
+    FailWith(u16),
     /// Sleeps this long before answering.
     Hang(Duration),
     /// Streams the first event and then drops the connection.
@@ -168,6 +170,13 @@ impl Fake {
                     axum::Json(
                         json!({"error": {"message": "slow down", "type": "rate_limit_error"}}),
                     ),
+                )
+                    .into_response();
+            }
+            Mode::FailWith(code) => {
+                return (
+                    StatusCode::from_u16(code).unwrap(),
+                    axum::Json(json!({"error": {"message": format!("failed with {code}")}})),
                 )
                     .into_response();
             }
