@@ -389,6 +389,37 @@ async fn provider_statuses_are_the_providers_or_the_clients_fault() {
     }
 }
 
+/// A stream whose first event is the provider's error (it is overloaded) has sent the client
+/// nothing yet: it fails like an error status, and may fall through to the next provider,
+/// rather than answer 200 and an error event.
+#[tokio::test]
+async fn an_error_before_any_token_falls_through() {
+    let fake = Fake::start().await;
+    fake.set_mode(Mode::StreamErrorFirst);
+    for (protocol, api) in [
+        (ProviderType::Anthropic, Api::Messages),
+        (ProviderType::OpenAI, Api::Chat),
+        // Translated: an OpenAI client to Anthropic.
+        (ProviderType::Anthropic, Api::Chat),
+    ] {
+        let pool = pool_of(
+            vec![("p", info(&fake, protocol, Duration::from_secs(5), None))],
+            PoolOptions::default(),
+        );
+        let r = pool
+            .forward("ns/p", api, client_body(api, true, false), "m", true, false)
+            .await;
+        let Err(e) = r else {
+            panic!("{protocol:?} from {api:?}: answered instead of failing");
+        };
+        assert_eq!(
+            (e.code, e.fall_through, e.before_first_byte),
+            ("provider_error", true, true),
+            "{protocol:?} from {api:?}: {e:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn breaker_opens_after_failures_and_half_opens() {
     let fake = Fake::start().await;

@@ -1035,6 +1035,22 @@ async fn forward_to(
             ));
         }
     };
+    // An error event before any token (Anthropic's `overloaded_error`, a Bedrock throttling
+    // frame) in the first bytes: nothing has reached the client yet, so the next provider can
+    // still take the request.
+    if let Some(why) = error_before_tokens(passthrough, protocol, client_api, &first) {
+        guard.verdict = Verdict::Failure;
+        return Err(ProviderError::new(
+            ProviderErrorKind::Protocol,
+            StatusCode::BAD_GATEWAY,
+            "provider_error",
+            scrub(
+                &format!("provider `{key}` reported an error before any token: {why}"),
+                &creds,
+            ),
+            true,
+        ));
+    }
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
@@ -1068,6 +1084,30 @@ async fn forward_to(
 enum Mode {
     Pass(SseTap),
     Translate(ProviderDecoder, ClientEncoder),
+}
+
+/// The error a stream's first bytes report before any token, if they do (decoded apart, as
+/// the stream would decode them).
+fn error_before_tokens(
+    passthrough: bool,
+    protocol: ProviderType,
+    client_api: Api,
+    first: &Bytes,
+) -> Option<String> {
+    if passthrough {
+        let mut tap = SseTap::new(client_api, false);
+        let _ = tap.feed(first, Instant::now());
+        return (tap.observed.errored && tap.observed.tokens.token_events == 0)
+            .then(|| "an error event".to_owned());
+    }
+    for ev in ProviderDecoder::new(protocol).feed(first) {
+        match ev {
+            Ev::Text(_) => return None,
+            Ev::Error(why) => return Some(why),
+            _ => {}
+        }
+    }
+    None
 }
 
 type Frames = Pin<Box<dyn Stream<Item = Result<Bytes, hyper::Error>> + Send>>;

@@ -36,6 +36,9 @@ pub enum Mode {
     Fail429(u64),
     /// This status before any byte, with an error body.
     FailWith(u16),
+    /// Answers 200, then streams one error event before any token (Anthropic's
+    /// `overloaded_error`, an OpenAI-style `{"error": …}` chunk).
+    StreamErrorFirst,
     /// Sleeps this long before answering.
     Hang(Duration),
     /// Streams the first event and then drops the connection.
@@ -216,6 +219,17 @@ impl Fake {
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
+        if mode == Mode::StreamErrorFirst && stream {
+            let ev = if path.ends_with("/messages") {
+                sse_event(
+                    "error",
+                    &json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+                )
+            } else {
+                sse_data(&json!({"error": {"message": "overloaded", "type": "server_error"}}))
+            };
+            return stream_response(vec![ev], None, "text/event-stream");
+        }
         if path.ends_with("/messages") {
             if stream {
                 return stream_response(anthropic_events(&model), die, "text/event-stream");
