@@ -54,6 +54,12 @@ fn frames() -> Vec<Frame> {
 }
 
 fn state(address: &str) -> Arc<SharedState> {
+    state_with(address, 32, true)
+}
+
+/// One endpoint at `address`, exact prefix tracking at `block_size` (declared in the policy
+/// when `configured`, else the gateway's default, which the workers' report replaces).
+fn state_with(address: &str, block_size: usize, configured: bool) -> Arc<SharedState> {
     let mut st = ClusterState::default();
     st.worker_sets.insert(
         WS.into(),
@@ -67,10 +73,13 @@ fn state(address: &str) -> Arc<SharedState> {
                 index_id: EndpointId(0),
                 assumed_cached_tokens: None,
                 inflight: Default::default(),
+                reported_block_size: None,
             }],
-            prefix: PrefixTracking::Exact(PrefixIndex::new(32)),
-            block_size: 32,
-            block_size_configured: true,
+            prefix: PrefixTracking::Exact(PrefixIndex::new(block_size)),
+            block_size,
+            block_size_configured: configured,
+            block_size_adopted: false,
+            block_size_resyncs: 0,
             ttft: TtftModel::from_prior(5000.0, 0.02),
             routed: kinf_router::state::speculative_index(),
             positions: Default::default(),
@@ -370,24 +379,37 @@ struct MetricsWorker {
     start: Arc<std::sync::atomic::AtomicU64>,
     /// Whether `/health` answers 200.
     healthy: Arc<std::sync::atomic::AtomicBool>,
+    /// The `block_size` label of `vllm:cache_config_info` (0: the series is not exposed).
+    block_size: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl MetricsWorker {
     async fn start() -> Self {
         let start = Arc::new(std::sync::atomic::AtomicU64::new(1_795_960_000));
         let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let address = metrics_server(start.clone(), healthy.clone()).await;
+        let block_size = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let address = metrics_server(start.clone(), healthy.clone(), block_size.clone()).await;
         MetricsWorker {
             address,
             start,
             healthy,
+            block_size,
         }
     }
 
     /// Ingestion of this worker, scraped every 50 ms, with KV events from `port` (and a replay
     /// socket on `replay_port`).
     fn ingest(&self, port: u16, replay_port: Option<u16>) -> (Arc<SharedState>, LiveIngest) {
-        let shared = state(&self.address);
+        self.ingest_into(state(&self.address), port, replay_port)
+    }
+
+    /// [`ingest`](Self::ingest) into a state of the test's.
+    fn ingest_into(
+        &self,
+        shared: Arc<SharedState>,
+        port: u16,
+        replay_port: Option<u16>,
+    ) -> (Arc<SharedState>, LiveIngest) {
         let ingest = LiveIngest::with_config(shared.clone(), config());
         let mut sp = spec(&self.address, Some(port), replay_port);
         sp.metrics_interval = Duration::from_millis(50);
@@ -400,17 +422,24 @@ impl MetricsWorker {
 async fn metrics_server(
     start: Arc<std::sync::atomic::AtomicU64>,
     healthy: Arc<std::sync::atomic::AtomicBool>,
+    block_size: Arc<std::sync::atomic::AtomicU64>,
 ) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
-            let (start, healthy) = (start.clone(), healthy.clone());
+            let (start, healthy, block_size) = (start.clone(), healthy.clone(), block_size.clone());
             tokio::spawn(async move {
                 let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let start = start.load(std::sync::atomic::Ordering::SeqCst);
                     let healthy = healthy.load(std::sync::atomic::Ordering::SeqCst);
+                    let cache_config = match block_size.load(std::sync::atomic::Ordering::SeqCst) {
+                        0 => String::new(),
+                        b => format!(
+                            "vllm:cache_config_info{{block_size=\"{b}\",engine=\"0\"}} 1.0\n"
+                        ),
+                    };
                     async move {
                         if req.uri().path() == "/health" && !healthy {
                             let mut r = hyper::Response::new(Full::new(Bytes::new()));
@@ -422,7 +451,7 @@ async fn metrics_server(
                                 "vllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} 0\n\
                                  vllm:num_requests_waiting{{engine=\"0\",model_name=\"m\"}} 0\n\
                                  vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} 0\n\
-                                 process_start_time_seconds {start}\n"
+                                 process_start_time_seconds {start}\n{cache_config}"
                             ),
                             _ => String::new(),
                         };
@@ -673,4 +702,181 @@ async fn a_restart_the_kv_events_showed_first_is_not_counted_or_reset_again_by_t
     // What the new process published is kept (no replay socket to get it back).
     assert_eq!(index(&shared), after_seq_restart);
     assert_eq!(index(&shared).0, reference(&fr, &[3]).0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bogus_sequence_number_does_not_freeze_the_stream() {
+    let fr = frames();
+    let mut publ = Publisher::bind().await;
+    let shared = state(NO_HTTP);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    ingest.sync_endpoints(vec![spec(NO_HTTP, Some(publ.port), None)]);
+    publ.await_subscriber(&ingest, NO_HTTP).await;
+    publ.publish(&fr[0]).await;
+    publ.publish(&fr[1]).await;
+    wait_until("seq 1 applied", || kv(&ingest, NO_HTTP).last_seq == Some(1)).await;
+    // Batch 2 arrives with a corrupt sequence number, far ahead: an unfilled gap, a reset.
+    let bogus = i64::MAX - 1;
+    publ.publish(&Frame {
+        seq: bogus,
+        payload: fr[2].payload.clone(),
+    })
+    .await;
+    wait_until("bogus applied", || {
+        kv(&ingest, NO_HTTP).last_seq == Some(bogus)
+    })
+    .await;
+    // The genuine stream goes on at 3: applied, not dropped as a duplicate.
+    publ.publish(&fr[3]).await;
+    wait_until("seq 3 applied", || kv(&ingest, NO_HTTP).last_seq == Some(3)).await;
+    let k = kv(&ingest, NO_HTTP);
+    assert_eq!((k.gaps, k.resets, k.duplicates), (1, 1, 0), "{k:?}");
+    assert_eq!(index(&shared), reference(&fr, &[2, 3]));
+
+    // Again and again: the missed count saturates (it used to overflow, a panic in debug
+    // builds that killed the subscriber).
+    for seq in 4..7 {
+        for s in [bogus, seq] {
+            publ.publish(&Frame {
+                seq: s,
+                payload: fr[0].payload.clone(),
+            })
+            .await;
+        }
+    }
+    wait_until("seq 6 applied", || kv(&ingest, NO_HTTP).last_seq == Some(6)).await;
+    let k = kv(&ingest, NO_HTTP);
+    assert_eq!((k.gaps, k.resets, k.duplicates), (4, 4, 0), "{k:?}");
+    assert_eq!(k.missed, u64::MAX);
+    assert_eq!(index(&shared).0, reference(&fr, &[0]).0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_replayed_before_the_first_block_size_report_are_kept() {
+    let fr = frames();
+    let worker = MetricsWorker::start().await;
+    let address = &worker.address;
+    // The worker has been running (it published 0..=3); its block size (32) is not the
+    // gateway's default (16 here), and the worker set declares none.
+    let buffer: Buffer = Arc::new(parking_lot::Mutex::new(fr[..4].to_vec()));
+    let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let replay_port = replay_server(buffer, requests).await;
+    let publ = Publisher::bind().await;
+    let (shared, ingest) =
+        worker.ingest_into(state_with(address, 16, false), publ.port, Some(replay_port));
+    // The catch-up replay comes before any scrape reports the size: its events carry it.
+    wait_until("buffer replayed", || {
+        kv(&ingest, address).last_seq == Some(3)
+    })
+    .await;
+    assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
+    assert_eq!(shared.with(|st| st.worker_sets[WS].block_size), 32);
+
+    // Now the metrics report it: the same size, nothing is dropped.
+    worker
+        .block_size
+        .store(32, std::sync::atomic::Ordering::SeqCst);
+    wait_until("block size scraped", || {
+        ingest
+            .endpoint_status(WS, address)
+            .and_then(|s| s.scrape.cache_config)
+            .is_some_and(|c| c.block_size == Some(32))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
+    let s = ingest.endpoint_status(WS, address).unwrap();
+    assert!(!s.scrape.block_size_mismatch);
+    let k = s.kv.unwrap();
+    assert_eq!((k.resets, k.reconnects), (0, 0), "{k:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_of_one_data_parallel_rank_leaves_the_other_ranks_blocks() {
+    let fr = frames();
+    let mut rank0 = Publisher::bind().await;
+    let mut rank1 = Publisher::bind().await;
+    let source = |port: u16| {
+        format!(
+            r#"{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:{port}","replay_endpoint":null,"topic":"{TOPIC}"}}"#
+        )
+    };
+    let body = format!(
+        r#"{{"0":{},"1":{}}}"#,
+        source(rank0.port),
+        source(rank1.port)
+    );
+    let (http_port, _server) = sources_server(body).await;
+    let address = format!("127.0.0.1:{http_port}");
+    let shared = state(&address);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    ingest.sync_endpoints(vec![spec(&address, None, None)]);
+    rank0.await_subscriber(&ingest, &address).await;
+    rank1.await_subscriber(&ingest, &address).await;
+    // Both ranks cache the same prompts (same engine hashes).
+    for f in &fr[..2] {
+        rank0.publish(f).await;
+        rank1.publish(f).await;
+    }
+    wait_until("both ranks' batches", || {
+        kv(&ingest, &address).messages >= 4
+    })
+    .await;
+    let both = reference(&fr, &[0, 1]).0;
+    wait_until("both indexed", || index(&shared).0 == 2 * both).await;
+    // Rank 1 misses a batch (no replay socket): its blocks are forgotten, rank 0's are not.
+    rank1.publish(&fr[3]).await;
+    wait_until("rank 1 reset", || kv(&ingest, &address).resets == 1).await;
+    wait_until("rank 1's seq 3 applied", || {
+        index(&shared).0 == both + reference(&fr, &[3]).0
+    })
+    .await;
+    // The endpoint still matches what rank 0 holds: its engine hashes are all there.
+    let held = shared.with(|st| match &st.worker_sets[WS].prefix {
+        PrefixTracking::Exact(i) => i.engine_hashes(EndpointId(0)),
+        PrefixTracking::Approximate(_) => panic!("approximate"),
+    });
+    let mut rank0_hashes = PrefixIndex::new(32);
+    for f in &fr[..2] {
+        let (_, events, _) = decode_payload(&f.payload).unwrap();
+        rank0_hashes.apply_all(EndpointId(0), &events);
+    }
+    for h in rank0_hashes.engine_hashes(EndpointId(0)) {
+        assert!(held.contains(&h), "rank 0's block {h} was forgotten");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_block_size_catches_the_kv_events_up_again() {
+    let fr = frames();
+    let worker = MetricsWorker::start().await;
+    let address = &worker.address;
+    let buffer: Buffer = Arc::new(parking_lot::Mutex::new(fr[..4].to_vec()));
+    let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let replay_port = replay_server(buffer, requests.clone()).await;
+    let publ = Publisher::bind().await;
+    let (shared, ingest) =
+        worker.ingest_into(state_with(address, 32, false), publ.port, Some(replay_port));
+    wait_until("buffer replayed", || {
+        kv(&ingest, address).last_seq == Some(3)
+    })
+    .await;
+    assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
+    assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Every worker of the set now reports another size (after a rolling upgrade): it is
+    // adopted, the index starts over, and the subscriber asks the replay buffer again.
+    worker
+        .block_size
+        .store(16, std::sync::atomic::Ordering::SeqCst);
+    wait_until("caught up again", || {
+        requests.load(std::sync::atomic::Ordering::SeqCst) == 2
+    })
+    .await;
+    shared.with(|st| {
+        let ws = &st.worker_sets[WS];
+        assert_eq!((ws.block_size, ws.block_size_resyncs), (16, 1));
+    });
+    wait_until("reconnected", || kv(&ingest, address).reconnects >= 1).await;
+    // (The fixture's events are of the old size: not indexed at the new one.)
+    assert_eq!(index(&shared).0, 0);
 }

@@ -22,25 +22,35 @@ const INTERVAL: Duration = Duration::from_millis(50);
 
 /// A vLLM-like server: `/metrics` and `/health`. Aborting the task closes every connection.
 async fn server() -> (String, tokio::task::JoinHandle<()>) {
+    server_with(Arc::new(parking_lot::Mutex::new(UNDER_LOAD.to_owned()))).await
+}
+
+/// [`server`] with a `/metrics` body the test changes.
+async fn server_with(
+    metrics: Arc<parking_lot::Mutex<String>>,
+) -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let task = tokio::spawn(async move {
         let mut conns = tokio::task::JoinSet::new();
         loop {
             let (stream, _) = listener.accept().await.unwrap();
+            let metrics = metrics.clone();
             conns.spawn(async move {
-                let svc = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let (status, b) = match req.uri().path() {
-                        "/metrics" => (200, UNDER_LOAD),
-                        "/health" => (200, ""),
-                        _ => (404, ""),
+                        "/metrics" => (200, metrics.lock().clone()),
+                        "/health" => (200, String::new()),
+                        _ => (404, String::new()),
                     };
-                    Ok::<_, Infallible>(
-                        hyper::Response::builder()
-                            .status(status)
-                            .body(Full::new(Bytes::from_static(b.as_bytes())))
-                            .unwrap(),
-                    )
+                    async move {
+                        Ok::<_, Infallible>(
+                            hyper::Response::builder()
+                                .status(status)
+                                .body(Full::new(Bytes::from(b)))
+                                .unwrap(),
+                        )
+                    }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), svc)
@@ -68,11 +78,14 @@ fn state(addresses: &[&str]) -> Arc<SharedState> {
                     index_id: EndpointId(i as u32),
                     assumed_cached_tokens: None,
                     inflight: Default::default(),
+                    reported_block_size: None,
                 })
                 .collect(),
             prefix: PrefixTracking::Approximate(ApproxIndex::new(1024, 600_000)),
             block_size: 32,
             block_size_configured: true,
+            block_size_adopted: false,
+            block_size_resyncs: 0,
             ttft: TtftModel::from_prior(5000.0, 0.02),
             routed: kinf_router::state::speculative_index(),
             positions: Default::default(),
@@ -194,4 +207,64 @@ async fn sync_keeps_unchanged_endpoints_and_stops_removed_ones() {
     assert!(scrape(&ingest, &a).scrapes_ok < before);
     ingest.shutdown();
     assert!(ingest.status().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_or_missing_load_values_keep_the_previous_ones_and_do_not_poison_the_window() {
+    let metrics = Arc::new(parking_lot::Mutex::new(UNDER_LOAD.to_owned()));
+    let (address, _server) = server_with(metrics.clone()).await;
+    let shared = state(&[&address]);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    ingest.sync_endpoints(vec![spec(&address)]);
+    wait_until("a scrape", || scrape(&ingest, &address).scrapes_ok >= 1).await;
+    assert_eq!(
+        scrape(&ingest, &address).last_sample,
+        Some([1.0, 7.0, 0.8888888888888888])
+    );
+
+    // A broken exporter: an absurd queue, running not a number, no KV usage at all.
+    *metrics.lock() = "vllm:num_requests_waiting{engine=\"0\"} 1e20\n\
+                       vllm:num_requests_running{engine=\"0\"} NaN\n"
+        .to_owned();
+    let ok = scrape(&ingest, &address).scrapes_ok;
+    wait_until("bad scrapes", || {
+        scrape(&ingest, &address).scrapes_ok >= ok + 3
+    })
+    .await;
+    let s = scrape(&ingest, &address);
+    assert!(s.implausible_samples >= 3, "{s:?}");
+    assert_eq!(s.last_sample, Some([1.0, 7.0, 0.8888888888888888]));
+
+    // Back to normal: 3 queued. The window's average is the samples' (1 and 3), not 1e20
+    // (and not a sum that lost the small samples to it).
+    *metrics.lock() = "vllm:num_requests_waiting{engine=\"0\"} 3\n\
+                       vllm:num_requests_running{engine=\"0\"} 2\n\
+                       vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\n"
+        .to_owned();
+    let ok = scrape(&ingest, &address).scrapes_ok;
+    wait_until("good scrapes", || {
+        scrape(&ingest, &address).scrapes_ok >= ok + 3
+    })
+    .await;
+    assert_eq!(scrape(&ingest, &address).last_sample, Some([3.0, 2.0, 0.5]));
+    let now = shared.now_ms();
+    let avg = shared.with(|st| {
+        st.worker_sets[WS].endpoints[0]
+            .load
+            .average(Duration::from_secs(30), now)
+    });
+    assert!(
+        (1.0..=3.0).contains(&avg.queued_prompts)
+            && (0.5..=0.8888888888888888).contains(&avg.kv_cache_usage),
+        "{avg:?}"
+    );
+    let mut text = String::new();
+    ingest.render_metrics(&mut text);
+    let line = format!(
+        "kinference_endpoint_implausible_samples_total{{worker_set=\"{WS}\",endpoint=\"{address}\"}} "
+    );
+    assert!(text.contains(&line), "{line} not in\n{text}");
+    let line =
+        format!("kinference_block_size_mismatch{{worker_set=\"{WS}\",endpoint=\"{address}\"}} 0");
+    assert!(text.contains(&line), "{line} not in\n{text}");
 }

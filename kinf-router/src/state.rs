@@ -23,7 +23,13 @@ use crate::request::Request;
 /// How long load samples are kept.
 pub const SAMPLE_RETENTION: Duration = Duration::from_secs(300);
 
-/// One load sample of an endpoint.
+/// Largest queued or running count a load sample may carry ([`LoadSample::checked`]): far
+/// above what one vLLM server holds, and small enough that the window's running sums keep
+/// their precision.
+pub const MAX_PLAUSIBLE_COUNT: f64 = 1e6;
+
+/// One load sample of an endpoint. A field that is NaN is unknown (e.g. the series was
+/// missing from the scrape): [`LoadWindow::push`] keeps the previous sample's value for it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LoadSample {
     /// When it was taken (ms).
@@ -34,6 +40,37 @@ pub struct LoadSample {
     pub running: f64,
     /// `vllm:kv_cache_usage_perc` (0..1).
     pub kv_usage: f64,
+}
+
+impl LoadSample {
+    /// The sample with every unknown or implausible field (NaN, infinite, a count below 0 or
+    /// above [`MAX_PLAUSIBLE_COUNT`], a KV usage outside 0..=1) replaced by `prev`'s value (0
+    /// without a previous sample), and whether every field was kept as it was. One absurd
+    /// value (a broken exporter's `1e20`) would otherwise dominate the window's averages, and
+    /// a missing one read as 0 would make a busy endpoint look idle.
+    pub fn checked(self, prev: Option<&LoadSample>) -> (LoadSample, bool) {
+        let mut ok = true;
+        let mut pick = |v: f64, plausible: bool, old: Option<f64>| {
+            if plausible {
+                v
+            } else {
+                ok = false;
+                old.unwrap_or(0.0)
+            }
+        };
+        let count = |v: f64| (0.0..=MAX_PLAUSIBLE_COUNT).contains(&v);
+        let s = LoadSample {
+            at_ms: self.at_ms,
+            queued: pick(self.queued, count(self.queued), prev.map(|p| p.queued)),
+            running: pick(self.running, count(self.running), prev.map(|p| p.running)),
+            kv_usage: pick(
+                self.kv_usage,
+                (0.0..=1.0).contains(&self.kv_usage),
+                prev.map(|p| p.kv_usage),
+            ),
+        };
+        (s, ok)
+    }
 }
 
 /// Averages over a window.
@@ -49,10 +86,15 @@ pub struct Load {
 }
 
 /// Windowed load samples, with running sums so that any window's average costs a binary
-/// search instead of a pass over the samples.
+/// search instead of a pass over the samples. The sums are recomputed from the samples kept
+/// once as many samples have been forgotten as are kept (amortised O(1) per sample), so that
+/// they never drift or carry a forgotten sample's rounding; samples are bounded
+/// ([`LoadSample::checked`]), so no sample swamps the others' precision.
 #[derive(Clone, Debug, Default)]
 pub struct LoadWindow {
     samples: VecDeque<(LoadSample, [f64; 3])>,
+    /// Samples forgotten since the running sums were last recomputed.
+    forgotten: usize,
     /// The default-window average, computed off the decision path by
     /// [`ClusterState::set_now`], and the times `[from, until]` (ms) it holds for: from when
     /// it was computed until the oldest sample in the window leaves it.
@@ -61,11 +103,13 @@ pub struct LoadWindow {
 
 impl LoadWindow {
     /// Adds a sample and forgets samples older than the retention. Samples must come in time
-    /// order; an older one is ignored.
-    pub fn push(&mut self, s: LoadSample) {
+    /// order; an older one is ignored. Unknown or implausible fields take the previous
+    /// sample's value ([`LoadSample::checked`]); returns false when any did.
+    pub fn push(&mut self, s: LoadSample) -> bool {
         if self.samples.back().is_some_and(|(b, _)| b.at_ms > s.at_ms) {
-            return;
+            return true;
         }
+        let (s, plausible) = s.checked(self.latest());
         let keep_after = s.at_ms.saturating_sub(SAMPLE_RETENTION.as_millis() as u64);
         while self
             .samples
@@ -73,6 +117,7 @@ impl LoadWindow {
             .is_some_and(|(f, _)| f.at_ms < keep_after)
         {
             self.samples.pop_front();
+            self.forgotten += 1;
         }
         self.default_at = None;
         let prev = self.samples.back().map(|(_, c)| *c).unwrap_or([0.0; 3]);
@@ -82,6 +127,20 @@ impl LoadWindow {
             prev[2] + s.kv_usage,
         ];
         self.samples.push_back((s, cum));
+        if self.forgotten >= self.samples.len() {
+            self.recompute_sums();
+        }
+        plausible
+    }
+
+    /// Recomputes the running sums from the samples kept.
+    fn recompute_sums(&mut self) {
+        let mut acc = [0.0; 3];
+        for (s, c) in &mut self.samples {
+            acc = [acc[0] + s.queued, acc[1] + s.running, acc[2] + s.kv_usage];
+            *c = acc;
+        }
+        self.forgotten = 0;
     }
 
     /// Average of the samples taken within `window` before `now_ms` (the newest sample alone
@@ -241,8 +300,8 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
             .worker_sets
             .get_mut("default/w")
             .unwrap_or_else(|| panic!());
-        assert!(ws.adopt_block_size(16));
-        assert!(!ws.adopt_block_size(16));
+        assert!(ws.observe_block_size("a:1", 16));
+        assert!(!ws.observe_block_size("a:1", 16));
         assert_eq!(ws.block_size, 16);
         ws.apply_kv_events("a:1", &[stored(16, 16)]);
         let mut out = Vec::new();
@@ -255,13 +314,16 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
         next.carry_over_from(st);
         let ws = next
             .worker_sets
-            .get("default/w")
+            .get_mut("default/w")
             .unwrap_or_else(|| panic!());
         assert_eq!(ws.block_size, 16);
         let mut out = Vec::new();
         ws.prefix
             .match_prefix(&block_hashes(&(0..16).collect::<Vec<_>>(), 16), 0, &mut out);
         assert_eq!(out.len(), 1, "the index survived the policy change");
+        // Still adopted: another size from one worker does not replace it.
+        assert!(!ws.observe_block_size("b:1", 32));
+        assert_eq!(ws.block_size, 16);
 
         // A configured size is kept.
         let p = policy("  blockSize: 32", r#""a:1""#);
@@ -270,8 +332,229 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
             .worker_sets
             .get_mut("default/w")
             .unwrap_or_else(|| panic!());
-        assert!(!ws.adopt_block_size(16));
+        assert!(!ws.observe_block_size("a:1", 16));
+        ws.apply_kv_events("a:1", &[stored(16, 16)]);
         assert_eq!(ws.block_size, 32);
+        let PrefixTracking::Exact(index) = &ws.prefix else {
+            panic!()
+        };
+        assert_eq!(index.stats().rejected, 1);
+    }
+
+    /// `(address, matched blocks)` of every endpoint holding the prompt's first block, the
+    /// routed claims continuing the reported prefixes (as decisions count them).
+    fn matches(ws: &WorkerSetState, prompt: &[u32]) -> Vec<(String, u32)> {
+        let hashes = block_hashes(prompt, ws.block_size);
+        let mut out = Vec::new();
+        ws.prefix.match_prefix(&hashes, 0, &mut out);
+        let mut dense = vec![0u32; ws.endpoints.len()];
+        for (id, d) in out {
+            dense[id.0 as usize] = dense[id.0 as usize].max(d);
+        }
+        ws.routed.extend_matches(&hashes, 0, &mut dense);
+        let mut v: Vec<(String, u32)> = ws
+            .endpoints
+            .iter()
+            .filter_map(|e| {
+                let d = dense.get(e.index_id.0 as usize).copied().unwrap_or(0);
+                (d > 0).then(|| (e.address.to_string(), d))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: u32) -> KvEvent {
+        KvEvent::BlockStored(crate::kv_events::BlockStored {
+            block_hashes: hashes.iter().copied().collect(),
+            parent,
+            token_ids: tokens.to_vec(),
+            block_size: bs,
+            ..Default::default()
+        })
+    }
+
+    fn orphaned(ws: &WorkerSetState) -> u64 {
+        match &ws.prefix {
+            PrefixTracking::Exact(index) => index.stats().orphaned,
+            PrefixTracking::Approximate(_) => panic!("approximate"),
+        }
+    }
+
+    #[test]
+    fn an_endpoint_list_change_keeps_what_the_remaining_endpoints_cache() {
+        for block_size in ["  blockSize: 16", ""] {
+            let p = policy(block_size, r#""a:1", "b:1""#);
+            let mut st = ClusterState::from_policy(&p, 32);
+            let pa: Vec<u32> = (0..64).collect();
+            let pb: Vec<u32> = (1000..1064).collect();
+            let ws = st
+                .worker_sets
+                .get_mut("default/w")
+                .unwrap_or_else(|| panic!());
+            // (Without a configured size, the events' size is adopted.)
+            ws.apply_kv_events("a:1", &[store(&[11, 12], None, &pa[..32], 16)]);
+            ws.apply_kv_events("b:1", &[store(&[21, 22], None, &pb[..32], 16)]);
+            assert_eq!(ws.block_size, 16);
+            // b was routed the whole prompt: blocks 2 and 3 are claimed.
+            let mut req = Request::new("m", 64);
+            req.token_ids = Some(pb.clone().into());
+            st.record_routed("default", "w", "b:1", &req, 32, 0);
+            let ws = &st.worker_sets["default/w"];
+            assert_eq!(matches(ws, &pa), vec![("a:1".to_string(), 2)]);
+            assert_eq!(matches(ws, &pb), vec![("b:1".to_string(), 4)]);
+
+            // a is removed and c added: b moves to position 0, c takes a's old position.
+            let next_p = policy(block_size, r#""b:1", "c:1""#);
+            let mut next = ClusterState::from_policy(&next_p, 32);
+            next.carry_over_from(st);
+            let ws = next
+                .worker_sets
+                .get_mut("default/w")
+                .unwrap_or_else(|| panic!());
+            assert_eq!(ws.block_size, 16);
+            assert_eq!(matches(ws, &pa), vec![], "a's blocks went with it");
+            assert_eq!(matches(ws, &pb), vec![("b:1".to_string(), 4)]);
+            assert!(
+                matches!(
+                    ws.floor.usable(&ws.endpoints),
+                    crate::load_floor::Usable::Yes { .. }
+                ),
+                "ids are positions: decisions can bound the set"
+            );
+            // b's next events chain onto what it stored before the change.
+            ws.apply_kv_events("b:1", &[store(&[23, 24], Some(22), &pb[32..], 16)]);
+            assert_eq!(orphaned(ws), 0);
+            assert_eq!(matches(ws, &pb), vec![("b:1".to_string(), 4)]);
+            ws.apply_kv_events("c:1", &[store(&[31], None, &pa[..16], 16)]);
+            assert_eq!(matches(ws, &pa), vec![("c:1".to_string(), 1)]);
+
+            // An endpoint added at the front: the others keep theirs too.
+            let grown = policy(block_size, r#""d:1", "b:1", "c:1""#);
+            let mut again = ClusterState::from_policy(&grown, 32);
+            again.carry_over_from(next);
+            let ws = again
+                .worker_sets
+                .get_mut("default/w")
+                .unwrap_or_else(|| panic!());
+            assert_eq!(matches(ws, &pa), vec![("c:1".to_string(), 1)]);
+            assert_eq!(matches(ws, &pb), vec![("b:1".to_string(), 4)]);
+            ws.apply_kv_events("c:1", &[store(&[32], Some(31), &pa[16..32], 16)]);
+            assert_eq!(orphaned(ws), 0);
+            assert_eq!(matches(ws, &pa), vec![("c:1".to_string(), 2)]);
+
+            // Another configured size, or another tracking mode, starts over.
+            let other = policy("  blockSize: 32", r#""d:1", "b:1", "c:1""#);
+            let mut fresh = ClusterState::from_policy(&other, 32);
+            fresh.carry_over_from(again);
+            let ws = &fresh.worker_sets["default/w"];
+            assert_eq!(ws.block_size, 32);
+            assert_eq!(matches(ws, &pb), vec![]);
+        }
+    }
+
+    #[test]
+    fn workers_that_disagree_on_the_block_size_do_not_churn_the_index() {
+        let p = policy("", r#""a:1", "b:1""#);
+        let mut st = ClusterState::from_policy(&p, 32);
+        let ws = st
+            .worker_sets
+            .get_mut("default/w")
+            .unwrap_or_else(|| panic!());
+        assert!(ws.observe_block_size("a:1", 16));
+        ws.apply_kv_events("a:1", &[stored(16, 16)]);
+        let one: Vec<u32> = (0..16).collect();
+        // A rolling upgrade: b reports another size at every scrape, a keeps its own.
+        for _ in 0..5 {
+            assert!(!ws.observe_block_size("b:1", 32));
+            assert!(!ws.observe_block_size("a:1", 16));
+        }
+        assert_eq!(ws.block_size, 16);
+        assert_eq!(matches(ws, &one), vec![("a:1".to_string(), 1)]);
+        assert_eq!(ws.block_size_resyncs, 0);
+        // a is upgraded too: every worker reports 32 now, which is adopted once. The index
+        // held blocks of the old size: a resync is asked for.
+        assert!(ws.observe_block_size("a:1", 32));
+        assert_eq!(ws.block_size, 32);
+        assert_eq!(ws.block_size_resyncs, 1);
+        assert!(!ws.observe_block_size("b:1", 32));
+        assert!(!ws.observe_block_size("a:1", 32));
+        assert_eq!(ws.block_size_resyncs, 1);
+    }
+
+    #[test]
+    fn events_replayed_before_the_first_scrape_are_indexed_at_their_block_size() {
+        let p = policy("", r#""a:1""#);
+        let mut st = ClusterState::from_policy(&p, 32);
+        let ws = st
+            .worker_sets
+            .get_mut("default/w")
+            .unwrap_or_else(|| panic!());
+        // A subscriber caught up from the replay buffer before any scrape.
+        ws.apply_kv_events("a:1", &[KvEvent::AllBlocksCleared, stored(16, 16)]);
+        assert_eq!(ws.block_size, 16);
+        let one: Vec<u32> = (0..16).collect();
+        assert_eq!(matches(ws, &one), vec![("a:1".to_string(), 1)]);
+        // The first scrape reports the same size: nothing is lost.
+        assert!(!ws.observe_block_size("a:1", 16));
+        assert_eq!(matches(ws, &one), vec![("a:1".to_string(), 1)]);
+        assert_eq!(ws.block_size_resyncs, 0);
+        // Events of another size after that are rejected, and do not switch it.
+        ws.apply_kv_events("a:1", &[stored(32, 32)]);
+        assert_eq!(ws.block_size, 16);
+    }
+
+    #[test]
+    fn one_absurd_or_missing_sample_does_not_corrupt_the_window() {
+        let mut w = LoadWindow::default();
+        let at = |i: u64, queued: f64, kv: f64| LoadSample {
+            at_ms: i * 1000,
+            queued,
+            running: 1.0,
+            kv_usage: kv,
+        };
+        assert!(w.push(at(0, 2.0, 0.5)));
+        // An exporter's glitch: the previous values stand in.
+        assert!(!w.push(at(1, 1e20, 7.0)));
+        assert_eq!(w.latest().map(|s| (s.queued, s.kv_usage)), Some((2.0, 0.5)));
+        // Unknown (NaN: a missing series) keeps the previous value, not 0 (idle).
+        assert!(!w.push(at(2, f64::NAN, f64::NAN)));
+        assert!(!w.push(at(3, f64::INFINITY, -0.5)));
+        assert_eq!(w.latest().map(|s| (s.queued, s.kv_usage)), Some((2.0, 0.5)));
+        for i in 4..100 {
+            assert!(w.push(at(i, 3.0, 0.25)));
+        }
+        let avg = w.average(Duration::from_secs(10), 99_000);
+        assert_eq!((avg.queued_prompts, avg.kv_cache_usage), (3.0, 0.25));
+        // Without a previous sample, an implausible value reads 0.
+        let mut w = LoadWindow::default();
+        assert!(!w.push(at(0, -1.0, 0.5)));
+        assert_eq!(w.latest().map(|s| s.queued), Some(0.0));
+    }
+
+    #[test]
+    fn window_sums_do_not_drift_over_a_long_run() {
+        let mut w = LoadWindow::default();
+        let value = |i: u64| {
+            if i % 1000 < 10 {
+                MAX_PLAUSIBLE_COUNT - 0.3
+            } else {
+                (i % 7) as f64 * 0.1 + 0.01
+            }
+        };
+        let n = 200_000u64;
+        for i in 0..n {
+            w.push(LoadSample {
+                at_ms: i * 1000,
+                queued: value(i),
+                running: 0.0,
+                kv_usage: 0.0,
+            });
+        }
+        let now = (n - 1) * 1000;
+        let direct = (n - 30..n).map(value).sum::<f64>() / 30.0;
+        let got = w.average(Duration::from_secs(29), now).queued_prompts;
+        assert!((got - direct).abs() < 1e-9, "{got} vs {direct}");
     }
 
     #[test]
@@ -500,6 +783,9 @@ pub struct EndpointState {
     pub assumed_cached_tokens: Option<u32>,
     /// What this gateway has routed there and not seen finish.
     pub inflight: InFlight,
+    /// The block size the worker last reported (`vllm:cache_config_info`), if any
+    /// ([`WorkerSetState::observe_block_size`]).
+    pub reported_block_size: Option<u32>,
 }
 
 /// Capacity per endpoint of approximate prefix tracking, in blocks.
@@ -531,7 +817,9 @@ impl PrefixTracking {
         }
     }
 
-    /// Longest cached prefix (in blocks) of the request per endpoint holding its first block.
+    /// Longest cached prefix (in blocks) of the request per endpoint holding its first block
+    /// (with exact tracking, an endpoint with several data-parallel ranks appears once per
+    /// rank holding it: take the largest).
     pub fn match_prefix(&self, hashes: &[u64], now_ms: u64, out: &mut Vec<(EndpointId, u32)>) {
         match self {
             PrefixTracking::Exact(i) => i.match_prefix(hashes, out),
@@ -550,8 +838,17 @@ pub struct WorkerSetState {
     /// Block size used for prefix hashes.
     pub block_size: usize,
     /// Whether the worker set declares `blockSize`; if not, the size the workers report
-    /// (`vllm:cache_config_info`) is adopted with [`WorkerSetState::adopt_block_size`].
+    /// (`vllm:cache_config_info`, [`WorkerSetState::observe_block_size`]) or the first
+    /// indexed `BlockStored` event carries ([`WorkerSetState::apply_kv_events`]) is adopted.
     pub block_size_configured: bool,
+    /// Whether `block_size` was adopted from what the workers report (or confirmed by it):
+    /// after that, a worker reporting another size changes it only once every endpoint that
+    /// reported a size reports that one (a finished rolling upgrade), never back and forth.
+    pub block_size_adopted: bool,
+    /// Times an adopted block size replaced one under which the exact index held blocks or
+    /// had rejected some: those are lost, and the KV subscribers should catch up again
+    /// (replay) at the new size. Only grows, across policy reloads too.
+    pub block_size_resyncs: u64,
     /// The TTFT model decisions use for every endpoint of the set, learned from all of their
     /// observations: the endpoints are the same hardware and model, and one model per
     /// endpoint drifts apart (an endpoint that gets no traffic never corrects a bad estimate,
@@ -634,9 +931,12 @@ impl WorkerSetState {
         }
     }
 
-    /// Adds a load sample to the endpoint at position `i` ([`LoadWindow::push`]).
-    pub fn push_load(&mut self, i: usize, sample: LoadSample) {
-        self.change_at(i, |ep| ep.load.push(sample));
+    /// Adds a load sample to the endpoint at position `i` ([`LoadWindow::push`]); returns
+    /// false when an unknown or implausible value was replaced by the previous one.
+    pub fn push_load(&mut self, i: usize, sample: LoadSample) -> bool {
+        let mut plausible = true;
+        self.change_at(i, |ep| plausible = ep.load.push(sample));
+        plausible
     }
 
     /// Sets whether the endpoint at position `i` passes health checks.
@@ -675,14 +975,71 @@ impl WorkerSetState {
         true
     }
 
-    /// Adopts the block size a worker reports when the worker set declares none. The prefix
-    /// tracking starts over (blocks of another size never matched anyway). Returns true when
-    /// the size changed; false when it is configured or already equal.
-    pub fn adopt_block_size(&mut self, block_size: usize) -> bool {
-        if self.block_size_configured || block_size == 0 || block_size == self.block_size {
+    /// Forgets what data-parallel rank `rank` of an endpoint caches (its publisher's sequence
+    /// gap could not be filled, or it restarted), leaving its other ranks' blocks
+    /// ([`apply_rank_kv_events`](Self::apply_rank_kv_events)). The routed claims of the
+    /// endpoint stay (they are not per rank; they expire on their own). Returns false when
+    /// the endpoint is unknown.
+    pub fn reset_endpoint_rank(&mut self, address: &str, rank: u32) -> bool {
+        let Some(id) = self.index_id(address) else {
+            return false;
+        };
+        match &mut self.prefix {
+            PrefixTracking::Exact(index) => index.clear_rank(id, rank),
+            PrefixTracking::Approximate(index) => index.clear_endpoint(id),
+        }
+        true
+    }
+
+    /// Takes in the block size the worker at `address` reports (`vllm:cache_config_info`).
+    /// Without a configured size, the first report (or the first indexed `BlockStored`, see
+    /// [`apply_kv_events`](Self::apply_kv_events)) is adopted; a later one that differs is
+    /// adopted only when every endpoint that reported a size reports it, so that a worker set
+    /// whose workers disagree (a rolling upgrade) keeps one size instead of switching, and
+    /// emptying its index, at every scrape. When the size changes, the prefix tracking starts
+    /// over (blocks of another size never match). Returns true when the size changed; the
+    /// caller compares the report with [`block_size`](Self::block_size) to flag a mismatch.
+    pub fn observe_block_size(&mut self, address: &str, block_size: usize) -> bool {
+        if block_size == 0 {
             return false;
         }
+        if let Some(i) = self.position(address)
+            && let Some(ep) = self.endpoints.get_mut(i)
+        {
+            ep.reported_block_size = u32::try_from(block_size).ok();
+        }
+        if self.block_size_configured {
+            return false;
+        }
+        if block_size == self.block_size {
+            self.block_size_adopted = true;
+            return false;
+        }
+        if self.block_size_adopted
+            && !self.endpoints.iter().all(|e| {
+                e.reported_block_size
+                    .is_none_or(|b| b as usize == block_size)
+            })
+        {
+            return false;
+        }
+        self.set_block_size(block_size);
+        true
+    }
+
+    /// Switches to an adopted block size: the prefix tracking and the routed claims start
+    /// over; when the exact index held blocks or had rejected some, that is counted in
+    /// [`block_size_resyncs`](Self::block_size_resyncs).
+    fn set_block_size(&mut self, block_size: usize) {
+        let lost = match &self.prefix {
+            PrefixTracking::Exact(index) => {
+                let st = index.stats();
+                st.pairs > 0 || st.rejected > 0
+            }
+            PrefixTracking::Approximate(_) => false,
+        };
         self.block_size = block_size;
+        self.block_size_adopted = true;
         self.prefix = match &self.prefix {
             PrefixTracking::Exact(_) => PrefixTracking::Exact(PrefixIndex::new(block_size)),
             PrefixTracking::Approximate(_) => PrefixTracking::Approximate(ApproxIndex::new(
@@ -690,21 +1047,54 @@ impl WorkerSetState {
                 APPROX_MAX_AGE.as_millis() as u64,
             )),
         };
-        true
+        self.routed = speculative_index();
+        if lost {
+            self.block_size_resyncs += 1;
+        }
     }
 
     /// Applies KV events published by one endpoint (exact tracking only; ignored otherwise).
     /// Returns false when the endpoint is unknown.
+    ///
+    /// Without a configured block size and before one was adopted, the first `BlockStored`
+    /// the index would take (GPU, its KV-cache group) decides the size: events replayed when
+    /// a subscriber joins, before the first scrape reported the workers' size, are then
+    /// indexed instead of rejected.
     pub fn apply_kv_events(&mut self, address: &str, events: &[KvEvent]) -> bool {
+        self.apply_rank_kv_events(address, 0, events)
+    }
+
+    /// [`apply_kv_events`](Self::apply_kv_events) for the events of data-parallel rank
+    /// `rank` of the endpoint: each rank's blocks are tracked apart, so that one rank's
+    /// evictions, `AllBlocksCleared` or reset ([`reset_endpoint_rank`](Self::reset_endpoint_rank))
+    /// leave the blocks the endpoint's other ranks hold; the endpoint matches the deepest
+    /// prefix any of its ranks holds.
+    pub fn apply_rank_kv_events(&mut self, address: &str, rank: u32, events: &[KvEvent]) -> bool {
         let Some(id) = self.index_id(address) else {
             return false;
         };
+        if !self.block_size_adopted
+            && !self.block_size_configured
+            && let PrefixTracking::Exact(index) = &self.prefix
+            && let Some(bs) = events.iter().find_map(|e| match e {
+                KvEvent::BlockStored(s) if s.block_size > 0 && index.accepts_stored(s) => {
+                    Some(s.block_size as usize)
+                }
+                _ => None,
+            })
+        {
+            if bs == self.block_size {
+                self.block_size_adopted = true;
+            } else {
+                self.set_block_size(bs);
+            }
+        }
         if let PrefixTracking::Exact(index) = &mut self.prefix {
             // A block the engine reported is no longer a claim: the index holds it now (and
             // forgets it when the engine evicts it, which a claim would not).
             // The claims' endpoint is looked up once per batch, not per stored block.
             let mut claims = self.routed.releaser(id);
-            index.apply_all_with(id, events, |own| {
+            index.apply_rank_all_with(id, rank, events, |own| {
                 if let Some(c) = claims.as_mut() {
                     c.release(own);
                 }
@@ -776,6 +1166,7 @@ impl ClusterState {
                         index_id: EndpointId(i as u32),
                         assumed_cached_tokens: None,
                         inflight: InFlight::default(),
+                        reported_block_size: None,
                     })
                     .collect();
                 let prefix = if w.kv_events.is_some() {
@@ -800,6 +1191,8 @@ impl ClusterState {
                         prefix,
                         block_size: bs,
                         block_size_configured: w.block_size.is_some(),
+                        block_size_adopted: false,
+                        block_size_resyncs: 0,
                         ttft: TtftModel::from_prior(
                             w.prior.prefill_tokens_per_second,
                             w.prior.overhead.as_secs_f64(),
@@ -988,40 +1381,13 @@ impl ClusterState {
 
 impl ClusterState {
     /// Carries what was learned in `old` over to a state freshly built for a new policy
-    /// ([`ClusterState::from_policy`]): a worker set whose endpoints, block size and prefix
-    /// tracking mode are unchanged keeps its whole state (prefix index included); otherwise each
-    /// endpoint at an unchanged address keeps its readiness, staleness, load, TTFT model and
-    /// in-flight counts,
-    /// and its cache contents are learned again. Providers keep their state.
+    /// ([`ClusterState::from_policy`]), worker set by worker set
+    /// ([`WorkerSetState::carry_over_from`]). Providers keep their state.
     pub fn carry_over_from(&mut self, mut old: ClusterState) {
         for (key, ws) in &mut self.worker_sets {
-            let Some(prev) = old.worker_sets.remove(key) else {
-                continue;
-            };
-            let same_endpoints = prev.endpoints.len() == ws.endpoints.len()
-                && prev
-                    .endpoints
-                    .iter()
-                    .zip(&ws.endpoints)
-                    .all(|(a, b)| a.address == b.address);
-            if same_endpoints
-                && (prev.block_size == ws.block_size || !ws.block_size_configured)
-                && prev.prefix.mode() == ws.prefix.mode()
-            {
-                *ws = prev;
-                continue;
+            if let Some(prev) = old.worker_sets.remove(key) {
+                ws.carry_over_from(prev);
             }
-            ws.ttft = prev.ttft.clone();
-            for ep in &mut ws.endpoints {
-                if let Some(p) = prev.endpoints.iter().find(|p| p.address == ep.address) {
-                    ep.ready = p.ready;
-                    ep.stale = p.stale;
-                    ep.load = p.load.clone();
-                    ep.ttft = p.ttft.clone();
-                    ep.inflight = p.inflight;
-                }
-            }
-            ws.rebuild_floor();
         }
         for (key, p) in &mut self.providers {
             if let Some(prev) = old.providers.remove(key) {
@@ -1029,6 +1395,60 @@ impl ClusterState {
             }
         }
         self.now_ms = old.now_ms;
+    }
+}
+
+impl WorkerSetState {
+    /// Carries what `prev`, the same worker set's state under the previous policy, learned
+    /// into this one, freshly built for the new policy ([`ClusterState::from_policy`]):
+    ///
+    /// - each endpoint at an address `prev` had keeps its readiness, staleness, load, TTFT
+    ///   model, in-flight counts and reported block size; the set keeps its TTFT model;
+    /// - when the prefix tracking mode is unchanged and the block size is too (or is not
+    ///   configured: an adopted size is kept), the prefix index and the routed claims are
+    ///   kept: the entries of endpoints that remain move to their new positions, those of
+    ///   removed endpoints are dropped, added endpoints start empty. An endpoint added,
+    ///   removed or flapping must not wipe what the others cache: their KV subscribers keep
+    ///   running in sequence, so nothing would be replayed, and vLLM reports a block only
+    ///   when it stores it, so blocks still cached would never be reported again (and the
+    ///   events continuing them would be dropped as orphans).
+    pub fn carry_over_from(&mut self, prev: WorkerSetState) {
+        self.block_size_resyncs = self.block_size_resyncs.max(prev.block_size_resyncs);
+        // Index ids of the endpoints that remain: old → new.
+        let mut moved: AHashMap<EndpointId, EndpointId> = AHashMap::new();
+        for ep in &mut self.endpoints {
+            let Some(p) = prev
+                .position(&ep.address)
+                .and_then(|i| prev.endpoints.get(i))
+            else {
+                continue;
+            };
+            ep.ready = p.ready;
+            ep.stale = p.stale;
+            ep.load = p.load.clone();
+            ep.ttft = p.ttft.clone();
+            ep.inflight = p.inflight;
+            ep.reported_block_size = p.reported_block_size;
+            moved.insert(p.index_id, ep.index_id);
+        }
+        self.ttft = prev.ttft;
+        let same_size = prev.block_size == self.block_size || !self.block_size_configured;
+        if same_size && prev.prefix.mode() == self.prefix.mode() {
+            if !self.block_size_configured {
+                self.block_size = prev.block_size;
+                // A size the previous policy configured was not reported by the workers.
+                self.block_size_adopted = prev.block_size_adopted && !prev.block_size_configured;
+            }
+            let remap = |id: EndpointId| moved.get(&id).copied();
+            self.prefix = prev.prefix;
+            match &mut self.prefix {
+                PrefixTracking::Exact(index) => index.remap_endpoints(remap),
+                PrefixTracking::Approximate(index) => index.remap_endpoints(remap),
+            }
+            self.routed = prev.routed;
+            self.routed.remap_endpoints(remap);
+        }
+        self.rebuild_floor();
     }
 }
 

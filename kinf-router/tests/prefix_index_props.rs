@@ -331,6 +331,12 @@ enum Op {
     Unknown {
         ep: u32,
     },
+    /// The worker set's endpoint list changed: endpoint `l` gets index id `perm[l]`, and those
+    /// with bit `l` of `drop` set were removed (a new endpoint takes the id).
+    Remap {
+        perm: Vec<u32>,
+        drop: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -344,6 +350,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..EPS).prop_map(|ep| Op::Clear { ep }),
         1 => (0..EPS).prop_map(|ep| Op::RemoveEndpoint { ep }),
         1 => (0..EPS).prop_map(|ep| Op::Unknown { ep }),
+        1 => (Just((0..EPS).collect::<Vec<u32>>()).prop_shuffle(), any::<u8>())
+            .prop_map(|(perm, drop)| Op::Remap { perm, drop }),
     ]
 }
 
@@ -392,6 +400,8 @@ fn run_ops(prompts: &[Vec<u32>], ops: &[Op]) {
         requests.push(block_hashes(&q, BS).to_vec());
     }
     let mut out = Vec::new();
+    // Index id of each endpoint (engine hashes stay a function of the endpoint itself).
+    let mut ids: Vec<u32> = (0..EPS).collect();
     for op in ops {
         let (ep, ev) = match *op {
             Op::Store {
@@ -456,15 +466,36 @@ fn run_ops(prompts: &[Vec<u32>], ops: &[Op]) {
             ),
             Op::Clear { ep } => (ep, KvEvent::AllBlocksCleared),
             Op::RemoveEndpoint { ep } => {
-                ix.remove_endpoint(EndpointId(ep));
-                m.remove_endpoint(EndpointId(ep));
+                ix.remove_endpoint(EndpointId(ids[ep as usize]));
+                m.remove_endpoint(EndpointId(ids[ep as usize]));
                 check_state(&ix, &m);
                 continue;
             }
             Op::Unknown { ep } => (ep, KvEvent::Unknown("Future".into())),
+            Op::Remap { ref perm, drop } => {
+                let kept = |l: usize| drop & (1 << l) == 0;
+                let to: HashMap<u32, u32> = (0..EPS as usize)
+                    .filter(|&l| kept(l))
+                    .map(|l| (ids[l], perm[l]))
+                    .collect();
+                ix.remap_endpoints(|id| to.get(&id.0).map(|&n| EndpointId(n)));
+                let old = std::mem::take(&mut m.eps);
+                for (id, e) in old {
+                    if let Some(&n) = to.get(&id.0) {
+                        m.eps.insert(EndpointId(n), e);
+                    }
+                }
+                ids.clone_from(perm);
+                check_state(&ix, &m);
+                for r in &requests {
+                    check_match(&ix, &m, r, &mut out);
+                }
+                continue;
+            }
         };
-        ix.apply(EndpointId(ep), &ev);
-        m.apply(EndpointId(ep), &ev);
+        let id = EndpointId(ids[ep as usize]);
+        ix.apply(id, &ev);
+        m.apply(id, &ev);
         check_state(&ix, &m);
         for r in &requests {
             check_match(&ix, &m, r, &mut out);

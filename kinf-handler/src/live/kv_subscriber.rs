@@ -92,11 +92,11 @@ pub async fn run_kv_subscriber(
     });
     let connected = AtomicUsize::new(0);
     let n = sources.len();
-    futures_util::future::join_all(
-        sources
-            .into_iter()
-            .map(|s| ctx.run_source(s, n, &connected)),
-    )
+    futures_util::future::join_all(sources.into_iter().enumerate().map(|(i, s)| {
+        // Each data-parallel rank's blocks are tracked apart in the index.
+        let rank = s.rank.parse().unwrap_or(i as u32);
+        ctx.run_source(s, rank, n, &connected)
+    }))
     .await;
 }
 
@@ -137,7 +137,13 @@ impl Ctx {
         }
     }
 
-    async fn run_source(&self, src: KvSource, n_sources: usize, connected: &AtomicUsize) {
+    async fn run_source(
+        &self,
+        src: KvSource,
+        rank: u32,
+        n_sources: usize,
+        connected: &AtomicUsize,
+    ) {
         let mut tracker = SeqTracker::new();
         // Restarts of the worker process that its metrics show (the scraper has reset the
         // index): the connection and the sequence numbers are the old process's.
@@ -147,6 +153,12 @@ impl Ctx {
         // `connected: false`, until it is back) rather than wait out the idle timeout.
         let mut unready = self.stats.unready.subscribe();
         unready.mark_unchanged();
+        // The worker set adopted another block size after its index had learned or rejected
+        // blocks: what this publisher still buffers is indexed again at the new size (without
+        // a replay socket there is nothing to catch up from).
+        let mut resync = self.stats.resync.subscribe();
+        resync.mark_unchanged();
+        let can_replay = src.replay_endpoint.is_some();
         let mut first = true;
         loop {
             if !first {
@@ -178,7 +190,7 @@ impl Ctx {
             if tracker.expected() == 0
                 && let Some(r) = &src.replay_endpoint
             {
-                self.catch_up(&mut tracker, &mut fresh, r).await;
+                self.catch_up(&mut tracker, &mut fresh, r, rank).await;
             }
             loop {
                 let received = tokio::select! {
@@ -190,6 +202,11 @@ impl Ctx {
                     }
                     Ok(()) = unready.changed() => {
                         tracing::info!(endpoint = %self.target.address, "endpoint not ready: renewing the KV-event subscription");
+                        break;
+                    }
+                    Ok(()) = resync.changed(), if can_replay => {
+                        tracing::info!(endpoint = %self.target.address, "block size changed: catching up from the replay buffer");
+                        tracker = SeqTracker::new();
                         break;
                     }
                 };
@@ -208,7 +225,8 @@ impl Ctx {
                         _ => break,
                     }
                 }
-                self.process(&mut tracker, &mut fresh, &src, burst).await;
+                self.process(&mut tracker, &mut fresh, &src, rank, burst)
+                    .await;
             }
             connected.fetch_sub(1, Ordering::Relaxed);
             self.stats.kv(|k| k.connected = false);
@@ -219,7 +237,13 @@ impl Ctx {
     /// added, worker restarted): asks for everything it still buffers, so that the blocks it
     /// stored before are known now rather than at its next event. Without it (the replay socket
     /// does not answer), the first live message is a gap from 0, replayed then.
-    async fn catch_up(&self, tracker: &mut SeqTracker, fresh: &mut bool, replay_endpoint: &str) {
+    async fn catch_up(
+        &self,
+        tracker: &mut SeqTracker,
+        fresh: &mut bool,
+        replay_endpoint: &str,
+        rank: u32,
+    ) {
         match replay_buffered(replay_endpoint.to_owned(), self.config).await {
             Ok(batches) => {
                 let mut pending: Vec<EventBatch> = batches
@@ -229,7 +253,7 @@ impl Ctx {
                 if !pending.is_empty() {
                     self.stats.kv(|k| k.replays += 1);
                 }
-                self.flush(&mut pending);
+                self.flush(rank, &mut pending);
                 // Live messages numbered below what the replay gave are duplicates, not a
                 // restart.
                 *fresh = false;
@@ -258,6 +282,7 @@ impl Ctx {
         tracker: &mut SeqTracker,
         fresh: &mut bool,
         src: &KvSource,
+        rank: u32,
         burst: Vec<ZmqMessage>,
     ) {
         let mut pending: Vec<EventBatch> = Vec::with_capacity(burst.len());
@@ -281,20 +306,29 @@ impl Ctx {
             });
             if std::mem::take(fresh) && batch.seq > 0 && batch.seq < tracker.expected() {
                 // A new connection to a publisher that restarted while we were away.
-                self.flush(&mut pending);
-                self.reset("publisher restarted (sequence went back)");
+                self.flush(rank, &mut pending);
+                self.reset(rank, "publisher restarted (sequence went back)");
                 self.stats.kv(|k| {
                     k.restarts += 1;
                     k.last_restart_unix_s = Some(unix_now_s());
                 });
                 *tracker = SeqTracker::new();
             }
+            let rebases = tracker.rebases();
             match tracker.observe(batch.seq) {
-                SeqStatus::InOrder => pending.push(batch),
+                SeqStatus::InOrder => {
+                    if tracker.rebases() != rebases {
+                        tracing::info!(
+                            endpoint = %self.target.address, seq = batch.seq,
+                            "KV-event sequence went back after an unfilled gap: continuing from it"
+                        );
+                    }
+                    pending.push(batch);
+                }
                 SeqStatus::Duplicate => self.stats.kv(|k| k.duplicates += 1),
                 SeqStatus::Restart { .. } => {
-                    self.flush(&mut pending);
-                    self.reset("publisher restarted (sequence 0)");
+                    self.flush(rank, &mut pending);
+                    self.reset(rank, "publisher restarted (sequence 0)");
                     self.stats.kv(|k| {
                         k.restarts += 1;
                         k.last_restart_unix_s = Some(unix_now_s());
@@ -302,10 +336,10 @@ impl Ctx {
                     pending.push(batch);
                 }
                 SeqStatus::Gap { expected, got } => {
-                    self.flush(&mut pending);
+                    self.flush(rank, &mut pending);
                     self.stats.kv(|k| {
                         k.gaps += 1;
-                        k.missed += got.abs_diff(expected);
+                        k.missed = k.missed.saturating_add(got.abs_diff(expected));
                     });
                     tracing::info!(
                         endpoint = %self.target.address, expected, got,
@@ -315,7 +349,7 @@ impl Ctx {
                     if let Some(r) = &src.replay_endpoint {
                         match replay(r.clone(), expected, got, self.config).await {
                             Ok(mut batches) => {
-                                self.flush(&mut batches);
+                                self.flush(rank, &mut batches);
                                 self.stats.kv(|k| k.replays += 1);
                                 filled = true;
                             }
@@ -330,17 +364,21 @@ impl Ctx {
                         }
                     }
                     if !filled {
-                        self.reset("unfilled sequence gap");
+                        self.reset(rank, "unfilled sequence gap");
+                        // Had `got` been bogus (far ahead of the publisher), every genuine
+                        // batch after it would now look like a duplicate: the next lower one
+                        // from `expected` on continues the stream instead.
+                        tracker.rebase_after_reset(expected);
                     }
                     pending.push(batch);
                 }
             }
         }
-        self.flush(&mut pending);
+        self.flush(rank, &mut pending);
     }
 
-    /// Applies batches under one lock.
-    fn flush(&self, pending: &mut Vec<EventBatch>) {
+    /// Applies batches of data-parallel rank `rank` under one lock.
+    fn flush(&self, rank: u32, pending: &mut Vec<EventBatch>) {
         let Some(last) = pending.last().map(|b| b.seq) else {
             return;
         };
@@ -349,7 +387,7 @@ impl Ctx {
         self.shared.with(|st| {
             if let Some(ws) = st.worker_sets.get_mut(key) {
                 for b in pending.iter() {
-                    ws.apply_kv_events(addr, &b.events);
+                    ws.apply_rank_kv_events(addr, rank, &b.events);
                 }
             }
         });
@@ -360,12 +398,13 @@ impl Ctx {
         });
     }
 
-    fn reset(&self, why: &str) {
-        tracing::info!(endpoint = %self.target.address, why, "resetting the endpoint's prefix index");
+    /// Forgets what rank `rank` of the endpoint caches (its other ranks keep theirs).
+    fn reset(&self, rank: u32, why: &str) {
+        tracing::info!(endpoint = %self.target.address, rank, why, "resetting the endpoint's prefix index");
         let (key, addr) = (&*self.target.worker_set, &*self.target.address);
         self.shared.with(|st| {
             if let Some(ws) = st.worker_sets.get_mut(key) {
-                ws.reset_endpoint(addr);
+                ws.reset_endpoint_rank(addr, rank);
             }
         });
         self.stats.kv(|k| k.resets += 1);

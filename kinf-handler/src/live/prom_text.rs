@@ -260,15 +260,17 @@ pub struct CacheConfig {
     pub enable_prefix_caching: Option<bool>,
 }
 
-/// What one vLLM `/metrics` scrape says.
+/// What one vLLM `/metrics` scrape says. A gauge is `None` (unknown) when it has no series,
+/// or when one of its series is not a number (`NaN`, `±Inf`): a partial sum would understate
+/// the load, and reading it as 0 would make a busy worker look idle.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct VllmMetrics {
     /// `vllm:num_requests_running`, summed over series (engines, models).
-    pub running: f64,
+    pub running: Option<f64>,
     /// `vllm:num_requests_waiting`, summed over series.
-    pub waiting: f64,
+    pub waiting: Option<f64>,
     /// `vllm:kv_cache_usage_perc` (0..1), averaged over series (engines).
-    pub kv_usage: f64,
+    pub kv_usage: Option<f64>,
     /// Number of `vllm:num_requests_running` series (engines × models).
     pub engines: u32,
     /// `vllm:cache_config_info` of the first engine, when exposed.
@@ -301,7 +303,7 @@ impl std::error::Error for VllmMetricsError {}
 /// Extracts the load gauges and cache configuration from a vLLM `/metrics` text.
 pub fn parse_vllm(text: &str) -> Result<VllmMetrics, VllmMetricsError> {
     let mut m = VllmMetrics::default();
-    let mut kv_series = 0u32;
+    let (mut running, mut waiting, mut kv) = (Gauge::default(), Gauge::default(), Gauge::default());
     for s in samples(text) {
         let s = s.map_err(VllmMetricsError::Syntax)?;
         if s.name == "process_start_time_seconds" && s.value.is_finite() {
@@ -311,15 +313,9 @@ pub fn parse_vllm(text: &str) -> Result<VllmMetrics, VllmMetricsError> {
             continue;
         };
         match short {
-            "num_requests_running" => {
-                m.running += finite(s.value);
-                m.engines += 1;
-            }
-            "num_requests_waiting" => m.waiting += finite(s.value),
-            "kv_cache_usage_perc" => {
-                m.kv_usage += finite(s.value);
-                kv_series += 1;
-            }
+            "num_requests_running" => running.add(s.value),
+            "num_requests_waiting" => waiting.add(s.value),
+            "kv_cache_usage_perc" => kv.add(s.value),
             "cache_config_info" if m.cache_config.is_none() => {
                 let mut c = CacheConfig::default();
                 for (k, v) in s.labels() {
@@ -344,17 +340,38 @@ pub fn parse_vllm(text: &str) -> Result<VllmMetrics, VllmMetricsError> {
             _ => {}
         }
     }
-    if m.engines == 0 {
+    if running.series == 0 {
         return Err(VllmMetricsError::NotVllm);
     }
-    if kv_series > 0 {
-        m.kv_usage /= f64::from(kv_series);
-    }
+    m.engines = running.series;
+    m.running = running.sum();
+    m.waiting = waiting.sum();
+    m.kv_usage = kv.sum().map(|sum| sum / f64::from(kv.series));
     Ok(m)
 }
 
-fn finite(v: f64) -> f64 {
-    if v.is_finite() { v } else { 0.0 }
+/// The series of one gauge.
+#[derive(Default)]
+struct Gauge {
+    sum: f64,
+    series: u32,
+    not_a_number: bool,
+}
+
+impl Gauge {
+    fn add(&mut self, v: f64) {
+        self.series = self.series.saturating_add(1);
+        if v.is_finite() {
+            self.sum += v;
+        } else {
+            self.not_a_number = true;
+        }
+    }
+
+    /// The sum; `None` without series or when one is not a number.
+    fn sum(&self) -> Option<f64> {
+        (self.series > 0 && !self.not_a_number).then_some(self.sum)
+    }
 }
 
 #[cfg(test)]
@@ -391,7 +408,7 @@ mod tests {
         let m = parse_vllm(RAW).unwrap();
         assert_eq!(
             (m.running, m.waiting, m.kv_usage, m.engines),
-            (0.0, 0.0, 0.0, 1)
+            (Some(0.0), Some(0.0), Some(0.0), 1)
         );
         let c = m.cache_config.unwrap();
         assert_eq!(c.block_size, Some(32));
@@ -411,12 +428,12 @@ mod tests {
     #[test]
     fn under_load() {
         let m = parse_vllm(EAGER_LOAD).unwrap();
-        assert_eq!(m.running, 7.0);
-        assert_eq!(m.waiting, 1.0);
-        assert!((m.kv_usage - 0.8888888888888888).abs() < 1e-12);
+        assert_eq!(m.running, Some(7.0));
+        assert_eq!(m.waiting, Some(1.0));
+        assert!((m.kv_usage.unwrap() - 0.8888888888888888).abs() < 1e-12);
         assert_eq!(m.cache_config.unwrap().num_gpu_blocks, Some(64));
         let idle = parse_vllm(EAGER_IDLE).unwrap();
-        assert_eq!(idle.running, 0.0);
+        assert_eq!(idle.running, Some(0.0));
         assert_eq!(parse_vllm(SMALL_CACHE).unwrap().engines, 1);
         // The API server's start time, which tells a restart.
         assert_eq!(m.process_start_s, Some(1.79596018162e9));
@@ -436,13 +453,28 @@ mod tests {
         let text = "# HELP x\nvllm:num_requests_running{engine=\"0\"} 2\n\
                     vllm:num_requests_running{engine=\"1\"} 3\n\
                     vllm:num_requests_waiting{engine=\"0\"} 1\n\
-                    vllm:num_requests_waiting{engine=\"1\"} NaN\n\
+                    vllm:num_requests_waiting{engine=\"1\"} 4\n\
                     vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\n\
                     vllm:kv_cache_usage_perc{engine=\"1\"} 0.25 1700000000000\n";
         let m = parse_vllm(text).unwrap();
         assert_eq!(
             (m.running, m.waiting, m.kv_usage, m.engines),
-            (5.0, 1.0, 0.375, 2)
+            (Some(5.0), Some(5.0), Some(0.375), 2)
+        );
+    }
+
+    #[test]
+    fn not_a_number_and_missing_gauges_are_unknown_not_zero() {
+        // One engine's queue is NaN: the sum is unknown (not the other engine's alone, and
+        // not 0); the KV usage is not exposed at all.
+        let text = "vllm:num_requests_running{engine=\"0\"} 2\n\
+                    vllm:num_requests_running{engine=\"1\"} +Inf\n\
+                    vllm:num_requests_waiting{engine=\"0\"} 1\n\
+                    vllm:num_requests_waiting{engine=\"1\"} NaN\n";
+        let m = parse_vllm(text).unwrap();
+        assert_eq!(
+            (m.running, m.waiting, m.kv_usage, m.engines),
+            (None, None, None, 2)
         );
     }
 

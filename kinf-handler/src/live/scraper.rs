@@ -56,6 +56,17 @@ pub async fn run_scraper(
     let stale_after_ms =
         (interval.as_millis() as u64).saturating_mul(u64::from(config.stale_after_intervals));
     let started_ms = shared.now_ms();
+    // The worker set's block-size resyncs seen ([`WorkerSetState::block_size_resyncs`]): when
+    // it grows, the KV subscriber catches up again at the new size.
+    //
+    // [`WorkerSetState::block_size_resyncs`]: kinf_router::state::WorkerSetState::block_size_resyncs
+    let mut seen_resyncs = shared.with(|st| {
+        st.worker_sets
+            .get(&*target.worker_set)
+            .map(|ws| ws.block_size_resyncs)
+    });
+    // Whether the last sample had a value replaced (unknown or implausible), to warn once.
+    let mut replacing = false;
     let mut models_retry_at: Option<tokio::time::Instant> = None;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -100,7 +111,6 @@ pub async fn run_scraper(
                 s.last_success_ms = Some(now);
                 s.consecutive_failures = 0;
                 s.scrapes_ok += 1;
-                s.last_sample = Some([m.waiting, m.running, m.kv_usage]);
                 if m.cache_config.is_some() {
                     s.cache_config = m.cache_config;
                 }
@@ -111,11 +121,12 @@ pub async fn run_scraper(
                     }
                     s.process_start_s = Some(t);
                 }
+                // Unknown values (NaN) take the previous sample's (LoadWindow::push).
                 Some(LoadSample {
                     at_ms: now,
-                    queued: m.waiting,
-                    running: m.running,
-                    kv_usage: m.kv_usage,
+                    queued: m.waiting.unwrap_or(f64::NAN),
+                    running: m.running.unwrap_or(f64::NAN),
+                    kv_usage: m.kv_usage.unwrap_or(f64::NAN),
                 })
             }
             Err(e) => {
@@ -190,13 +201,13 @@ pub async fn run_scraper(
         if restarted {
             tracing::info!(endpoint = %target.address, "worker process restarted (process_start_time_seconds changed): resetting its prefix index");
         }
-        let mismatch = shared.with(|st| {
+        let applied = shared.with(|st| {
             let ws = st.worker_sets.get_mut(&*target.worker_set)?;
             if restarted {
                 ws.reset_endpoint(&target.address);
             }
             if let Some(b) = scraped_bs
-                && ws.adopt_block_size(b as usize)
+                && ws.observe_block_size(&target.address, b as usize)
             {
                 tracing::info!(
                     worker_set = %target.worker_set,
@@ -205,27 +216,64 @@ pub async fn run_scraper(
                 );
             }
             let bs = ws.block_size;
+            let resyncs = ws.block_size_resyncs;
             let i = ws.position(&target.address)?;
             // Through the worker set's methods, which keep its load floor current.
-            if let Some(sample) = sample {
-                ws.push_load(i, sample);
-            }
+            let pushed = sample.map(|sample| {
+                let plausible = ws.push_load(i, sample);
+                let kept = ws.endpoints.get(i).and_then(|e| e.load.latest()).copied();
+                (kept, plausible)
+            });
             ws.set_stale(i, stale);
             if let Some(r) = ready {
                 ws.set_ready(i, r);
             }
-            Some(scraped_bs.is_some_and(|b| b as usize != bs))
+            Some((
+                scraped_bs.is_some_and(|b| b as usize != bs),
+                pushed,
+                resyncs,
+            ))
         });
-        let mismatch = mismatch.unwrap_or(false);
+        let (mismatch, pushed, resyncs) = applied.unwrap_or((false, None, 0));
         if mismatch && !s.block_size_mismatch {
             tracing::warn!(
                 endpoint = %target.address,
                 scraped = ?scraped_bs,
-                "vLLM block size differs from the worker set's; exact prefix matches will fail"
+                "vLLM block size differs from the one the worker set's prefix index uses (configured, or adopted from its other workers); this worker's KV events are not indexed"
             );
         }
         s.block_size_mismatch = mismatch;
+        if pushed.is_none()
+            && let Some(l) = sample
+        {
+            // Not in the cluster state (yet): shown as scraped.
+            s.last_sample = Some([l.queued, l.running, l.kv_usage]);
+        }
+        if let Some((kept, plausible)) = pushed {
+            s.last_sample = kept.map(|l| [l.queued, l.running, l.kv_usage]);
+            if !plausible {
+                s.implausible_samples += 1;
+                if !replacing {
+                    tracing::warn!(
+                        endpoint = %target.address,
+                        "vLLM load metrics missing, not a number or implausible; keeping the previous values"
+                    );
+                }
+            }
+            replacing = !plausible;
+        }
         drop(s);
+        if applied.is_some() {
+            if seen_resyncs.is_some_and(|seen| seen != resyncs) {
+                tracing::info!(
+                    worker_set = %target.worker_set,
+                    endpoint = %target.address,
+                    "the worker set's block size changed: its KV events are caught up again"
+                );
+                stats.resync.send_modify(|n| *n += 1);
+            }
+            seen_resyncs = Some(resyncs);
+        }
         if turned_unready {
             stats.unready.send_modify(|n| *n += 1);
         }

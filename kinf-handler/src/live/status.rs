@@ -36,11 +36,17 @@ pub struct ScrapeStatus {
     pub stale: bool,
     /// Passes health checks.
     pub ready: bool,
-    /// The newest sample: `[queued, running, kv_usage]`.
+    /// The newest sample as kept: `[queued, running, kv_usage]` (a value that was missing,
+    /// not a number or implausible is the previous one's, see `implausible_samples`).
     pub last_sample: Option<[f64; 3]>,
+    /// Successful scrapes in which a load value was missing, not a number or implausible
+    /// (a count below 0 or above 10⁶, a KV usage outside 0–1) and the previous one was kept.
+    pub implausible_samples: u64,
     /// `vllm:cache_config_info` as last scraped.
     pub cache_config: Option<CacheConfig>,
-    /// The worker set's configured block size differs from the scraped one.
+    /// The scraped block size differs from the one the worker set's prefix index uses
+    /// (configured, or adopted from the workers' reports): this worker's KV events are not
+    /// indexed.
     pub block_size_mismatch: bool,
     /// `process_start_time_seconds` as last scraped (Unix seconds), when the worker exposes it.
     pub process_start_s: Option<f64>,
@@ -146,6 +152,9 @@ pub struct EndpointStats {
     /// Times the endpoint turned not ready (health checks failing): the KV subscriber drops
     /// its connection then, since the zeromq crate does not notice a publisher that is gone.
     pub unready: tokio::sync::watch::Sender<u64>,
+    /// Times the worker set's block size changed after its index had learned (or rejected)
+    /// blocks: the KV subscriber catches up again from the replay buffer at the new size.
+    pub resync: tokio::sync::watch::Sender<u64>,
 }
 
 impl EndpointStats {
@@ -159,6 +168,7 @@ impl EndpointStats {
             kv: Mutex::new(kv.then(KvStatus::default)),
             incarnation: tokio::sync::watch::Sender::new(0),
             unready: tokio::sync::watch::Sender::new(0),
+            resync: tokio::sync::watch::Sender::new(0),
         })
     }
 

@@ -267,7 +267,7 @@ fn escape(v: &str) -> String {
 /// Renders a status snapshot as Prometheus text (see `docs/reference/live-state.md`).
 pub fn render_metrics(status: &[EndpointStatus], out: &mut String) {
     type Get = fn(&EndpointStatus) -> Vec<(&'static str, f64)>;
-    let families: [(&str, &str, &str, Get); 13] = [
+    let families: [(&str, &str, &str, Get); 15] = [
         (
             "kinference_scrapes_total",
             "counter",
@@ -301,6 +301,18 @@ pub fn render_metrics(status: &[EndpointStatus], out: &mut String) {
             "gauge",
             "1 when the endpoint passes health checks.",
             |s| vec![("", f64::from(u8::from(s.scrape.ready)))],
+        ),
+        (
+            "kinference_endpoint_implausible_samples_total",
+            "counter",
+            "Scrapes with a load value missing, not a number or implausible (the previous one was kept).",
+            |s| vec![("", s.scrape.implausible_samples as f64)],
+        ),
+        (
+            "kinference_block_size_mismatch",
+            "gauge",
+            "1 when the endpoint reports another block size than its worker set's prefix index uses.",
+            |s| vec![("", f64::from(u8::from(s.scrape.block_size_mismatch)))],
         ),
         (
             "kinference_kv_connected",

@@ -35,6 +35,10 @@ pub struct SeqTracker {
     missed: u64,
     duplicates: u64,
     restarts: u64,
+    /// Set by [`rebase_after_reset`](Self::rebase_after_reset): the first missing number of
+    /// the gap the endpoint's index was reset for.
+    rebase_from: Option<i64>,
+    rebases: u64,
 }
 
 impl SeqTracker {
@@ -54,15 +58,40 @@ impl SeqTracker {
     /// Classifies a sequence number from the live `SUB` stream and advances the tracker.
     ///
     /// A `0` after other numbers is a [`SeqStatus::Restart`]; every other lower number is a
-    /// [`SeqStatus::Duplicate`]. After a gap or a restart the tracker expects `got + 1`.
+    /// [`SeqStatus::Duplicate`], except after [`rebase_after_reset`](Self::rebase_after_reset).
+    /// After a gap or a restart the tracker expects `got + 1`.
     pub fn observe(&mut self, seq: i64) -> SeqStatus {
         if seq == 0 && self.expected > 0 {
             let expected = self.expected;
             self.restarts += 1;
             self.expected = 1;
+            self.rebase_from = None;
             return SeqStatus::Restart { expected };
         }
+        if let Some(from) = self.rebase_from {
+            if seq >= self.expected {
+                // The stream went on after the number that opened the gap: it was genuine.
+                self.rebase_from = None;
+            } else if seq >= from {
+                // The gap's number was bogus (or the publisher's numbering jumped back): the
+                // stream continues where it was before it. Whatever the index held was reset.
+                self.rebase_from = None;
+                self.rebases += 1;
+                self.expected = seq.saturating_add(1);
+                return SeqStatus::InOrder;
+            }
+        }
         self.observe_replayed(seq)
+    }
+
+    /// The endpoint's index was reset because the gap `SeqStatus::Gap { expected: from, .. }`
+    /// could not be filled. If the number that opened the gap was bogus (a corrupt or forged
+    /// frame, far ahead of the publisher), every genuine batch after it would look like a
+    /// duplicate until the publisher restarted: so the next live number from `from` on that
+    /// is lower than expected is taken as the new baseline ([`SeqStatus::InOrder`]) instead.
+    /// Numbers below `from` (already applied before the gap) stay duplicates.
+    pub fn rebase_after_reset(&mut self, from: i64) {
+        self.rebase_from = Some(from);
     }
 
     /// Classifies a sequence number received from the replay socket (never a restart: a replay
@@ -106,6 +135,12 @@ impl SeqTracker {
     /// Number of publisher restarts seen.
     pub fn restarts(&self) -> u64 {
         self.restarts
+    }
+
+    /// Number of times a lower number was taken as the new baseline after a reset
+    /// ([`rebase_after_reset`](Self::rebase_after_reset)).
+    pub fn rebases(&self) -> u64 {
+        self.rebases
     }
 }
 
@@ -151,6 +186,51 @@ mod tests {
             assert_eq!(replay.observe_replayed(s), SeqStatus::InOrder);
         }
         assert_eq!(replay.observe_replayed(57), SeqStatus::InOrder);
+    }
+
+    #[test]
+    fn after_an_unfilled_gap_opened_by_a_bogus_number_the_stream_goes_on() {
+        let mut t = SeqTracker::new();
+        for s in 0..5 {
+            assert_eq!(t.observe(s), SeqStatus::InOrder);
+        }
+        let bogus = i64::MAX - 1;
+        assert_eq!(
+            t.observe(bogus),
+            SeqStatus::Gap {
+                expected: 5,
+                got: bogus
+            }
+        );
+        // Without the reset, every genuine number would now be a duplicate.
+        let mut frozen = t.clone();
+        assert_eq!(frozen.observe(5), SeqStatus::Duplicate);
+        assert_eq!(frozen.observe(6), SeqStatus::Duplicate);
+
+        t.rebase_after_reset(5);
+        // A late number from before the gap is still a duplicate, and keeps the rebase armed.
+        assert_eq!(t.observe(3), SeqStatus::Duplicate);
+        assert_eq!(t.observe(6), SeqStatus::InOrder);
+        assert_eq!(t.observe(7), SeqStatus::InOrder);
+        assert_eq!(t.observe(5), SeqStatus::Duplicate);
+        assert_eq!(t.rebases(), 1);
+        // Missed counts saturate instead of overflowing.
+        for _ in 0..3 {
+            let e = t.expected();
+            assert!(matches!(t.observe(i64::MAX), SeqStatus::Gap { .. }));
+            t.rebase_after_reset(e);
+            assert_eq!(t.observe(e), SeqStatus::InOrder);
+        }
+        assert_eq!(t.missed(), u64::MAX);
+
+        // A genuine jump: the stream continues after it, the rebase is disarmed.
+        let mut t = SeqTracker::new();
+        assert_eq!(t.observe(0), SeqStatus::InOrder);
+        assert!(matches!(t.observe(10), SeqStatus::Gap { .. }));
+        t.rebase_after_reset(1);
+        assert_eq!(t.observe(11), SeqStatus::InOrder);
+        assert_eq!(t.observe(2), SeqStatus::Duplicate);
+        assert_eq!(t.rebases(), 0);
     }
 
     #[test]

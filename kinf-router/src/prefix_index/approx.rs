@@ -274,7 +274,10 @@ impl ApproxIndex {
     /// One table lookup per block.
     fn touch(&mut self, ep: EndpointId, request_hashes: &[u64], now_ms: u64, refresh: bool) {
         let max_age_ms = self.max_age_ms;
-        let Some(slot) = self.endpoints.slot_or_insert(ep, ApproxEndpoint::default) else {
+        let Some(slot) = self
+            .endpoints
+            .slot_or_insert((ep, 0), ApproxEndpoint::default)
+        else {
             return;
         };
         let Self {
@@ -340,7 +343,7 @@ impl ApproxIndex {
     /// A handle that forgets blocks of `ep` one by one ([`release`](Self::release)) with the
     /// endpoint looked up once, for a batch; `None` when `ep` holds nothing here.
     pub(crate) fn releaser(&mut self, ep: EndpointId) -> Option<Releaser<'_>> {
-        let slot = self.endpoints.slot(ep)?;
+        let slot = self.endpoints.slot((ep, 0))?;
         Some(Releaser { index: self, slot })
     }
 
@@ -402,7 +405,7 @@ impl ApproxIndex {
 
     /// Forgets every block attributed to `ep` (e.g. after the worker restarted).
     pub fn clear_endpoint(&mut self, ep: EndpointId) {
-        let Some(slot) = self.endpoints.slot(ep) else {
+        let Some(slot) = self.endpoints.slot((ep, 0)) else {
             return;
         };
         let Self {
@@ -425,7 +428,21 @@ impl ApproxIndex {
     /// Forgets `ep` entirely.
     pub fn remove_endpoint(&mut self, ep: EndpointId) {
         self.clear_endpoint(ep);
-        self.endpoints.remove(ep);
+        self.endpoints.remove((ep, 0));
+    }
+
+    /// Renames the endpoints the index knows, as
+    /// [`PrefixIndex::remap_endpoints`](super::PrefixIndex::remap_endpoints) does: `remap(id)`
+    /// is the new id, or `None` to forget the endpoint; the others keep their blocks, ages and
+    /// queues.
+    pub fn remap_endpoints(&mut self, remap: impl FnMut(EndpointId) -> Option<EndpointId>) {
+        let ids = self.endpoints.endpoint_ids();
+        let (drop, rename) = super::slots::plan_remap(ids.into_iter(), remap);
+        for id in drop {
+            self.remove_endpoint(id);
+        }
+        self.endpoints
+            .rename(|id| rename.get(&id).copied().unwrap_or(id));
     }
 
     /// Like [`PrefixIndex::match_prefix`](super::PrefixIndex::match_prefix), counting only
@@ -650,6 +667,42 @@ mod tests {
         ix.expire(2_000);
         assert_eq!(ix.stats().pairs, 0);
         assert_eq!(ix.stats().blocks, 0);
+    }
+
+    #[test]
+    fn remapped_endpoints_keep_their_blocks_and_dropped_ones_lose_them() {
+        let mut ix = ApproxIndex::new(100, 1_000);
+        let (a, b, c) = (EndpointId(0), EndpointId(1), EndpointId(2));
+        ix.record(a, &[1, 2, 3], 0);
+        ix.record(b, &[1, 2], 0);
+        ix.record(c, &[1], 5);
+        // a and c swap ids, b is gone.
+        ix.remap_endpoints(|id| match id.0 {
+            0 => Some(c),
+            2 => Some(a),
+            _ => None,
+        });
+        check(&ix);
+        let mut out = Vec::new();
+        ix.match_prefix(&[1, 2, 3], 10, &mut out);
+        assert_eq!(sorted(out.clone()), vec![(a, 1), (c, 3)]);
+        assert_eq!(ix.stats().endpoints, 2);
+        assert_eq!(ix.stats().pairs, 4);
+        // Their queues came along: ages and releases still work under the new ids.
+        ix.release(c, 3);
+        ix.match_prefix(&[1, 2, 3], 1_000, &mut out);
+        assert_eq!(sorted(out.clone()), vec![(a, 1), (c, 2)]);
+        // c's blocks (recorded at 0) are too old at 1_003, a's (at 5) are not.
+        ix.match_prefix(&[1, 2, 3], 1_003, &mut out);
+        assert_eq!(out, vec![(a, 1)]);
+        ix.expire(1_004);
+        check(&ix);
+        assert_eq!(ix.stats().pairs, 1);
+        // b's old id is a new endpoint, empty.
+        ix.record(b, &[7], 1_004);
+        ix.match_prefix(&[1], 1_004, &mut out);
+        assert_eq!(out, vec![(a, 1)]);
+        check(&ix);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use smallvec::SmallVec;
 use crate::block_map::BlockMap;
 
 use super::holders::{HolderStore, Holders, Removed, View, bit};
-use super::slots::Slots;
+use super::slots::{Key, Slots};
 use super::{EndpointId, chain_blocks, chain_root, chain_root_lora_id};
 use crate::kv_events::{BlockRemoved, BlockStored, KvEvent, Medium};
 
@@ -117,6 +117,12 @@ impl PrefixIndex {
         medium_ok && group_ok
     }
 
+    /// Whether a `BlockStored` is of the cache this index tracks (its medium and KV-cache
+    /// group; its block size is not looked at).
+    pub fn accepts_stored(&self, s: &BlockStored) -> bool {
+        self.accepts(s.medium.as_ref(), s.group_idx)
+    }
+
     /// Applies one event published by endpoint `ep` (registering `ep` on first sight).
     pub fn apply(&mut self, ep: EndpointId, event: &KvEvent) {
         self.apply_with(ep, event, &mut |_| {});
@@ -125,22 +131,26 @@ impl PrefixIndex {
     /// Like [`apply`](Self::apply), calling `on_stored` with the own hash of every block a
     /// `BlockStored` places for `ep`.
     pub fn apply_with(&mut self, ep: EndpointId, event: &KvEvent, on_stored: &mut impl FnMut(u64)) {
+        self.apply_key((ep, 0), event, on_stored);
+    }
+
+    fn apply_key(&mut self, key: Key, event: &KvEvent, on_stored: &mut impl FnMut(u64)) {
         match event {
             KvEvent::BlockStored(s) => {
                 if self.accepts(s.medium.as_ref(), s.group_idx) {
-                    self.stored(ep, s, on_stored);
+                    self.stored(key, s, on_stored);
                 } else {
                     self.ignored_events += 1;
                 }
             }
             KvEvent::BlockRemoved(r) => {
                 if self.accepts(r.medium.as_ref(), r.group_idx) {
-                    self.removed(ep, r);
+                    self.removed(key, r);
                 } else {
                     self.ignored_events += 1;
                 }
             }
-            KvEvent::AllBlocksCleared => self.clear_endpoint(ep),
+            KvEvent::AllBlocksCleared => self.clear_key(key),
             KvEvent::Unknown(_) => self.ignored_events += 1,
         }
     }
@@ -156,21 +166,37 @@ impl PrefixIndex {
         &mut self,
         ep: EndpointId,
         events: &[KvEvent],
+        on_stored: impl FnMut(u64),
+    ) {
+        self.apply_rank_all_with(ep, 0, events, on_stored);
+    }
+
+    /// Like [`apply_all_with`](Self::apply_all_with), for the events of data-parallel rank
+    /// `rank` of endpoint `ep`. Each rank of an endpoint has a cache and an event stream of
+    /// its own: its blocks are tracked apart from the other ranks' (a rank's `BlockRemoved` or
+    /// `AllBlocksCleared` leaves the blocks the others hold), and a match reports the endpoint
+    /// once per rank holding the prompt's first block (take the deepest). Rank 0 is what
+    /// [`apply`](Self::apply) and the other rank-less methods apply to.
+    pub fn apply_rank_all_with(
+        &mut self,
+        ep: EndpointId,
+        rank: u32,
+        events: &[KvEvent],
         mut on_stored: impl FnMut(u64),
     ) {
         for e in events {
-            self.apply_with(ep, e, &mut on_stored);
+            self.apply_key((ep, rank), e, &mut on_stored);
         }
     }
 
-    fn stored(&mut self, ep: EndpointId, s: &BlockStored, on_stored: &mut impl FnMut(u64)) {
+    fn stored(&mut self, key: Key, s: &BlockStored, on_stored: &mut impl FnMut(u64)) {
         let bs = self.block_size;
         let n = s.block_hashes.len();
         if s.block_size as usize != bs || Some(s.token_ids.len()) != n.checked_mul(bs) {
             self.rejected += n as u64;
             return;
         }
-        let Some(slot) = self.endpoints.slot_or_insert(ep, Endpoint::default) else {
+        let Some(slot) = self.endpoints.slot_or_insert(key, Endpoint::default) else {
             self.ignored_events += 1;
             return;
         };
@@ -221,8 +247,8 @@ impl PrefixIndex {
         });
     }
 
-    fn removed(&mut self, ep: EndpointId, r: &BlockRemoved) {
-        let Some(slot) = self.endpoints.slot(ep) else {
+    fn removed(&mut self, key: Key, r: &BlockRemoved) {
+        let Some(slot) = self.endpoints.slot(key) else {
             self.unknown_removals += r.block_hashes.len() as u64;
             return;
         };
@@ -254,11 +280,27 @@ impl PrefixIndex {
         shrink_if_sparse(blocks);
     }
 
-    /// Forgets every block of `ep` but keeps it registered (as `AllBlocksCleared` does).
+    /// Forgets every block of `ep`, of all its ranks, but keeps it registered (as
+    /// `AllBlocksCleared` does for one rank).
     pub fn clear_endpoint(&mut self, ep: EndpointId) {
-        let Some(slot) = self.endpoints.slot(ep) else {
-            return;
-        };
+        for slot in self.endpoints.slots_of(ep) {
+            self.clear_slot(slot);
+        }
+    }
+
+    /// Forgets every block of data-parallel rank `rank` of `ep` (see
+    /// [`apply_rank_all_with`](Self::apply_rank_all_with)); the other ranks keep theirs.
+    pub fn clear_rank(&mut self, ep: EndpointId, rank: u32) {
+        self.clear_key((ep, rank));
+    }
+
+    fn clear_key(&mut self, key: Key) {
+        if let Some(slot) = self.endpoints.slot(key) {
+            self.clear_slot(slot);
+        }
+    }
+
+    fn clear_slot(&mut self, slot: u32) {
         let Self {
             blocks,
             store,
@@ -279,10 +321,28 @@ impl PrefixIndex {
         state.pairs = 0;
     }
 
-    /// Forgets `ep` entirely; its slot is reused by later endpoints.
+    /// Forgets `ep` entirely (all its ranks); its slots are reused by later endpoints.
     pub fn remove_endpoint(&mut self, ep: EndpointId) {
-        self.clear_endpoint(ep);
-        self.endpoints.remove(ep);
+        for slot in self.endpoints.slots_of(ep) {
+            self.clear_slot(slot);
+            let key = self.endpoints.key(slot);
+            self.endpoints.remove(key);
+        }
+    }
+
+    /// Renames the endpoints the index knows: `remap(id)` is the endpoint's new id, or `None`
+    /// to forget it ([`remove_endpoint`](Self::remove_endpoint)). What the others hold is kept
+    /// under their new ids, engine-hash maps included, so that later `BlockStored` events
+    /// still chain onto the blocks stored before (for a worker set whose endpoint list changed:
+    /// ids are positions in it). Two endpoints given the same new id: the later one is
+    /// forgotten. Cost: the forgotten endpoints' blocks plus one step per endpoint.
+    pub fn remap_endpoints(&mut self, remap: impl FnMut(EndpointId) -> Option<EndpointId>) {
+        let (drop, rename) = super::slots::plan_remap(self.endpoints(), remap);
+        for id in drop {
+            self.remove_endpoint(id);
+        }
+        self.endpoints
+            .rename(|id| rename.get(&id).copied().unwrap_or(id));
     }
 
     /// Forgets everything (keeps the configuration and the cumulative counters).
@@ -293,38 +353,49 @@ impl PrefixIndex {
         self.pairs = 0;
     }
 
-    /// Whether `ep` holds the block with own hash `own`.
-    pub fn contains(&self, ep: EndpointId, own: u64) -> bool {
-        match (self.endpoints.slot(ep), self.blocks.get(own)) {
-            (Some(slot), Some(h)) => self.store.view(h).contains(slot),
-            _ => false,
-        }
+    /// The slots of `ep`, one per rank.
+    fn slots_of(&self, ep: EndpointId) -> Vec<u32> {
+        self.endpoints.slots_of(ep)
     }
 
-    /// The engine hashes of the blocks `ep` holds, sorted: what the engine itself would list
-    /// (for checking the index against an engine's ground truth; costs a pass over the map).
+    /// Whether `ep` (any of its ranks) holds the block with own hash `own`.
+    pub fn contains(&self, ep: EndpointId, own: u64) -> bool {
+        let Some(h) = self.blocks.get(own) else {
+            return false;
+        };
+        let held = self.store.view(h);
+        self.slots_of(ep)
+            .into_iter()
+            .any(|slot| held.contains(slot))
+    }
+
+    /// The engine hashes of the blocks `ep` holds (all ranks), sorted and distinct: what the
+    /// engine itself would list (for checking the index against an engine's ground truth;
+    /// costs a pass over the maps).
     pub fn engine_hashes(&self, ep: EndpointId) -> Vec<u64> {
         let mut v: Vec<u64> = self
-            .endpoints
-            .slot(ep)
-            .and_then(|s| self.endpoints.get(s))
-            .map(|e| e.engine.iter().map(|(k, _)| k).collect())
-            .unwrap_or_default();
+            .slots_of(ep)
+            .into_iter()
+            .filter_map(|s| self.endpoints.get(s))
+            .flat_map(|e| e.engine.iter().map(|(k, _)| k))
+            .collect();
         v.sort_unstable();
+        v.dedup();
         v
     }
 
-    /// Number of blocks `ep` holds (0 if unknown).
+    /// Number of blocks `ep` holds (0 if unknown), summed over its ranks.
     pub fn endpoint_blocks(&self, ep: EndpointId) -> usize {
-        self.endpoints
-            .slot(ep)
-            .and_then(|s| self.endpoints.get(s))
-            .map_or(0, |e| e.pairs)
+        self.slots_of(ep)
+            .into_iter()
+            .filter_map(|s| self.endpoints.get(s))
+            .map(|e| e.pairs)
+            .sum()
     }
 
-    /// The endpoints the index knows.
+    /// The endpoints the index knows, sorted.
     pub fn endpoints(&self) -> impl Iterator<Item = EndpointId> + '_ {
-        self.endpoints.iter().map(|(s, _)| self.endpoints.id(s))
+        self.endpoints.endpoint_ids().into_iter()
     }
 
     /// For every endpoint holding at least the request's first block, the number of leading
@@ -612,6 +683,55 @@ mod tests {
         assert!(out.is_empty());
         assert_eq!(ix.stats().pairs, 0);
         assert_eq!(ix.stats().blocks, 0);
+    }
+
+    #[test]
+    fn data_parallel_ranks_are_tracked_apart() {
+        let toks: Vec<u32> = (0..16).collect();
+        let req = block_hashes(&toks, 4);
+        let mut ix = PrefixIndex::new(4);
+        let (a, b) = (EndpointId(0), EndpointId(1));
+        let mut out = Vec::new();
+        // Both ranks of a store the prompt's first two blocks (same engine hashes: same seed);
+        // rank 1 also the next two.
+        ix.apply_rank_all_with(a, 0, &[store(&[1, 2], None, &toks[..8], 4)], |_| {});
+        ix.apply_rank_all_with(a, 1, &[store(&[1, 2], None, &toks[..8], 4)], |_| {});
+        ix.apply_rank_all_with(a, 1, &[store(&[3, 4], Some(2), &toks[8..], 4)], |_| {});
+        ix.apply(b, &store(&[9], None, &toks[..4], 4));
+        ix.match_prefix(&req, &mut out);
+        assert_eq!(sorted(out.clone()), vec![(a, 2), (a, 4), (b, 1)]);
+        assert_eq!(ix.endpoint_blocks(a), 6);
+        assert_eq!(ix.engine_hashes(a), vec![1, 2, 3, 4]);
+        assert_eq!(ix.endpoints().collect::<Vec<_>>(), vec![a, b]);
+        // Rank 1 evicts block 0, then rank 0 clears its cache: each leaves the other's.
+        ix.apply_rank_all_with(a, 1, &[removed(&[1])], |_| {});
+        ix.match_prefix(&req, &mut out);
+        assert_eq!(sorted(out.clone()), vec![(a, 2), (b, 1)]);
+        assert!(ix.contains(a, req[1]));
+        ix.apply_rank_all_with(a, 0, &[KvEvent::AllBlocksCleared], |_| {});
+        ix.match_prefix(&req, &mut out);
+        assert_eq!(sorted(out.clone()), vec![(b, 1)]);
+        assert!(ix.contains(a, req[1]), "rank 1 still holds block 1");
+        ix.clear_rank(a, 1);
+        assert_eq!(ix.endpoint_blocks(a), 0);
+        // A reset of the endpoint clears every rank; removing it frees every slot.
+        ix.apply_rank_all_with(a, 2, &[store(&[1], None, &toks[..4], 4)], |_| {});
+        ix.apply(a, &store(&[1], None, &toks[..4], 4));
+        ix.clear_endpoint(a);
+        assert_eq!(ix.endpoint_blocks(a), 0);
+        ix.apply_rank_all_with(a, 2, &[store(&[1], None, &toks[..4], 4)], |_| {});
+        // Ids move with their ranks.
+        ix.remap_endpoints(|id| Some(EndpointId(1 - id.0)));
+        ix.match_prefix(&req, &mut out);
+        assert_eq!(sorted(out.clone()), vec![(a, 1), (b, 1)]);
+        ix.apply_rank_all_with(b, 2, &[store(&[2], Some(1), &toks[4..8], 4)], |_| {});
+        assert_eq!(ix.stats().orphaned, 0);
+        ix.match_prefix(&req, &mut out);
+        assert_eq!(sorted(out.clone()), vec![(a, 1), (b, 2)]);
+        ix.remove_endpoint(b);
+        ix.remove_endpoint(a);
+        assert_eq!(ix.stats().endpoints, 0);
+        assert_eq!(ix.stats().pairs, 0);
     }
 
     #[test]
