@@ -368,6 +368,19 @@ fn nesting_is_bounded() {
 }
 
 #[test]
+fn the_reference_states_the_nesting_limits() {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/conditions.md"),
+    )
+    .expect("docs/reference/conditions.md");
+    let doc = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    let stated = format!("At most {MAX_NESTING} levels of brackets");
+    assert!(doc.contains(&stated), "conditions.md must say `{stated}`");
+    let stated = format!("and {MAX_DEPTH} nested operators");
+    assert!(doc.contains(&stated), "conditions.md must say `{stated}`");
+}
+
+#[test]
 fn long_chains_are_fine() {
     // A flat chain is one node, so length does not add depth.
     let src = vec!["a"; 50_000].join(" && ");

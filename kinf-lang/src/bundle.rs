@@ -126,7 +126,8 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
             }
             continue;
         };
-        let errors = schema_check::validate(kind, root);
+        let text = sources.get(d.file).map_or("", |f| &*f.text);
+        let errors = schema_check::validate(kind, root, text);
         let resource = describe(kind, root);
         if !errors.is_empty() {
             diags.extend(
@@ -174,11 +175,7 @@ pub fn load(sources: &Sources, diags: &mut Vec<Diagnostic>) -> Bundle {
         };
         if let Err(e) = ok {
             bundle.failed.push((kind, namespace, name));
-            diags.push(
-                Diagnostic::new(Code::InvalidValue, format!("invalid `spec`: {e}"))
-                    .at(root_span, "this resource")
-                    .with_resource(resource),
-            );
+            diags.push(spec_error(&e, root_span).with_resource(resource));
         }
     }
     bundle.docs = docs;
@@ -213,6 +210,66 @@ fn push<T: DeserializeOwned>(
         doc,
     });
     Ok(())
+}
+
+/// A spec that passed the schema but does not deserialize (the schema bounds what it can, so
+/// this is a fallback): reported at the field that failed, by its path, in the user's terms
+/// where the error is a known one.
+fn spec_error(e: &crate::yaml_view::Error, root_span: Span) -> Diagnostic {
+    let path = FieldPath(
+        std::iter::once(crate::path::Seg::Key("spec".into()))
+            .chain(e.path().0)
+            .collect(),
+    );
+    let msg = e.message();
+    let (code, message, label) = if let Some((value, ty)) = msg
+        .strip_prefix("invalid value: integer `")
+        .and_then(|rest| rest.split_once("`, expected "))
+        && let Some((min, max)) = integer_range(ty)
+    {
+        (
+            Code::OutOfRange,
+            format!("`{path}` must be an integer from {min} to {max}, found {value}"),
+            "out of range",
+        )
+    } else if let Some((value, ty)) = msg
+        .strip_prefix("invalid type: floating point `")
+        .and_then(|rest| rest.split_once("`, expected "))
+        && integer_range(ty).is_some()
+    {
+        (
+            Code::WrongType,
+            format!("`{path}` must be an integer, found {value}"),
+            "not an integer",
+        )
+    } else {
+        let code = if msg.starts_with("invalid type") {
+            Code::WrongType
+        } else if msg.starts_with("missing field") {
+            Code::MissingField
+        } else {
+            Code::InvalidValue
+        };
+        (code, format!("invalid `{path}`: {msg}"), "invalid")
+    };
+    Diagnostic::new(code, message)
+        .at(e.span().unwrap_or(root_span), label)
+        .with_path(path)
+}
+
+/// The range of a Rust integer type, as serde names it in its errors.
+fn integer_range(ty: &str) -> Option<(i128, i128)> {
+    Some(match ty {
+        "i8" => (i8::MIN.into(), i8::MAX.into()),
+        "i16" => (i16::MIN.into(), i16::MAX.into()),
+        "i32" => (i32::MIN.into(), i32::MAX.into()),
+        "i64" => (i64::MIN.into(), i64::MAX.into()),
+        "u8" => (0, u8::MAX.into()),
+        "u16" => (0, u16::MAX.into()),
+        "u32" => (0, u32::MAX.into()),
+        "u64" => (0, u64::MAX.into()),
+        _ => return None,
+    })
 }
 
 /// `Kind/namespace/name` for messages and status.

@@ -205,7 +205,7 @@ impl<'a> Checker<'a> {
     }
 
     /// Adds a related span to the diagnostic reported last.
-    fn relate_last(&mut self, span: Option<Span>, label: &str) {
+    pub(crate) fn relate_last(&mut self, span: Option<Span>, label: &str) {
         if let (Some(span), Some(d)) = (span, self.diags.last_mut()) {
             d.related.push((span, label.to_string()));
         }
@@ -650,6 +650,25 @@ impl<'a> Checker<'a> {
             }
         } else {
             for (i, t) in p.spec.target_refs.iter().enumerate() {
+                // A pool named twice would run the policy's rules twice for each request.
+                if let Some(first) = p.spec.target_refs[..i]
+                    .iter()
+                    .position(|f| f.name == t.name)
+                {
+                    self.report(
+                        p.doc,
+                        &fpath!["spec", "targetRefs", i, "name"],
+                        Code::InvalidValue,
+                        format!("policy `{}` targets pool `{}` twice", p.name, t.name),
+                        "targeted again here",
+                        Some("remove the repeated entry of `targetRefs`".into()),
+                    );
+                    let first_span = self
+                        .bundle
+                        .value_span(p.doc, &fpath!["spec", "targetRefs", first, "name"]);
+                    self.relate_last(first_span, "first targeted here");
+                    continue;
+                }
                 match out
                     .pools
                     .iter()
@@ -704,6 +723,7 @@ impl<'a> Checker<'a> {
                     } else {
                         seen.insert(n.as_str(), i);
                     }
+                    self.check_name(p, &fpath!["spec", "rules", i, "name"], "rule", i, n);
                     n.as_str().into()
                 }
                 None => {
@@ -729,6 +749,7 @@ impl<'a> Checker<'a> {
             } else {
                 limit_names.insert(l.name.clone(), base.key("name"));
             }
+            self.check_name(p, &base.key("name"), "limit", i, &l.name);
             if l.tokens_per_minute.is_none()
                 && l.requests_per_minute.is_none()
                 && l.concurrent_requests.is_none()
@@ -764,6 +785,53 @@ impl<'a> Checker<'a> {
             rules,
             limits,
         })
+    }
+
+    /// Checks the name of rule or limit `i` of policy `p` (`what`): it is sent in HTTP headers
+    /// (`x-kinference-rule`), reject messages and metric labels, so it must be non-empty
+    /// printable ASCII ([`valid_name`]).
+    fn check_name(
+        &mut self,
+        p: &Res<InferencePolicySpec>,
+        path: &FieldPath,
+        what: &str,
+        i: usize,
+        name: &str,
+    ) {
+        let Err(problem) = valid_name(name) else {
+            return;
+        };
+        let code = if name.is_empty() && what == "rule" {
+            Code::MissingRuleName
+        } else {
+            Code::InvalidValue
+        };
+        let msg = if name.is_empty() {
+            format!("{what} {} of policy `{}` has an empty name", i + 1, p.name)
+        } else {
+            format!(
+                "{what} name \"{}\" in policy `{}` {problem}",
+                name.escape_debug(),
+                p.name
+            )
+        };
+        self.report(
+            p.doc,
+            path,
+            code,
+            msg,
+            "invalid name",
+            Some(format!(
+                "a {what} name appears in HTTP responses (headers and reject messages) and in \
+                 metric labels: write 1 to {MAX_NAME_LEN} printable ASCII characters (letters, \
+                 digits, punctuation, inner spaces), e.g. `{}`",
+                if what == "rule" {
+                    "batch-to-idle-gpus"
+                } else {
+                    "tokens-per-tenant"
+                }
+            )),
+        );
     }
 
     /// Lowers every rule of `p` (their names and name errors already settled), in order.
@@ -1458,6 +1526,33 @@ impl<'a> Checker<'a> {
 }
 
 /// Appends one part of a condition's text, after ` and ` when it is not the first.
+/// The longest rule or limit name.
+pub const MAX_NAME_LEN: usize = 253;
+
+/// Whether a rule or limit name can be sent as it is in an HTTP header value and a metric
+/// label: 1 to [`MAX_NAME_LEN`] printable ASCII characters (space to `~`), not starting or
+/// ending with a space. Otherwise, what is wrong with it (the end of a sentence).
+pub fn valid_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("is empty");
+    }
+    if let Some(c) = name.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(match c {
+            '\n' | '\r' => "contains a line break",
+            '\t' => "contains a tab",
+            c if c.is_control() => "contains a control character",
+            _ => "contains a character that is not ASCII",
+        });
+    }
+    if name.starts_with(' ') || name.ends_with(' ') {
+        return Err("starts or ends with a space");
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err("is longer than 253 characters");
+    }
+    Ok(())
+}
+
 fn join_part(text: &mut String, part: std::fmt::Arguments<'_>) {
     use std::fmt::Write as _;
     if !text.is_empty() {

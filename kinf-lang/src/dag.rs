@@ -158,7 +158,7 @@ impl RuleDag {
             "  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\"];"
         );
         for idx in self.graph.node_indices() {
-            let label = stage_label(&self.graph[idx], pool, policy).replace('"', "\\\"");
+            let label = dot_escape(&stage_label(&self.graph[idx], pool, policy));
             let shape = match self.graph[idx] {
                 Stage::Entry | Stage::Route | Stage::Reject => "ellipse",
                 Stage::Match(_) => "diamond",
@@ -191,6 +191,22 @@ impl RuleDag {
         out.push_str("}\n");
         out
     }
+}
+
+/// A label as the text of a DOT string: backslashes and quotes escaped (a name ending in `\`
+/// would otherwise end the string early), line breaks as DOT's `\n`.
+fn dot_escape(label: &str) -> String {
+    let mut out = String::with_capacity(label.len());
+    for c in label.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\r' => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn stage_label(stage: &Stage, pool: &CompiledPool, policy: &CompiledPolicy) -> String {
@@ -335,4 +351,19 @@ pub fn render_pool(pool: &CompiledPool, policy: &CompiledPolicy) -> String {
     }
     out.push_str("  default: requested model; Local minimize PredictedTTFT, then Provider minimize PredictedTTFT; else Reject\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dot_escape;
+
+    #[test]
+    fn dot_labels_cannot_end_their_string_early() {
+        assert_eq!(dot_escape(r#"a\"#), r#"a\\"#);
+        assert_eq!(
+            dot_escape(r#"a"b} -> x [label="pwn"#),
+            r#"a\"b} -> x [label=\"pwn"#
+        );
+        assert_eq!(dot_escape("a\nb"), r"a\nb");
+    }
 }

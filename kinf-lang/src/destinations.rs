@@ -9,6 +9,7 @@ use crate::check::Checker;
 use crate::codes::Code;
 use crate::compiled::*;
 use crate::fpath;
+use crate::path::FieldPath;
 
 fn cost(c: Option<&Cost>) -> CostInfo {
     c.map(|c| CostInfo {
@@ -120,6 +121,19 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
             _ => {}
         }
         for (i, e) in s.endpoints.iter().enumerate() {
+            if let Some(first) = s.endpoints[..i]
+                .iter()
+                .position(|f| f.eq_ignore_ascii_case(e))
+            {
+                report_repeat(
+                    ck,
+                    doc,
+                    fpath!["spec", "endpoints", i],
+                    fpath!["spec", "endpoints", first],
+                    format!("endpoint `{e}` is listed twice in worker set `{}`", w.name),
+                    "remove the repeated address: listed twice, one worker would be two candidates",
+                );
+            }
             if !valid_endpoint(e) {
                 ck.report(
                     doc,
@@ -206,6 +220,14 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                 Some(help.into()),
             );
         }
+        check_model_names(
+            ck,
+            doc,
+            &format!("worker set `{}`", w.name),
+            s.models
+                .iter()
+                .map(|m| (m.name.as_str(), m.aliases.as_slice())),
+        );
         let models = s
             .models
             .iter()
@@ -313,6 +335,12 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                 )),
             );
         }
+        check_model_names(
+            ck,
+            doc,
+            &format!("provider `{}`", p.name),
+            s.models.iter().map(|m| (m.name.as_str(), &[][..])),
+        );
         let mut models: Vec<ServedModel> = Vec::new();
         for m in &s.models {
             models.push(ServedModel {
@@ -340,6 +368,66 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
             cost: cost(s.cost.as_ref()),
             source: source_ref(ck, doc),
         });
+    }
+}
+
+/// Reports an entry of a list that repeats an earlier one (KINF0106), at the repeat, with the
+/// first shown as related.
+fn report_repeat(
+    ck: &mut Checker<'_>,
+    doc: usize,
+    at: FieldPath,
+    first: FieldPath,
+    msg: String,
+    help: &str,
+) {
+    ck.report(
+        doc,
+        &at,
+        Code::InvalidValue,
+        msg,
+        "repeated here",
+        Some(help.into()),
+    );
+    let first_span = ck.bundle.value_span(doc, &first);
+    ck.relate_last(first_span, "first here");
+}
+
+/// Reports a model name or alias that names two models of one destination (`owner`): a
+/// request for it would have the destination twice among its candidates. (An alias equal to
+/// its own model's name, or repeated within one model, is ignored, as documented.)
+fn check_model_names<'m>(
+    ck: &mut Checker<'_>,
+    doc: usize,
+    owner: &str,
+    models: impl Iterator<Item = (&'m str, &'m [String])>,
+) {
+    let mut seen: Vec<(&str, usize, FieldPath)> = Vec::new();
+    for (i, (name, aliases)) in models.enumerate() {
+        let mut names = vec![(name, fpath!["spec", "models", i, "name"])];
+        for (j, a) in aliases.iter().enumerate() {
+            if names.iter().all(|(n, _)| *n != a.as_str()) {
+                names.push((a.as_str(), fpath!["spec", "models", i, "aliases", j]));
+            }
+        }
+        for (n, path) in names {
+            if let Some((_, first_model, first)) = seen.iter().find(|(s, _, _)| *s == n) {
+                let first_model = *first_model;
+                report_repeat(
+                    ck,
+                    doc,
+                    path,
+                    first.clone(),
+                    format!(
+                        "`{n}` names two models of {owner} (`models[{first_model}]` and `models[{i}]`)"
+                    ),
+                    "give each model its own names: a request for this name would have the \
+                     destination twice among its candidates",
+                );
+            } else {
+                seen.push((n, i, path));
+            }
+        }
     }
 }
 

@@ -85,6 +85,30 @@ fn simplify(v: &mut J) {
                     }
                 }
             }
+            // `format: int32` (and the others of Rust integers) → its range as `minimum` and
+            // `maximum`, so that a number out of it is reported at the field, not by the typed
+            // deserialization. 64-bit ones stop at the range of `i64`, which holds the integers
+            // the YAML tree reads.
+            if let Some((min, max)) = map
+                .get("format")
+                .and_then(J::as_str)
+                .and_then(integer_format_range)
+            {
+                if map
+                    .get("minimum")
+                    .and_then(J::as_f64)
+                    .is_none_or(|m| m < min as f64)
+                {
+                    map.insert("minimum".into(), J::from(min));
+                }
+                if map
+                    .get("maximum")
+                    .and_then(J::as_f64)
+                    .is_none_or(|m| m > max as f64)
+                {
+                    map.insert("maximum".into(), J::from(max));
+                }
+            }
             // `oneOf` of constants → `enum`
             if let Some(J::Array(one)) = map.get("oneOf") {
                 let consts: Option<Vec<J>> = one.iter().map(|s| s.get("const").cloned()).collect();
@@ -98,6 +122,21 @@ fn simplify(v: &mut J) {
         J::Array(items) => items.iter_mut().for_each(simplify),
         _ => {}
     }
+}
+
+/// The range of the integers of a schema `format` (as `schemars` writes Rust's integer types).
+fn integer_format_range(format: &str) -> Option<(i64, i64)> {
+    Some(match format {
+        "int8" => (i8::MIN.into(), i8::MAX.into()),
+        "int16" => (i16::MIN.into(), i16::MAX.into()),
+        "int32" => (i32::MIN.into(), i32::MAX.into()),
+        "int64" | "int" => (i64::MIN, i64::MAX),
+        "uint8" => (0, u8::MAX.into()),
+        "uint16" => (0, u16::MAX.into()),
+        "uint32" => (0, u32::MAX.into()),
+        "uint64" | "uint" => (0, i64::MAX),
+        _ => return None,
+    })
 }
 
 struct KindSchema {
@@ -149,9 +188,10 @@ pub fn property_names(schema: &J) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// Validates one document root against the kind's schema, reading the YAML tree in place.
+/// Validates one document root against the kind's schema, reading the YAML tree in place;
+/// `text` is the text of the document's file (messages quote values as written there).
 /// Returns the diagnostics, in document order.
-pub fn validate(kind: ResourceKind, root: &Node) -> Vec<Diagnostic> {
+pub fn validate(kind: ResourceKind, root: &Node, text: &str) -> Vec<Diagnostic> {
     let Some(ks) = kind_schema(kind) else {
         return Vec::new();
     };
@@ -164,7 +204,7 @@ pub fn validate(kind: ResourceKind, root: &Node) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for err in validator.iter_errors(root) {
         let path = FieldPath::from_json_pointer(err.instance_path().as_str());
-        map_error(&ks.schema, root, &path, err.kind(), &mut out);
+        map_error(&ks.schema, root, text, &path, err.kind(), &mut out);
     }
     // A value of a field with allowed names (`onEmpty: 3`) fails both the schema's `type` and
     // its `enum`: one problem, reported once, by the diagnostic that lists the allowed names
@@ -257,10 +297,18 @@ fn name_error(root: &Node, path: &FieldPath, kind: &ValidationErrorKind) -> Opti
 }
 
 /// Help for a number outside its range: the whole allowed range when the schema has both ends.
-fn range_help(schema: &J, path: &FieldPath) -> Option<String> {
+/// The bounds of 64-bit integers are left out, unless the value crossed them (`too_large`:
+/// it is above the maximum).
+fn range_help(schema: &J, path: &FieldPath, too_large: bool) -> Option<String> {
     let s = subschema(schema, path)?;
-    let min = s.get("minimum").or_else(|| s.get("exclusiveMinimum"));
-    let max = s.get("maximum").or_else(|| s.get("exclusiveMaximum"));
+    let min = s
+        .get("minimum")
+        .or_else(|| s.get("exclusiveMinimum"))
+        .filter(|m| too_large || m.as_i64() != Some(i64::MIN));
+    let max = s
+        .get("maximum")
+        .or_else(|| s.get("exclusiveMaximum"))
+        .filter(|m| too_large || m.as_i64() != Some(i64::MAX));
     let field = field_name(path);
     match (min, max) {
         (Some(min), Some(max)) => Some(format!("`{field}` takes values from {min} to {max}")),
@@ -270,9 +318,22 @@ fn range_help(schema: &J, path: &FieldPath) -> Option<String> {
     }
 }
 
+/// A scalar as written in the source (`1e400`, `.inf`, `99999999999999999999`), else as JSON.
+fn written(node: &Node, text: &str) -> String {
+    match &node.value {
+        crate::yaml::Value::Int(_) | crate::yaml::Value::Float(_) => text
+            .get(node.span.start..node.span.end)
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && !t.contains('\n'))
+            .map_or_else(|| node.to_json().to_string(), str::to_string),
+        _ => node.to_json().to_string(),
+    }
+}
+
 fn map_error(
     schema: &J,
     root: &Node,
+    text: &str,
     path: &FieldPath,
     kind: &ValidationErrorKind,
     out: &mut Vec<Diagnostic>,
@@ -284,6 +345,34 @@ fn map_error(
     let found = root.lookup(path);
     let value_span = found.node.span;
     let field = field_name(path);
+    // `.inf`, `.nan` and numbers beyond the range of a float (`1e400`) read as JSON `null`:
+    // every number field refuses them, whatever its type says.
+    if let crate::yaml::Value::Float(f) = found.node.value
+        && !f.is_finite()
+        && matches!(
+            kind,
+            ValidationErrorKind::Type { .. }
+                | ValidationErrorKind::AnyOf { .. }
+                | ValidationErrorKind::OneOfNotValid { .. }
+        )
+    {
+        out.push(
+            Diagnostic::new(
+                Code::OutOfRange,
+                format!(
+                    "`{field}` must be a finite number, found `{}`",
+                    written(found.node, text)
+                ),
+            )
+            .at(value_span, "not a finite number")
+            .with_help(
+                "YAML reads `.inf`, `.nan` and numbers beyond about 1.8e308 as infinite or not \
+                 a number; write a finite number",
+            )
+            .with_path(path.clone()),
+        );
+        return;
+    }
     let diag = match kind {
         ValidationErrorKind::AdditionalProperties { unexpected } => {
             let allowed = subschema(schema, path)
@@ -339,12 +428,16 @@ fn map_error(
                     words.join(" or ")
                 }
             };
+            let found_text = match found.node.value {
+                // `64.0` for an integer: the number, as written.
+                crate::yaml::Value::Float(_) if expected == "an integer" => {
+                    format!("`{}`", written(found.node, text))
+                }
+                ref v => v.type_name().to_string(),
+            };
             Diagnostic::new(
                 Code::WrongType,
-                format!(
-                    "`{field}` must be {expected}, found {}",
-                    found.node.value.type_name()
-                ),
+                format!("`{field}` must be {expected}, found {found_text}"),
             )
             .at(value_span, format!("expected {expected}"))
             .with_help(type_help(&expected, found.node, path.last_key()))
@@ -374,21 +467,21 @@ fn map_error(
             Code::OutOfRange,
             format!(
                 "`{field}` must be at least {limit}, found {}",
-                found.node.to_json()
+                written(found.node, text)
             ),
         )
         .at(value_span, "too small")
-        .with_help_opt(range_help(schema, path)),
+        .with_help_opt(range_help(schema, path, false)),
         ValidationErrorKind::Maximum { limit }
         | ValidationErrorKind::ExclusiveMaximum { limit } => Diagnostic::new(
             Code::OutOfRange,
             format!(
                 "`{field}` must be at most {limit}, found {}",
-                found.node.to_json()
+                written(found.node, text)
             ),
         )
         .at(value_span, "too large")
-        .with_help_opt(range_help(schema, path)),
+        .with_help_opt(range_help(schema, path, true)),
         ValidationErrorKind::MinItems { limit } => Diagnostic::new(
             Code::OutOfRange,
             format!("`{field}` needs at least {limit} item(s)"),
@@ -473,6 +566,12 @@ fn type_help(expected: &str, node: &Node, field: Option<&str>) -> String {
             crate::yaml::Value::Int(_) | crate::yaml::Value::Float(_) | crate::yaml::Value::Bool(_),
         ) => "quote the value to make it a string".into(),
         ("a mapping", _) => "write `key: value` pairs, indented under the field".into(),
+        ("an integer", crate::yaml::Value::Float(f)) if f.fract() == 0.0 && f.abs() < 1e15 => {
+            format!("write it without a decimal point or exponent: `{f:.0}`")
+        }
+        ("an integer", crate::yaml::Value::Float(_)) => {
+            "write a whole number, without a decimal point or exponent".into()
+        }
         _ => format!("write {expected} here"),
     }
 }

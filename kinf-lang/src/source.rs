@@ -53,8 +53,16 @@ impl SourceFile {
     /// A source file named `name` holding `text`.
     pub fn new(name: impl Into<String>, text: impl Into<Arc<str>>) -> Self {
         let text: Arc<str> = text.into();
+        // Lines end at `\n`, `\r\n` or a lone `\r`, as YAML (and its parser's markers) count them.
+        let bytes = text.as_bytes();
         let mut line_starts = vec![0];
-        line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        line_starts.extend(
+            bytes
+                .iter()
+                .enumerate()
+                .filter(|&(i, &b)| b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n')))
+                .map(|(i, _)| i + 1),
+        );
         let ascii = text.is_ascii();
         SourceFile {
             name: name.into(),
@@ -146,5 +154,23 @@ impl Sources {
         let file = self.get(span.file)?;
         let (line, col) = file.line_col(span.start);
         Some((&file.name, line, col))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_end_at_lf_crlf_and_lone_cr() {
+        for text in ["a\nbc\nd", "a\r\nbc\r\nd", "a\rbc\rd", "a\r\nbc\rd"] {
+            let f = SourceFile::new("t", text);
+            let d = text.rfind('d').unwrap_or(0);
+            let c = text.find('c').unwrap_or(0);
+            assert_eq!(f.line_col(d), (3, 1), "{text:?}");
+            assert_eq!(f.line_col(c), (2, 2), "{text:?}");
+            assert_eq!(f.byte_at(3, 0), d, "{text:?}");
+            assert_eq!(f.byte_at(2, 1), c, "{text:?}");
+        }
     }
 }

@@ -2,6 +2,11 @@
 //!
 //! Scalars are resolved with the YAML 1.2 core schema (plain `true`, `2`, `0.7`, `null`, `~`;
 //! quoted scalars are always strings). Duplicate keys are reported, the first one kept.
+//!
+//! Two limits keep hostile input (the gateway compiles objects users submit) from exhausting
+//! the stack or memory: collections nest at most [`MAX_DEPTH`] levels, and the aliases of one
+//! document repeat at most [`MAX_ALIAS_NODES`] values in all. Both are reported as KINF0001 at
+//! the collection or alias that crosses them, and end the reading of the file.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -13,6 +18,16 @@ use crate::codes::Code;
 use crate::diagnostic::Diagnostic;
 use crate::path::{FieldPath, Seg};
 use crate::source::{FileId, SourceFile, Span};
+
+/// The deepest nesting of collections (mappings and lists) a document may have: a root mapping
+/// of scalars is one level. The same limit holds for both parsers, and for nesting that
+/// aliases build. (Policies use fewer than 10.)
+pub const MAX_DEPTH: usize = 128;
+
+/// The most values (scalars and collections) that the aliases of one document may repeat, in
+/// all: each alias counts the values of the node it repeats, expanded aliases included. Keeps a
+/// small file of nested aliases (a "billion laughs") from expanding exponentially.
+pub const MAX_ALIAS_NODES: usize = 100_000;
 
 /// How a scalar was written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,7 +221,9 @@ pub fn parse_documents(
     let mut local = Vec::new();
     let mut builder = Builder::new(id, file, &mut local);
     let fast = crate::yaml_fast::parse_into(&file.text, &mut builder);
-    if fast.is_ok() {
+    // A limit the builder reported while the fast front end read the file ends it as the full
+    // parser's events would (the full parser may scan past it first).
+    if fast.is_ok() || builder.stopped {
         let docs = builder.docs;
         diags.append(&mut local);
         return docs;
@@ -235,17 +252,36 @@ pub fn parse_documents_full(
             }
             Some(Err(err)) => {
                 let at = builder.byte(*err.marker());
-                let (msg, help) = describe_scan_error(err.info());
-                builder.diags.push(
+                let span = Span::new(id, at, at + 1);
+                // The scanner's own bound on flow nesting (255 levels), found while it scans
+                // ahead of the events: the same problem as `MAX_DEPTH`.
+                let d = if err.info().contains("recursion limit exceeded") {
+                    too_deep(span, "nested too deep".into())
+                } else {
+                    let (msg, help) = describe_scan_error(err.info());
                     Diagnostic::error(Code::YamlSyntax, msg)
-                        .at(Span::new(id, at, at + 1), "here")
-                        .with_help(help),
-                );
+                        .at(span, "here")
+                        .with_help(help)
+                };
+                builder.diags.push(d);
                 break;
             }
         }
     }
     builder.docs
+}
+
+/// Collections nested more than [`MAX_DEPTH`] levels deep.
+fn too_deep(span: Span, label: String) -> Diagnostic {
+    Diagnostic::error(
+        Code::YamlSyntax,
+        format!("collections are nested more than {MAX_DEPTH} levels deep"),
+    )
+    .at(span, label)
+    .with_help(
+        "a resource needs only a few levels of mappings and lists; look for a `[` or `{` that \
+         is never closed, or an alias repeated inside itself",
+    )
 }
 
 fn describe_scan_error(info: &str) -> (String, String) {
@@ -273,13 +309,32 @@ enum Frame {
         start: usize,
         anchor: usize,
         base: usize,
+        shape: Shape,
     },
     Map {
         start: usize,
         anchor: usize,
         base: usize,
         pending_key: Option<(CompactString, Span)>,
+        shape: Shape,
     },
+}
+
+/// What the limits need of an open collection: the document's value count when it opened, and
+/// the height of its tallest child so far.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    nodes_before: usize,
+    child_height: usize,
+}
+
+/// An anchored node, with what an alias to it adds to the limits.
+struct Anchored {
+    node: Node,
+    /// Values in it (scalars and collections, its aliases expanded).
+    nodes: usize,
+    /// Levels of collections in it (0 for a scalar).
+    height: usize,
 }
 
 struct Builder<'a> {
@@ -288,9 +343,15 @@ struct Builder<'a> {
     stack: Vec<Frame>,
     items: Vec<Node>,
     entries: Vec<Entry>,
-    anchors: HashMap<usize, Node>,
+    anchors: HashMap<usize, Anchored>,
     docs: Vec<Document>,
     diags: &'a mut Vec<Diagnostic>,
+    /// Values read in the file so far, aliases expanded (differences give a node's size).
+    nodes: usize,
+    /// Values the aliases of the current document have repeated.
+    alias_nodes: usize,
+    /// A limit was crossed: the rest of the file is not read.
+    stopped: bool,
 }
 
 impl<'a> Builder<'a> {
@@ -304,6 +365,9 @@ impl<'a> Builder<'a> {
             anchors: HashMap::new(),
             docs: Vec::new(),
             diags,
+            nodes: 0,
+            alias_nodes: 0,
+            stopped: false,
         }
     }
 
@@ -315,27 +379,18 @@ impl<'a> Builder<'a> {
         Span::new(self.id, start, end)
     }
 
-    /// Handles one event; returns true at the end of the stream. Inlined into the event sites
-    /// of the fast front end, where the event is known and only its branch remains.
+    /// Handles one event; returns true at the end of the stream, or when a limit was crossed
+    /// (the rest of the file is then not read). Inlined into the event sites of the fast front
+    /// end, where the event is known and only its branch remains.
     #[inline(always)]
     fn event(&mut self, event: Event<'_>, start: usize, end: usize) -> bool {
+        if self.stopped {
+            return true;
+        }
         match event {
             Event::StreamEnd => return true,
             Event::Nothing | Event::StreamStart | Event::DocumentStart(_) | Event::DocumentEnd => {}
-            Event::Alias(id) => {
-                let node = match self.anchors.get(&id) {
-                    Some(n) => Node {
-                        span: self.span(start, end),
-                        ..n.clone()
-                    },
-                    None => Node {
-                        value: Value::Null,
-                        span: self.span(start, end),
-                        style: Style::Plain,
-                    },
-                };
-                self.push(node);
-            }
+            Event::Alias(id) => return self.alias(id, start, end),
             Event::Scalar(text, style, anchor, tag) => {
                 let len = text.len();
                 let (value, style) =
@@ -345,42 +400,68 @@ impl<'a> Builder<'a> {
                     span: self.span(start, end.max(start + len.min(1))),
                     style,
                 };
+                self.nodes += 1;
                 if anchor > 0 {
-                    self.anchors.insert(anchor, node.clone());
+                    self.anchors.insert(
+                        anchor,
+                        Anchored {
+                            node: node.clone(),
+                            nodes: 1,
+                            height: 0,
+                        },
+                    );
                 }
-                self.push(node);
+                self.push(node, 0);
             }
-            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
-                start,
-                anchor,
-                base: self.items.len(),
-            }),
-            Event::MappingStart(anchor, _) => self.stack.push(Frame::Map {
-                start,
-                anchor,
-                base: self.entries.len(),
-                pending_key: None,
-            }),
+            Event::SequenceStart(anchor, _) => {
+                if self.stack.len() >= MAX_DEPTH {
+                    return self.too_deep(start, end, None);
+                }
+                let shape = self.open();
+                self.stack.push(Frame::Seq {
+                    start,
+                    anchor,
+                    base: self.items.len(),
+                    shape,
+                });
+            }
+            Event::MappingStart(anchor, _) => {
+                if self.stack.len() >= MAX_DEPTH {
+                    return self.too_deep(start, end, None);
+                }
+                let shape = self.open();
+                self.stack.push(Frame::Map {
+                    start,
+                    anchor,
+                    base: self.entries.len(),
+                    pending_key: None,
+                    shape,
+                });
+            }
             Event::SequenceEnd | Event::MappingEnd => {
-                let (value, frame_start, anchor) = match self.stack.pop() {
+                let (value, frame_start, anchor, shape) = match self.stack.pop() {
                     Some(Frame::Seq {
                         start,
                         anchor,
                         base,
+                        shape,
                     }) => (
                         Value::Seq(self.items.drain(base..).collect()),
                         start,
                         anchor,
+                        shape,
                     ),
                     Some(Frame::Map {
                         start,
                         anchor,
                         base,
+                        shape,
                         ..
                     }) => (
                         Value::Map(self.entries.drain(base..).collect()),
                         start,
                         anchor,
+                        shape,
                     ),
                     None => return false,
                 };
@@ -390,13 +471,98 @@ impl<'a> Builder<'a> {
                     span: self.span(frame_start, end),
                     style: Style::Plain,
                 };
+                let height = shape.child_height + 1;
                 if anchor > 0 {
-                    self.anchors.insert(anchor, node.clone());
+                    self.anchors.insert(
+                        anchor,
+                        Anchored {
+                            node: node.clone(),
+                            nodes: self.nodes - shape.nodes_before,
+                            height,
+                        },
+                    );
                 }
-                self.push(node);
+                self.push(node, height);
             }
         }
         false
+    }
+
+    /// Counts a collection that opens, and returns its [`Shape`].
+    fn open(&mut self) -> Shape {
+        let shape = Shape {
+            nodes_before: self.nodes,
+            child_height: 0,
+        };
+        self.nodes += 1;
+        shape
+    }
+
+    /// An alias: a copy of its anchored node, within the limits. Returns true when a limit
+    /// stops the reading.
+    fn alias(&mut self, id: usize, start: usize, end: usize) -> bool {
+        let span = self.span(start, end);
+        let Some(a) = self.anchors.get(&id) else {
+            self.nodes += 1;
+            let node = Node {
+                value: Value::Null,
+                span,
+                style: Style::Plain,
+            };
+            self.push(node, 0);
+            return false;
+        };
+        let (nodes, height) = (a.nodes, a.height);
+        if self.stack.len() + height > MAX_DEPTH {
+            return self.too_deep(start, end, Some(height));
+        }
+        if self.alias_nodes + nodes > MAX_ALIAS_NODES {
+            self.diags.push(
+                Diagnostic::error(
+                    Code::YamlSyntax,
+                    format!(
+                        "the aliases of this document repeat more than {MAX_ALIAS_NODES} values"
+                    ),
+                )
+                .at(
+                    span,
+                    format!(
+                        "repeats {nodes} value(s), after {} already repeated",
+                        self.alias_nodes
+                    ),
+                )
+                .with_help(
+                    "aliases (`*name`) of anchors (`&name`) that hold other aliases grow \
+                     exponentially: write the values out, or repeat fewer of them",
+                ),
+            );
+            self.stopped = true;
+            return true;
+        }
+        self.alias_nodes += nodes;
+        self.nodes += nodes;
+        let node = Node {
+            span,
+            ..a.node.clone()
+        };
+        self.push(node, height);
+        false
+    }
+
+    /// Reports a collection (or an alias, with the height of what it repeats) that would nest
+    /// collections more than [`MAX_DEPTH`] levels deep, and stops the reading.
+    fn too_deep(&mut self, start: usize, end: usize, alias_height: Option<usize>) -> bool {
+        let span = self.span(start, end.max(start + 1));
+        let label = match alias_height {
+            None => format!("level {}", self.stack.len() + 1),
+            Some(h) => format!(
+                "repeats {h} level(s) of collections at level {}",
+                self.stack.len() + 1
+            ),
+        };
+        self.diags.push(too_deep(span, label));
+        self.stopped = true;
+        true
     }
 
     /// Block collections end where their last child ends (the parser reports the end marker
@@ -414,7 +580,7 @@ impl<'a> Builder<'a> {
                         .file
                         .text
                         .get(end..reported)
-                        .is_some_and(|s| s.contains('\n') || s.trim().is_empty()) =>
+                        .is_some_and(|s| s.contains(['\n', '\r']) || s.trim().is_empty()) =>
             {
                 end
             }
@@ -422,9 +588,13 @@ impl<'a> Builder<'a> {
         }
     }
 
-    fn push(&mut self, node: Node) {
+    /// Adds a finished node (`height` levels of collections) to the open collection, or as a
+    /// document's root.
+    fn push(&mut self, node: Node, height: usize) {
         match self.stack.last_mut() {
             None => {
+                // A document ends: the next one has its own alias budget.
+                self.alias_nodes = 0;
                 if !matches!(node.value, Value::Null) {
                     let index = self.docs.len();
                     self.docs.push(Document {
@@ -434,9 +604,15 @@ impl<'a> Builder<'a> {
                     });
                 }
             }
-            Some(Frame::Seq { .. }) => self.items.push(node),
+            Some(Frame::Seq { shape, .. }) => {
+                shape.child_height = shape.child_height.max(height);
+                self.items.push(node);
+            }
             Some(Frame::Map {
-                base, pending_key, ..
+                base,
+                pending_key,
+                shape,
+                ..
             }) => match pending_key.take() {
                 None => {
                     let key_span = node.span;
@@ -461,6 +637,7 @@ impl<'a> Builder<'a> {
                     *pending_key = Some((key, key_span));
                 }
                 Some((key, key_span)) => {
+                    shape.child_height = shape.child_height.max(height);
                     let entries = &mut self.entries;
                     if let Some(first) = entries
                         .get(*base..)
@@ -558,7 +735,12 @@ fn parse_number(text: &str) -> Option<Value> {
         return i64::from_str_radix(oct, 8).ok().map(Value::Int);
     }
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-        return text.parse().ok().map(Value::Int);
+        // An integer past `i64` is still a number (a float, as JSON would read it), not a
+        // string: range checks then report it as too large.
+        return Some(match text.parse() {
+            Ok(i) => Value::Int(i),
+            Err(_) => Value::Float(text.parse().ok()?),
+        });
     }
     let first = digits.bytes().next()?;
     let looks_numeric = (first.is_ascii_digit() || first == b'.')

@@ -6,6 +6,12 @@
 //! (anchors, aliases, tags, block scalars, multi-line scalars or flow collections, complex keys,
 //! empty values, escapes, tabs, non-ASCII text, and every syntax error) is [`Unsupported`]: the
 //! caller then parses the file with `saphyr-parser`, whose diagnostics stay the reference.
+//!
+//! Collections nested deeper than [`crate::yaml::MAX_DEPTH`] are [`Unsupported`] too: the
+//! descent is recursive, and bounding it keeps the stack small. The start event of the
+//! collection that crosses the limit is handed over first, so that the tree builder reports it
+//! where it is (and keeps its result: the full parser would find the nesting later, after
+//! scanning ahead).
 
 use std::borrow::Cow;
 
@@ -59,6 +65,7 @@ pub fn parse_into<'t, S: Sink<'t>>(text: &'t str, sink: &mut S) -> Res {
         text,
         b: text.as_bytes(),
         pos: 0,
+        depth: 0,
         sink,
     };
     p.stream()
@@ -68,6 +75,8 @@ struct Fast<'t, 's, S> {
     text: &'t str,
     b: &'t [u8],
     pos: usize,
+    /// Collections open at the cursor.
+    depth: usize,
     sink: &'s mut S,
 }
 
@@ -233,8 +242,16 @@ impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
 
     /// A block mapping whose first key is at the cursor, at column `indent`.
     fn block_map(&mut self, indent: usize) -> Res {
+        let depth = self.depth;
+        let r = self.block_map_body(indent);
+        self.depth = depth;
+        r
+    }
+
+    fn block_map_body(&mut self, indent: usize) -> Res {
         let start = self.pos;
         self.emit(Event::MappingStart(0, None), start, start);
+        self.enter()?;
         loop {
             let (key, ks, ke) = self.block_key()?;
             self.emit(Event::Scalar(key, ScalarStyle::Plain, 0, None), ks, ke);
@@ -440,6 +457,16 @@ impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
         Ok((value, style, start, self.token_end(self.pos)))
     }
 
+    /// Counts a collection whose start was emitted. Beyond [`crate::yaml::MAX_DEPTH`] levels the
+    /// file is [`Unsupported`]; the tree builder, which saw that start, has then reported it.
+    fn enter(&mut self) -> Res {
+        self.depth += 1;
+        if self.depth > crate::yaml::MAX_DEPTH {
+            return Err(Unsupported);
+        }
+        Ok(())
+    }
+
     fn skip_spaces(&mut self) {
         while self.at(self.pos) == Some(b' ') {
             self.pos += 1;
@@ -519,8 +546,16 @@ impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
 
     /// `{ key: value, ... }` on one line, the cursor on the `{`.
     fn flow_map(&mut self) -> Res {
+        let depth = self.depth;
+        let r = self.flow_map_body();
+        self.depth = depth;
+        r
+    }
+
+    fn flow_map_body(&mut self) -> Res {
         let start = self.pos;
         self.emit(Event::MappingStart(0, None), start, start + 1);
+        self.enter()?;
         self.pos += 1;
         self.skip_spaces();
         if self.at(self.pos) == Some(b'}') {
@@ -568,8 +603,16 @@ impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
 
     /// `[ item, ... ]` on one line, the cursor on the `[`.
     fn flow_seq(&mut self) -> Res {
+        let depth = self.depth;
+        let r = self.flow_seq_body();
+        self.depth = depth;
+        r
+    }
+
+    fn flow_seq_body(&mut self) -> Res {
         let start = self.pos;
         self.emit(Event::SequenceStart(0, None), start, start + 1);
+        self.enter()?;
         self.pos += 1;
         self.skip_spaces();
         if self.at(self.pos) == Some(b']') {
@@ -602,6 +645,13 @@ impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
     /// A block sequence whose first `-` is at the cursor, at column `indent`; `indentless` when
     /// it is the value of a mapping entry at the same column.
     fn block_seq(&mut self, indent: usize, indentless: bool) -> Res {
+        let depth = self.depth;
+        let r = self.block_seq_body(indent, indentless);
+        self.depth = depth;
+        r
+    }
+
+    fn block_seq_body(&mut self, indent: usize, indentless: bool) -> Res {
         let mut start = self.pos;
         if indentless {
             // The full parser starts an indentless sequence at its first item's content.
@@ -614,6 +664,7 @@ impl<'t, S: Sink<'t>> Fast<'t, '_, S> {
             }
         }
         self.emit(Event::SequenceStart(0, None), start, start);
+        self.enter()?;
         loop {
             // The cursor is on a `-`.
             self.pos += 1;

@@ -3,8 +3,10 @@
 //! that deserializes typed specs.
 //!
 //! Both see exactly what [`Node::to_json`] would produce: integers as integers (non-negative ones
-//! as unsigned), finite floats as floats, non-finite floats as `null`, mappings with their keys.
-//! Deserialization errors read as `serde_json::from_value`'s do.
+//! as unsigned), finite floats as floats, non-finite floats as `null`, mappings with their keys;
+//! except that for a schema's `type: integer`, a float is not an integer unless it is past the
+//! range of `i64` (YAML's `64.0` is a float, which an integer field's deserialization refuses).
+//! Deserialization errors read as `serde_json::from_value`'s do, and know where they happened.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -14,6 +16,7 @@ use jsonschema::json::{Array, Json, JsonNumber, Node as JNode, NodeIdentity, Obj
 use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, Unexpected, Visitor};
 use serde_json::Value as J;
 
+use crate::path::{FieldPath, Seg};
 use crate::source::{FileId, Span};
 use crate::yaml::{Entry, Node, Style, Value};
 
@@ -92,7 +95,19 @@ impl JsonNumber for Number {
     fn is_written_as_integer(&self) -> bool {
         matches!(self, Number::Int(_))
     }
+    /// YAML's integers (`64`, not `64.0` or `1e2`, which the typed deserialization of an
+    /// integer field refuses), and integers too large for `i64`: every float that large is
+    /// a whole number, and the range checks of integer fields then report it.
+    fn is_integer(&self) -> bool {
+        match *self {
+            Number::Int(_) => true,
+            Number::Float(f) => f.abs() >= TWO_POW_63,
+        }
+    }
 }
+
+/// 2^63: the floats at or above it in magnitude are past `i64`.
+const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
 
 fn number(node: &Node) -> Option<Number> {
     match node.value {
@@ -213,13 +228,55 @@ impl<'a> Array<'a, YamlJson> for &'a [Node] {
     }
 }
 
-/// A deserialization error, displayed as `serde_json`'s.
+/// A deserialization error, displayed as `serde_json`'s, with where it happened: the node
+/// that failed (or the nearest one that holds it), and its path from the node deserialized.
 #[derive(Debug)]
-pub struct Error(String);
+pub struct Error {
+    msg: String,
+    span: Option<Span>,
+    /// The path, innermost step first (built while the error travels up).
+    rev_path: Vec<Seg>,
+}
+
+impl Error {
+    /// The span of the node that failed, when known.
+    pub fn span(&self) -> Option<Span> {
+        self.span
+    }
+
+    /// The path of that node from the node deserialized (`rules[0].priority`).
+    pub fn path(&self) -> FieldPath {
+        FieldPath(self.rev_path.iter().rev().cloned().collect())
+    }
+
+    /// The message, as `serde_json` writes it.
+    pub fn message(&self) -> &str {
+        &self.msg
+    }
+
+    /// Locates an error of `node` (or of something in it) that does not know its node yet.
+    fn at(self, node: &Node) -> Self {
+        self.at_span(node.span)
+    }
+
+    fn at_span(mut self, span: Span) -> Self {
+        if self.span.is_none() {
+            self.span = Some(span);
+        }
+        self
+    }
+
+    /// The error of a child reached by `seg` (written at `span`), seen from its parent.
+    fn within(mut self, seg: Seg, span: Span) -> Self {
+        self = self.at_span(span);
+        self.rev_path.push(seg);
+        self
+    }
+}
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.msg)
     }
 }
 
@@ -227,13 +284,17 @@ impl std::error::Error for Error {}
 
 impl de::Error for Error {
     fn custom<T: fmt::Display>(msg: T) -> Self {
-        Error(msg.to_string())
+        Error {
+            msg: msg.to_string(),
+            span: None,
+            rev_path: Vec::new(),
+        }
     }
 }
 
 /// Deserializes `T` from a node, as `serde_json::from_value(node.to_json())` would.
 pub fn from_node<'de, T: de::Deserialize<'de>>(node: &'de Node) -> Result<T, Error> {
-    T::deserialize(node)
+    T::deserialize(node).map_err(|e| e.at(node))
 }
 
 fn unexpected(node: &Node) -> Unexpected<'_> {
@@ -251,12 +312,12 @@ fn unexpected(node: &Node) -> Unexpected<'_> {
 }
 
 fn invalid_type(node: &Node, exp: &dyn de::Expected) -> Error {
-    de::Error::invalid_type(unexpected(node), exp)
+    <Error as de::Error>::invalid_type(unexpected(node), exp).at(node)
 }
 
 fn visit_seq<'de, V: Visitor<'de>>(items: &'de [Node], visitor: V) -> Result<V::Value, Error> {
     let len = items.len();
-    let mut seq = Seq(items.iter());
+    let mut seq = Seq(items.iter().enumerate());
     let out = visitor.visit_seq(&mut seq)?;
     if seq.0.len() == 0 {
         Ok(out)
@@ -462,7 +523,7 @@ impl<'de> Deserializer<'de> for &'de Node {
     }
 }
 
-struct Seq<'de>(std::slice::Iter<'de, Node>);
+struct Seq<'de>(std::iter::Enumerate<std::slice::Iter<'de, Node>>);
 
 impl<'de> de::SeqAccess<'de> for Seq<'de> {
     type Error = Error;
@@ -472,7 +533,10 @@ impl<'de> de::SeqAccess<'de> for Seq<'de> {
         seed: T,
     ) -> Result<Option<T::Value>, Error> {
         match self.0.next() {
-            Some(n) => seed.deserialize(n).map(Some),
+            Some((i, n)) => seed
+                .deserialize(n)
+                .map(Some)
+                .map_err(|e| e.within(Seg::Index(i), n.span)),
             None => Ok(None),
         }
     }
@@ -484,7 +548,7 @@ impl<'de> de::SeqAccess<'de> for Seq<'de> {
 
 struct Map<'de> {
     iter: std::slice::Iter<'de, Entry>,
-    value: Option<&'de Node>,
+    value: Option<&'de Entry>,
 }
 
 impl<'de> de::MapAccess<'de> for Map<'de> {
@@ -496,8 +560,10 @@ impl<'de> de::MapAccess<'de> for Map<'de> {
     ) -> Result<Option<K::Value>, Error> {
         match self.iter.next() {
             Some(e) => {
-                self.value = Some(&e.value);
-                seed.deserialize(BorrowedStr(&e.key)).map(Some)
+                self.value = Some(e);
+                seed.deserialize(BorrowedStr(&e.key))
+                    .map(Some)
+                    .map_err(|err| err.within(Seg::Key(e.key.to_string().into()), e.key_span))
             }
             None => Ok(None),
         }
@@ -505,7 +571,9 @@ impl<'de> de::MapAccess<'de> for Map<'de> {
 
     fn next_value_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<T::Value, Error> {
         match self.value.take() {
-            Some(v) => seed.deserialize(v),
+            Some(e) => seed
+                .deserialize(&e.value)
+                .map_err(|err| err.within(Seg::Key(e.key.to_string().into()), e.value.span)),
             None => Err(de::Error::custom("value is missing")),
         }
     }

@@ -1,0 +1,118 @@
+//! Values a field cannot hold (out of its type's range, not finite, not whole) are reported at
+//! the field, in the user's terms. Accept changed snapshots with `INSTA_UPDATE=always`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+/// Every diagnostic of a compilation of `text`, plain.
+fn lint(text: &str) -> String {
+    let (sources, c) = kinf_lang::compile_str("v.yaml", text);
+    c.diagnostics
+        .iter()
+        .map(|d| d.render_plain(&sources))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+const CLUSTER: &str = r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: { name: w, namespace: inference }
+spec: { endpoints: ["10.0.0.1:8000"], models: [{ name: m }] }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: { name: pool, namespace: inference }
+spec: { destinations: [{ kind: InferenceWorkerSet, name: w }] }
+"#;
+
+fn provider(max_concurrency: &str) -> String {
+    format!(
+        "---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceProvider\nmetadata: {{ name: cloud, namespace: inference }}\nspec:\n  type: OpenAI\n  url: https://api.example.com\n  credentials: {{ secretRef: {{ name: key }} }}\n  models: [{{ name: m, providerModel: m }}]\n  maxConcurrency: {max_concurrency}\n"
+    )
+}
+
+fn policy(spec: &str) -> String {
+    format!(
+        "---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: {{ name: p, namespace: inference }}\nspec:\n{spec}"
+    )
+}
+
+#[test]
+fn the_bundle_without_bad_values_is_clean() {
+    let text = format!(
+        "{CLUSTER}{}{}",
+        provider("64"),
+        policy(
+            "  priority: -5\n  rules:\n  - name: r\n    matches: [ { promptTokens: { greaterThan: 1e3 } } ]\n  limits:\n  - { name: l, tokensPerMinute: 9223372036854775807 }\n"
+        )
+    );
+    assert_eq!(lint(&text), "");
+}
+
+#[test]
+fn integers_out_of_their_range_are_reported_at_the_field() {
+    let text = format!(
+        "{CLUSTER}{}{}{}",
+        provider("4294967296"),
+        policy("  priority: 2147483648\n  rules: [ { name: r } ]\n"),
+        policy("  priority: -2147483649\n  rules: [ { name: r } ]\n  limits:\n  - { name: l, tokensPerMinute: 99999999999999999999 }\n")
+            .replace("name: p,", "name: q,"),
+    );
+    insta::assert_snapshot!("integers_out_of_range", lint(&text));
+}
+
+#[test]
+fn fractions_for_integers_are_reported_at_the_field() {
+    let text = format!(
+        "{CLUSTER}{}{}",
+        provider("64.0"),
+        policy("  priority: 1e3\n  rules: [ { name: r } ]\n")
+    );
+    insta::assert_snapshot!("fractions_for_integers", lint(&text));
+}
+
+#[test]
+fn numbers_that_are_not_finite_are_reported_as_such() {
+    let text = format!(
+        "{CLUSTER}{}",
+        policy(
+            "  rules:\n  - name: a\n    matches: [ { promptTokens: { greaterThan: .inf } } ]\n  - name: b\n    matches: [ { promptTokens: { greaterThan: .nan } } ]\n  - name: c\n    matches: [ { promptTokens: { lessThan: -1e400 } } ]\n"
+        )
+    );
+    insta::assert_snapshot!("not_finite", lint(&text));
+}
+
+#[test]
+fn a_spec_that_does_not_deserialize_says_where() {
+    // Below the schema: the typed deserialization, which the schema's bounds now keep from
+    // failing in a compilation. Its errors know the failing node and its path.
+    let mut sources = kinf_lang::Sources::new();
+    let id = sources.add(
+        "v.yaml",
+        "rules: [ { name: r } ]\nlimits:\n- { name: l, tokensPerMinute: 1.5 }\npriority: 2147483648\n",
+    );
+    let mut diags = Vec::new();
+    let docs = kinf_lang::yaml::parse_documents(id, sources.get(id).unwrap(), &mut diags);
+    let err = kinf_lang::yaml_view::from_node::<kinf_policy::InferencePolicySpec>(&docs[0].root)
+        .unwrap_err();
+    assert_eq!(err.path().to_string(), "limits[0].tokensPerMinute", "{err}");
+    let (_, line, col) = sources.locate(err.span().unwrap()).unwrap();
+    assert_eq!((line, col), (3, 31), "{err}");
+    let id = sources.add("w.yaml", "rules: [ { name: r } ]\npriority: 2147483648\n");
+    let docs = kinf_lang::yaml::parse_documents(id, sources.get(id).unwrap(), &mut diags);
+    let err = kinf_lang::yaml_view::from_node::<kinf_policy::InferencePolicySpec>(&docs[0].root)
+        .unwrap_err();
+    assert_eq!(err.path().to_string(), "priority", "{err}");
+    let (_, line, col) = sources.locate(err.span().unwrap()).unwrap();
+    assert_eq!((line, col), (2, 11), "{err}");
+}
+
+#[test]
+fn diagnostics_have_the_same_lines_whatever_the_line_endings() {
+    let text = format!(
+        "{CLUSTER}{}",
+        policy("  priority: 2147483648\n  rules:\n  - name: r\n    matches: [ { model: nope } ]\n")
+    );
+    let lf = lint(&text);
+    assert!(lf.contains("v.yaml:15:13: error[KINF0105]"), "{lf}");
+    assert_eq!(lint(&text.replace('\n', "\r\n")), lf);
+    assert_eq!(lint(&text.replace('\n', "\r")), lf);
+}
