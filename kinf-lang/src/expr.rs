@@ -97,6 +97,21 @@ pub(crate) fn check(
             ck.push(d);
         }
     }
+    let mut out_of_domain = false;
+    for m in literals_out_of_domain(&expr) {
+        out_of_domain = true;
+        let mut d = Diagnostic::new(m.code, m.message)
+            .with_path(path.clone())
+            .with_help_opt(m.help)
+            .with_resource_opt(label.clone());
+        if let Some(s) = span_of(m.start, m.end) {
+            d = d.at(s, "never this value");
+        }
+        ck.push(d);
+    }
+    if out_of_domain {
+        return None;
+    }
     match kinf_grammar::typecheck_owned(expr, env) {
         Ok(t) => Some(t),
         Err(errors) => {
@@ -130,6 +145,129 @@ fn endpoint_var_help(text: &str, e: &kinf_grammar::TypeError, env: &Env) -> Opti
     (is_endpoint_var && env.lookup_var(name).is_none()).then(|| {
         format!("`{name}` describes a candidate endpoint, not the request: test it in an exclude filter's `drop` instead")
     })
+}
+
+/// The values a string variable can take, when they are a closed set.
+fn string_domain(var: &str) -> Option<&'static [&'static str]> {
+    match var {
+        "qos" => Some(&["interactive", "batch", "deferrable"]),
+        "backend" => Some(&["Local", "Provider"]),
+        _ => None,
+    }
+}
+
+/// The range a number variable takes: `(min, max, what it is)`.
+fn number_domain(var: &str) -> Option<(f64, f64, &'static str)> {
+    match var {
+        "kvCacheUsage" => Some((
+            0.0,
+            1.0,
+            "a fraction from 0 to 1 (write `0.9` or `90%` for 90 %)",
+        )),
+        "promptTokens" | "maxTokens" | "messages" | "cachedPromptTokens" => {
+            Some((0.0, f64::INFINITY, "a count, never negative"))
+        }
+        "queuedPrompts" | "runningPrompts" => {
+            Some((0.0, f64::INFINITY, "an average count, never negative"))
+        }
+        _ => None,
+    }
+}
+
+/// A literal compared with a variable that never takes its value.
+struct OutOfDomain {
+    code: Code,
+    message: String,
+    help: Option<String>,
+    start: usize,
+    end: usize,
+}
+
+/// Literals compared with a variable (`==`, `!=`, `<`, …, `in`, `not in`, either side) that the
+/// variable never takes: `qos == "Batch"`, `backend == "local"`, `kvCacheUsage > 1.5`,
+/// `promptTokens < 0`. Such a comparison is always true or always false, so it is an error in
+/// the policy, as the structured forms of the same tests are.
+fn literals_out_of_domain(expr: &kinf_grammar::Expr) -> Vec<OutOfDomain> {
+    use kinf_grammar::expr::{ExprKind, Literal};
+    let mut out = Vec::new();
+    let mut stack = vec![expr];
+    while let Some(e) = stack.pop() {
+        match &e.kind {
+            ExprKind::Compare { lhs, rhs, .. } => {
+                let pair = match (&lhs.kind, &rhs.kind) {
+                    (ExprKind::Var(v), _) => Some((v, &**rhs)),
+                    (_, ExprKind::Var(v)) => Some((v, &**lhs)),
+                    _ => None,
+                };
+                if let Some((var, other)) = pair {
+                    let literals: Vec<&kinf_grammar::Expr> = match &other.kind {
+                        ExprKind::List(items) => items.iter().collect(),
+                        _ => vec![other],
+                    };
+                    for lit in literals {
+                        let (start, end) = (lit.span.start, lit.span.end);
+                        match &lit.kind {
+                            ExprKind::Literal(Literal::Str(s)) => {
+                                if let Some(domain) = string_domain(var)
+                                    && !domain.contains(&s.as_str())
+                                {
+                                    out.push(OutOfDomain {
+                                        code: Code::UnknownEnumValue,
+                                        message: format!(
+                                            "`{var}` is never \"{s}\": it is one of {}",
+                                            domain
+                                                .iter()
+                                                .map(|d| format!("\"{d}\""))
+                                                .collect::<Vec<_>>()
+                                                .join(", ")
+                                        ),
+                                        help: Some(crate::suggest::help_for(
+                                            s,
+                                            domain.iter().copied(),
+                                            "values",
+                                        )),
+                                        start,
+                                        end,
+                                    });
+                                }
+                            }
+                            ExprKind::Literal(Literal::Int(_) | Literal::Float(_)) => {
+                                let value = match &lit.kind {
+                                    ExprKind::Literal(Literal::Int(i)) => *i as f64,
+                                    ExprKind::Literal(Literal::Float(f)) => *f,
+                                    _ => continue,
+                                };
+                                if let Some((min, max, what)) = number_domain(var)
+                                    && !(min..=max).contains(&value)
+                                {
+                                    out.push(OutOfDomain {
+                                        code: Code::OutOfRange,
+                                        message: format!(
+                                            "`{var}` is {what}: compared with {value} the test \
+                                             never changes"
+                                        ),
+                                        help: None,
+                                        start,
+                                        end,
+                                    });
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                stack.push(lhs);
+                stack.push(rhs);
+            }
+            ExprKind::Call { args, .. } => stack.extend(args.iter()),
+            ExprKind::List(items) => stack.extend(items.iter()),
+            ExprKind::Not(inner) => stack.push(inner),
+            ExprKind::Logical { operands, .. } => stack.extend(operands.iter()),
+            ExprKind::Literal(_) | ExprKind::Var(_) => {}
+        }
+    }
+    out.sort_by_key(|m| m.start);
+    out
 }
 
 /// String literals passed to `tag(...)`, with their spans (for the unknown-tag warning).

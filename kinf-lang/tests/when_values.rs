@@ -1,0 +1,69 @@
+//! `when:` conditions that compare a variable with a value it never takes (`qos == "Batch"`,
+//! `backend == "local"`, `kvCacheUsage > 1.5`, `promptTokens < 0`) are always true or always
+//! false: they are reported as the structured forms of the same tests are (KINF0103, KINF0105),
+//! at the literal. Accept changed snapshots with `INSTA_UPDATE=always`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+fn lint(text: &str) -> String {
+    let (sources, c) = kinf_lang::compile_str("w.yaml", text);
+    c.diagnostics
+        .iter()
+        .map(|d| d.render_plain(&sources))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+const CLUSTER: &str = r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: { name: w, namespace: inference }
+spec: { endpoints: ["10.0.0.1:8000"], models: [{ name: m }] }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: { name: pool, namespace: inference }
+spec: { destinations: [{ kind: InferenceWorkerSet, name: w }] }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: { name: p, namespace: inference }
+spec:
+  rules:
+"#;
+
+/// A rule matching `request` and dropping candidates by `candidate`.
+fn rule(request: &str, candidate: &str) -> String {
+    format!(
+        "{CLUSTER}  - name: r\n    matches: [ {{ when: '{request}' }} ]\n    route:\n      exclude:\n      - name: f\n        drop: {{ when: '{candidate}' }}\n      select: [ {{ type: Local, minimize: PredictedTTFT }} ]\n"
+    )
+}
+
+#[test]
+fn values_the_variables_take_are_clean() {
+    for (request, candidate) in [
+        (r#"qos == "batch""#, r#"backend == "Provider""#),
+        (
+            r#"qos in ["interactive", "deferrable"]"#,
+            "kvCacheUsage > 0.9",
+        ),
+        ("promptTokens >= 0 && messages > 2", "kvCacheUsage >= 90%"),
+        (
+            r#""batch" != qos"#,
+            "queuedPrompts > 0 || 1 >= kvCacheUsage",
+        ),
+    ] {
+        assert_eq!(
+            lint(&rule(request, candidate)),
+            "",
+            "{request} / {candidate}"
+        );
+    }
+}
+
+#[test]
+fn values_the_variables_never_take_are_reported() {
+    let text = rule(
+        r#"qos == "Batch" || qos in ["interactive", "bulk"] || promptTokens < -1"#,
+        r#"backend == "local" || kvCacheUsage > 1.5 || 90 < kvCacheUsage"#,
+    );
+    insta::assert_snapshot!("never_taken", lint(&text));
+}
