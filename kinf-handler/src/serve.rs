@@ -161,23 +161,29 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             local
         }
     };
+    // Set once the shutdown delay is over: the gRPC listener stops accepting then, as the HTTP
+    // one does, and its open streams (Envoy's ext_proc exchanges) may finish.
+    let (stopping, stop) = tokio::sync::watch::channel(false);
+    let mut grpc_task = None;
     let grpc_addr = match opts.grpc_listen {
         Some(a) => {
             let l = tokio::net::TcpListener::bind(a).await?;
             let addr = l.local_addr()?;
             let gw = gw.clone();
             let tls = grpc_tls.clone();
-            tokio::spawn(async move {
+            let shutdown = async move {
+                let mut stop = stop;
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            grpc_task = Some(tokio::spawn(async move {
                 let served = match tls {
-                    Some(tls) => {
-                        crate::grpc::tls::serve_grpc_tls(gw, l, tls, std::future::pending()).await
-                    }
-                    None => crate::grpc::serve_grpc(gw, l).await,
+                    Some(tls) => crate::grpc::tls::serve_grpc_tls(gw, l, tls, shutdown).await,
+                    None => crate::grpc::serve_grpc_with_shutdown(gw, l, shutdown).await,
                 };
                 if let Err(e) = served {
                     tracing::error!(error = %e, "gRPC listener failed");
                 }
-            });
+            }));
             Some(addr.to_string())
         }
         None => None,
@@ -228,8 +234,17 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             tracing::info!(delay = ?opts.shutdown_delay, "draining: /readyz answers 503, still accepting");
             tokio::time::sleep(opts.shutdown_delay).await;
         }
+        let _ = stopping.send(true);
     };
     let result = crate::listen::serve_http(listener, app, limits, http_tls, drain).await;
+    // The gRPC listener drains meanwhile; its open streams get the same grace as HTTP's.
+    if let Some(task) = grpc_task
+        && tokio::time::timeout(crate::listen::SHUTDOWN_GRACE, task)
+            .await
+            .is_err()
+    {
+        tracing::warn!("gRPC streams still open after the shutdown grace period");
+    }
     watcher.abort();
     result
 }

@@ -148,6 +148,13 @@ fn report(id: &str, completion_tokens: u64) -> ReportRequest {
 #[tokio::test]
 async fn decide_spends_the_token_budget_and_a_report_settles_it() {
     let svc = HandlerService::new(gateway("grpc-tokens"), Arc::new(Pending::default()));
+    // Decisions nothing can serve give their whole estimate back: ten of them (each would
+    // reserve about 50 of the 200 tokens) leave the budget whole.
+    for _ in 0..10 {
+        let (status, code, _) =
+            refused(run(&svc, decide("acme", body("no-such-model", false))).await);
+        assert_eq!((status, code.as_str()), (404, "model_not_found"));
+    }
     // Each decision reserves its prompt plus 40 tokens out of 200.
     let mut ids = Vec::new();
     let refusal = loop {

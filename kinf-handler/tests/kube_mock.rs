@@ -1519,3 +1519,38 @@ async fn a_pod_change_rewrites_only_the_status_that_changed() {
     );
     assert_eq!(writer.await.unwrap(), 1, "one object's status changed");
 }
+
+/// A bundle made for pods that change back before it is applied: the loop saw the pods equal
+/// to what was in force and published nothing, and the apply then put the bundle's pods in
+/// force. The apply wakes the loop, which then publishes the pods of now.
+#[tokio::test]
+async fn pods_that_change_back_while_a_bundle_is_applied_publish_again() {
+    use kinf_handler::kube::ContentKey;
+    let (client, _handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    let gw = Gateway::new(GatewayOptions::default());
+    load(&c, policy(1, "if"));
+    apply(&c, &gw);
+    let vllm1 = || pod("vllm-1", "vllm", Some("10.0.0.2"), true, Some(8000));
+    // A pod joins; its bundle is made...
+    c.update_store(|s| s.apply_pod_event(Event::Apply(vllm1())));
+    let published = c.content_key();
+    let bundle = c.snapshot_bundle();
+    // ...the pod leaves before it is applied: nothing to publish yet.
+    c.update_store(|s| s.apply_pod_event(Event::Delete(vllm1())));
+    let mut changes = c.subscribe_changes();
+    changes.borrow_and_update();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    c.after_apply(&gw, &bundle, &outcome, &diags);
+    assert!(changes.has_changed().unwrap(), "the apply loop is woken");
+    assert!(ContentKey::needs_publish(
+        Some(&published),
+        &c.content_key()
+    ));
+    // An apply whose pods are the pods of now wakes nothing.
+    apply(&c, &gw);
+    let mut changes = c.subscribe_changes();
+    changes.borrow_and_update();
+    apply(&c, &gw);
+    assert!(!changes.has_changed().unwrap());
+}

@@ -8,6 +8,8 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use kinf_handler::grpc::handler_v1::handler_client::HandlerClient;
+use kinf_handler::grpc::handler_v1::{DecideRequest, decide_response};
 use serde_json::json;
 use support::*;
 
@@ -23,10 +25,13 @@ async fn sigterm_drains_readiness_first_then_stops_accepting() {
             "127.0.0.1:0",
             "--admin-listen",
             "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
             "--shutdown-delay",
             "2s",
         ],
     );
+    let grpc = format!("http://{}", server.ports["grpc"].as_str().unwrap());
     let listen: SocketAddr = server.ports["listen"].as_str().unwrap().parse().unwrap();
     let admin: SocketAddr = server.ports["admin"].as_str().unwrap().parse().unwrap();
     let chat = json!({"model": "tiny-llama", "max_tokens": 4,
@@ -55,9 +60,23 @@ async fn sigterm_drains_readiness_first_then_stops_accepting() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(draining, "/readyz still 200 after SIGTERM");
-    // Still served while draining.
+    // Still served while draining, over HTTP and gRPC.
     let (s, _, v) = post_json(listen, "/v1/chat/completions", &chat, &[]).await;
     assert_eq!(s, 200, "{v}");
+    let mut c = HandlerClient::connect(grpc.clone()).await.unwrap();
+    let r = c
+        .decide(DecideRequest {
+            path: "/v1/chat/completions".into(),
+            headers: vec![],
+            body: chat.to_string().into_bytes(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        matches!(r.outcome, Some(decide_response::Outcome::Route(_))),
+        "{r:?}"
+    );
     assert!(
         signalled.elapsed() < Duration::from_secs(2),
         "the request came after the delay; the test proves nothing"
@@ -79,4 +98,5 @@ async fn sigterm_drains_readiness_first_then_stops_accepting() {
         "exited before the delay"
     );
     assert!(std::net::TcpStream::connect(listen).is_err());
+    assert!(HandlerClient::connect(grpc).await.is_err());
 }

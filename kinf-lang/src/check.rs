@@ -1525,7 +1525,6 @@ impl<'a> Checker<'a> {
     }
 }
 
-/// Appends one part of a condition's text, after ` and ` when it is not the first.
 /// The longest rule or limit name.
 pub const MAX_NAME_LEN: usize = 253;
 
@@ -1553,6 +1552,7 @@ pub fn valid_name(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Appends one part of a condition's text, after ` and ` when it is not the first.
 fn join_part(text: &mut String, part: std::fmt::Arguments<'_>) {
     use std::fmt::Write as _;
     if !text.is_empty() {

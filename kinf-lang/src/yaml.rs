@@ -5,7 +5,7 @@
 //!
 //! Two limits keep hostile input (the gateway compiles objects users submit) from exhausting
 //! the stack or memory: collections nest at most [`MAX_DEPTH`] levels, and the aliases of one
-//! document repeat at most [`MAX_ALIAS_NODES`] values in all. Both are reported as KINF0001 at
+//! file repeat at most [`MAX_ALIAS_NODES`] values in all. Both are reported as KINF0001 at
 //! the collection or alias that crosses them, and end the reading of the file.
 
 use std::borrow::Cow;
@@ -24,7 +24,7 @@ use crate::source::{FileId, SourceFile, Span};
 /// aliases build. (Policies use fewer than 10.)
 pub const MAX_DEPTH: usize = 128;
 
-/// The most values (scalars and collections) that the aliases of one document may repeat, in
+/// The most values (scalars and collections) that the aliases of one file may repeat, in
 /// all: each alias counts the values of the node it repeats, expanded aliases included. Keeps a
 /// small file of nested aliases (a "billion laughs") from expanding exponentially.
 pub const MAX_ALIAS_NODES: usize = 100_000;
@@ -503,6 +503,15 @@ impl<'a> Builder<'a> {
     fn alias(&mut self, id: usize, start: usize, end: usize) -> bool {
         let span = self.span(start, end);
         let Some(a) = self.anchors.get(&id) else {
+            // The parser knows the anchor: it belongs to an earlier document.
+            self.diags.push(
+                Diagnostic::error(
+                    Code::YamlSyntax,
+                    "this alias names an anchor of an earlier document",
+                )
+                .at(span, "not an anchor of this document")
+                .with_help("anchors (`&name`) hold only within their document (after `---`)"),
+            );
             self.nodes += 1;
             let node = Node {
                 value: Value::Null,
@@ -520,9 +529,7 @@ impl<'a> Builder<'a> {
             self.diags.push(
                 Diagnostic::error(
                     Code::YamlSyntax,
-                    format!(
-                        "the aliases of this document repeat more than {MAX_ALIAS_NODES} values"
-                    ),
+                    format!("the aliases of this file repeat more than {MAX_ALIAS_NODES} values"),
                 )
                 .at(
                     span,
@@ -593,8 +600,10 @@ impl<'a> Builder<'a> {
     fn push(&mut self, node: Node, height: usize) {
         match self.stack.last_mut() {
             None => {
-                // A document ends: the next one has its own alias budget.
-                self.alias_nodes = 0;
+                // A document ends. Its anchors end with it (YAML's anchors are per document);
+                // the alias budget is the file's, so that many small bombs in one file cannot
+                // add up to one large one.
+                self.anchors.clear();
                 if !matches!(node.value, Value::Null) {
                     let index = self.docs.len();
                     self.docs.push(Document {

@@ -157,10 +157,10 @@ fn an_alias_bomb_is_reported_at_its_alias_quickly() {
 }
 
 #[test]
-fn the_alias_budget_is_per_document() {
-    // Each document's aliases repeat 11,220 values, 112,200 in all: every one is read.
-    let mut text = String::new();
-    for d in 0..10 {
+fn the_alias_budget_is_the_files_and_anchors_are_the_documents() {
+    // Each document's aliases repeat 11,220 values, 112,200 in all: many small bombs in one
+    // file must not add up to a large one.
+    let doc = |d: usize, text: &mut String| {
         text.push_str(&format!(
             "---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: {{ name: p{d}, namespace: inference }}\nspec: {{}}\n"
         ));
@@ -169,7 +169,28 @@ fn the_alias_budget_is_per_document() {
             let items = vec![format!("*a{}", i - 1); 10].join(", ");
             text.push_str(&format!("x{i}: &a{i} [{items}]\n"));
         }
+    };
+    let mut text = String::new();
+    for d in 0..8 {
+        doc(d, &mut text);
+    }
+    let out = lint("docs.yaml", text.clone());
+    assert!(!out.contains("KINF0001"), "89,760 values are read: {out}");
+    for d in 8..10 {
+        doc(d, &mut text);
     }
     let out = lint("docs.yaml", text);
-    assert!(!out.contains("KINF0001"), "{out}");
+    assert!(
+        out.contains("error[KINF0001]: the aliases of this file repeat more than 100000 values"),
+        "{out}"
+    );
+    // An anchor of one document is unknown in the next (YAML's anchors are per document).
+    let text = format!("{HEAD}spec: {{}}\nx: &a [1]\n---\n{HEAD}spec: {{}}\ny: *a\n");
+    let out = lint("anchors.yaml", text);
+    assert!(
+        out.contains(
+            "anchors.yaml:11:4: error[KINF0001]: this alias names an anchor of an earlier document"
+        ),
+        "{out}"
+    );
 }

@@ -505,6 +505,26 @@ spec: {{ destinations: [{{ kind: InferenceWorkerSet, name: w }}] }}
     }
 
     #[test]
+    fn a_size_taken_from_events_is_that_endpoints_report_and_dead_reports_do_not_hold_back() {
+        let p = policy("", r#""a:1", "b:1""#);
+        let mut st = ClusterState::from_policy(&p, 32);
+        let ws = st
+            .worker_sets
+            .get_mut("default/w")
+            .unwrap_or_else(|| panic!());
+        ws.apply_kv_events("a:1", &[stored(16, 16)]);
+        assert_eq!(ws.block_size, 16);
+        // `b` alone reports 32: `a`'s events said 16, so the set does not switch (it did, and
+        // wiped `a`'s index).
+        assert!(!ws.observe_block_size("b:1", 32));
+        assert_eq!(ws.block_size, 16);
+        // `a` is gone (not ready): its old report no longer holds the set back.
+        ws.set_ready(0, false);
+        assert!(ws.observe_block_size("b:1", 32));
+        assert_eq!(ws.block_size, 32);
+    }
+
+    #[test]
     fn one_absurd_or_missing_sample_does_not_corrupt_the_window() {
         let mut w = LoadWindow::default();
         let at = |i: u64, queued: f64, kv: f64| LoadSample {
@@ -1015,10 +1035,14 @@ impl WorkerSetState {
             self.block_size_adopted = true;
             return false;
         }
+        // Every endpoint that reports a size, and is ready and fresh, must agree before the set
+        // switches: a dead or stale endpoint's old report does not hold a new size back.
         if self.block_size_adopted
             && !self.endpoints.iter().all(|e| {
-                e.reported_block_size
-                    .is_none_or(|b| b as usize == block_size)
+                !e.ready
+                    || e.stale
+                    || e.reported_block_size
+                        .is_none_or(|b| b as usize == block_size)
             })
         {
             return false;
@@ -1083,6 +1107,14 @@ impl WorkerSetState {
                 _ => None,
             })
         {
+            // What the endpoint's own events say is its report too, so that a later scrape of
+            // another endpoint alone cannot switch the set away from it.
+            if let Some(ep) = self
+                .position(address)
+                .and_then(|i| self.endpoints.get_mut(i))
+            {
+                ep.reported_block_size = u32::try_from(bs).ok();
+            }
             if bs == self.block_size {
                 self.block_size_adopted = true;
             } else {

@@ -762,7 +762,6 @@ fn body_timeout(limit: std::time::Duration) -> ApiError {
     closing(e)
 }
 
-/// The 429 for a tenant at its limit of concurrent streams.
 /// The tenant's stream slot for a streamed request of an identified tenant (given back when
 /// dropped); 429 `too_many_streams` when its front door's `maxConcurrentStreamsPerTenant` are
 /// all in flight. `None` for other requests.
@@ -829,6 +828,7 @@ pub async fn reserve(
     }
 }
 
+/// The 429 for a tenant at its limit of concurrent streams.
 fn too_many_streams(tenant: &str, max: u32) -> ApiError {
     let mut e = ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
@@ -1053,7 +1053,7 @@ async fn admit_and_forward(
                             api,
                             chosen,
                             resp,
-                            started,
+                            (started, admitted.parsed.stream),
                             pending.reservation.take(),
                         ),
                         stream_slot,
@@ -1137,7 +1137,7 @@ fn respond_provider(
     api: Api,
     chosen: Chosen,
     resp: crate::providers::ProviderResponse,
-    started: Instant,
+    (started, streamed): (Instant, bool),
     reservation: Option<crate::tenants::Reservation>,
 ) -> Response {
     let crate::providers::ProviderResponse {
@@ -1166,7 +1166,11 @@ fn respond_provider(
                 client_gone: o.client_gone,
             };
             report(&gw2, api, &chosen, &obs);
-            settle_reservation(reservation, &chosen, &obs);
+            // Without usage, a stream is charged the tokens seen; a whole answer's output was
+            // not counted, so its estimate stays charged (the reservation is dropped).
+            if obs.usage.is_some() || streamed {
+                settle_reservation(reservation, &chosen, &obs);
+            }
         }
     });
     builder.body(Body::from_stream(body)).unwrap_or_else(|e| {

@@ -80,6 +80,22 @@ pub use proto::kinference::handler::v1 as handler_v1;
 /// [`decode_limit`].
 pub fn services(gw: Arc<Gateway>) -> tonic::service::Routes {
     let pending = Arc::new(pending::Pending::default());
+    // Decisions never reported hold their tenant's stream slots and concurrency until they
+    // expire: let them go on time even when no other `Decide` comes (while the services
+    // live).
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let weak = Arc::downgrade(&pending);
+        rt.spawn(async move {
+            let mut every = tokio::time::interval(PENDING_EXPIRY_INTERVAL);
+            loop {
+                every.tick().await;
+                match weak.upgrade() {
+                    Some(p) => p.expire(),
+                    None => break,
+                }
+            }
+        });
+    }
     let handler = handler::HandlerService::new(gw.clone(), pending);
     let ext = ext_proc::ExtProcService::new(gw.clone());
     tonic::service::Routes::new(DecodeLimited {
@@ -91,6 +107,9 @@ pub fn services(gw: Arc<Gateway>) -> tonic::service::Routes {
         gw,
     })
 }
+
+/// How often expired pending decisions are dropped.
+pub const PENDING_EXPIRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Headroom over the largest body for a message's other fields (path, headers).
 pub const DECODE_HEADROOM: usize = 1 << 20;

@@ -332,6 +332,12 @@ impl Controller {
         changed
     }
 
+    /// A receiver told of every change of the store, and whenever the apply loop must look
+    /// again (what the loop itself waits on).
+    pub fn subscribe_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
     /// Reads the store.
     pub fn with_store<R>(&self, f: impl FnOnce(&ClusterStore) -> R) -> R {
         f(&self.store.lock())
@@ -466,6 +472,15 @@ impl Controller {
         outcome: &ApplyOutcome,
         diags: &[Diagnostic],
     ) {
+        // The pods may have changed while this bundle was on its way, back to what the policy
+        // in force had before: the apply loop then saw nothing to publish. Wake it to compare
+        // the selection with what was just compiled.
+        let key = self.content_key();
+        if let (Some(selected), Some(compiled)) = (key.in_force, key.compiled_with)
+            && selected != compiled
+        {
+            self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
         // This one and every older one (skipped for a newer bundle) are done.
         let objects = {
             let mut snaps = self.snapshots.lock();

@@ -859,13 +859,15 @@ async fn forward_to(
         }
         Ok(Err(e)) => {
             guard.verdict = Verdict::Failure;
-            let what = if e.is_connect() {
-                "is unreachable"
+            // Not connected: the provider never had the request. Failed later (the connection
+            // dropped after the request was written): it may have, and started generating.
+            let (kind, what) = if e.is_connect() {
+                (ProviderErrorKind::Connect, "is unreachable")
             } else {
-                "failed"
+                (ProviderErrorKind::Protocol, "failed")
             };
             return Err(ProviderError::new(
-                ProviderErrorKind::Connect,
+                kind,
                 StatusCode::BAD_GATEWAY,
                 "provider_unreachable",
                 scrub(&format!("provider `{key}` {what}: {e}"), &creds),
