@@ -15,7 +15,10 @@ if [[ -z "${CARGO_TARGET_DIR:-}" ]]; then
     _kinf_seed="$(ls -dt "$_kinf_cache"/target-* "$_kinf_cache"/target 2>/dev/null | head -n 1 || true)"
     if [[ -n "$_kinf_seed" && -d "$_kinf_seed" ]]; then
       echo "build directory: $CARGO_TARGET_DIR (dependencies copied from $_kinf_seed)"
-      cp -a --reflink=auto "$_kinf_seed" "$CARGO_TARGET_DIR.tmp"
+      # Without the incremental-compilation caches: they serve only the workspace's own
+      # crates, which the copy rebuilds anyway, and they are most of a directory's size.
+      mkdir -p "$CARGO_TARGET_DIR.tmp"
+      tar -C "$_kinf_seed" --exclude='./*/incremental' -cf - . | tar -C "$CARGO_TARGET_DIR.tmp" -xf -
       rm -rf "$CARGO_TARGET_DIR.tmp"/*/.fingerprint/kinf-* "$CARGO_TARGET_DIR.tmp"/*/.fingerprint/kinfctl-*
       mv "$CARGO_TARGET_DIR.tmp" "$CARGO_TARGET_DIR"
     fi
