@@ -762,6 +762,44 @@ fn body_timeout(limit: std::time::Duration) -> ApiError {
     closing(e)
 }
 
+/// What [`limit_and_plan`] decided, with what the request holds until it is over.
+#[derive(Debug)]
+pub struct Planned {
+    /// The route.
+    pub chosen: Chosen,
+    /// The token reservation, to settle with [`settle_reservation`].
+    pub reservation: Option<crate::tenants::Reservation>,
+    /// The tenant's stream slot (a streamed request), given back when dropped.
+    pub stream_slot: Option<super::streams::StreamSlot>,
+}
+
+/// The tenant's limits, then the decision, for callers that forward the request themselves
+/// (gRPC `Decide` and ext_proc): the stream slot ([`acquire_stream`]), the token reservation
+/// ([`reserve`]), then [`plan`]. When nothing can serve the request, its whole estimate goes
+/// back.
+pub async fn limit_and_plan(
+    gw: &Gateway,
+    rt: &super::runtime::Runtime,
+    headers: &HeaderMap,
+    admitted: &mut Admitted,
+) -> Result<Planned, ApiError> {
+    let stream_slot = acquire_stream(gw, rt, headers, admitted)?;
+    let reservation = reserve(admitted).await?;
+    match plan(gw, admitted) {
+        Ok(chosen) => Ok(Planned {
+            chosen,
+            reservation,
+            stream_slot,
+        }),
+        Err(e) => {
+            if let Some(r) = reservation {
+                r.complete(&TokenUsage::default());
+            }
+            Err(e)
+        }
+    }
+}
+
 /// The tenant's stream slot for a streamed request of an identified tenant (given back when
 /// dropped); 429 `too_many_streams` when its front door's `maxConcurrentStreamsPerTenant` are
 /// all in flight. `None` for other requests.

@@ -566,18 +566,11 @@ impl Exchange {
         let headers = request_headers(self.headers.iter().map(|(k, v)| (k.as_str(), &v[..])))?;
         let mut admitted = forward::admit_async(&self.gw, &rt, api, &headers, body.into()).await?;
         who.admitted(&admitted);
-        let stream_slot = forward::acquire_stream(&self.gw, &rt, &headers, &admitted)?;
-        let reservation = forward::reserve(&mut admitted).await?;
-        let chosen = match forward::plan(&self.gw, &admitted) {
-            Ok(c) => c,
-            Err(e) => {
-                // Nothing will serve it: the whole estimate goes back.
-                if let Some(r) = reservation {
-                    r.complete(&kinf_router::usage::TokenUsage::default());
-                }
-                return Err(e);
-            }
-        };
+        let forward::Planned {
+            chosen,
+            reservation,
+            stream_slot,
+        } = forward::limit_and_plan(&self.gw, &rt, &headers, &mut admitted).await?;
         who.routed(&chosen);
         let strip = admitted.inject_usage && self.sees_response_body();
         if admitted.inject_usage && !strip {

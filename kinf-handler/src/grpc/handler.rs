@@ -77,18 +77,11 @@ impl HandlerService {
         // Decisions never reported hold their tenant's stream slots and concurrency until they
         // expire: let the expired ones go before this one counts them.
         self.pending.expire();
-        let stream_slot = forward::acquire_stream(&self.gw, &rt, &headers, &admitted)?;
-        let reservation = forward::reserve(&mut admitted).await?;
-        let chosen = match forward::plan(&self.gw, &admitted) {
-            Ok(c) => c,
-            Err(e) => {
-                // Nothing will serve it: the whole estimate goes back.
-                if let Some(r) = reservation {
-                    r.complete(&TokenUsage::default());
-                }
-                return Err(e);
-            }
-        };
+        let forward::Planned {
+            chosen,
+            reservation,
+            stream_slot,
+        } = forward::limit_and_plan(&self.gw, &rt, &headers, &mut admitted).await?;
         who.routed(&chosen);
         let body = forward::upstream_body(&admitted, &chosen);
         count_request(&self.gw, api, 200, "routed", who);
