@@ -147,11 +147,17 @@ fn endpoint_var_help(text: &str, e: &kinf_grammar::TypeError, env: &Env) -> Opti
     })
 }
 
-/// The values a string variable can take, when they are a closed set.
-fn string_domain(var: &str) -> Option<&'static [&'static str]> {
+/// The values a string variable can take, when they are a closed set (the spellings of the
+/// resources' own enums).
+fn string_domain(var: &str) -> Option<Vec<&'static str>> {
     match var {
-        "qos" => Some(&["interactive", "batch", "deferrable"]),
-        "backend" => Some(&["Local", "Provider"]),
+        "qos" => Some(kinf_policy::Qos::ALL.iter().map(|q| q.as_str()).collect()),
+        "backend" => Some(
+            kinf_policy::BackendType::ALL
+                .iter()
+                .map(|b| b.as_str())
+                .collect(),
+        ),
         _ => None,
     }
 }

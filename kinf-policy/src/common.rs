@@ -13,6 +13,9 @@ pub enum BackendType {
 }
 
 impl BackendType {
+    /// Every backend type.
+    pub const ALL: [BackendType; 2] = [BackendType::Local, BackendType::Provider];
+
     /// The YAML spelling.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -130,6 +130,9 @@ pub enum Qos {
 }
 
 impl Qos {
+    /// Every class.
+    pub const ALL: [Qos; 3] = [Qos::Interactive, Qos::Batch, Qos::Deferrable];
+
     /// The YAML and header spelling.
     pub fn as_str(self) -> &'static str {
         match self {
