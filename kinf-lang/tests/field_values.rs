@@ -2,26 +2,15 @@
 //! the field, in the user's terms. Accept changed snapshots with `INSTA_UPDATE=always`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[macro_use]
+mod support;
+
 /// Every diagnostic of a compilation of `text`, plain.
 fn lint(text: &str) -> String {
-    let (sources, c) = kinf_lang::compile_str("v.yaml", text);
-    c.diagnostics
-        .iter()
-        .map(|d| d.render_plain(&sources))
-        .collect::<Vec<_>>()
-        .join("\n")
+    support::lint("v.yaml", text)
 }
 
-const CLUSTER: &str = r#"apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: { name: w, namespace: inference }
-spec: { endpoints: ["10.0.0.1:8000"], models: [{ name: m }] }
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: { name: pool, namespace: inference }
-spec: { destinations: [{ kind: InferenceWorkerSet, name: w }] }
-"#;
+const CLUSTER: &str = cluster!();
 
 fn provider(max_concurrency: &str) -> String {
     format!(

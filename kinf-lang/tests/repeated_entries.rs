@@ -3,13 +3,11 @@
 //! `INSTA_UPDATE=always`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[macro_use]
+mod support;
+
 fn lint(text: &str) -> String {
-    let (sources, c) = kinf_lang::compile_str("r.yaml", text);
-    c.diagnostics
-        .iter()
-        .map(|d| d.render_plain(&sources))
-        .collect::<Vec<_>>()
-        .join("\n")
+    support::lint("r.yaml", text)
 }
 
 const BUNDLE: &str = r#"apiVersion: kinference.buoyant.io/v1alpha1

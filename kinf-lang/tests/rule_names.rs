@@ -3,30 +3,14 @@
 //! `INSTA_UPDATE=always`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[macro_use]
+mod support;
+
 fn lint(text: &str) -> String {
-    let (sources, c) = kinf_lang::compile_str("n.yaml", text);
-    c.diagnostics
-        .iter()
-        .map(|d| d.render_plain(&sources))
-        .collect::<Vec<_>>()
-        .join("\n")
+    support::lint("n.yaml", text)
 }
 
-const CLUSTER: &str = r#"apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: { name: w, namespace: inference }
-spec: { endpoints: ["10.0.0.1:8000"], models: [{ name: m }] }
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: { name: pool, namespace: inference }
-spec: { destinations: [{ kind: InferenceWorkerSet, name: w }] }
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePolicy
-metadata: { name: p, namespace: inference }
-spec:
-"#;
+const CLUSTER: &str = concat!(cluster!(), policy_head!());
 
 #[test]
 fn printable_names_are_clean() {
