@@ -840,6 +840,17 @@ async fn forward_to(
     let timeout = p.info.timeout;
     let deadline = tokio::time::Instant::now() + timeout;
     let req = build_http_request(&p, &creds, &url, req_body, stream)?;
+    // The provider answered something that cannot be used (read failed, unreadable, an error
+    // before any token): its failure, and the next provider may take the request.
+    let failed = |message: String| {
+        ProviderError::new(
+            ProviderErrorKind::Protocol,
+            StatusCode::BAD_GATEWAY,
+            "provider_error",
+            scrub(&message, &creds),
+            true,
+        )
+    };
     let timed_out = |what: &str| {
         ProviderError::new(
             ProviderErrorKind::Timeout,
@@ -961,16 +972,9 @@ async fn forward_to(
             }
             Ok(Err(e)) => {
                 guard.verdict = Verdict::Failure;
-                return Err(ProviderError::new(
-                    ProviderErrorKind::Protocol,
-                    StatusCode::BAD_GATEWAY,
-                    "provider_error",
-                    scrub(
-                        &format!("provider `{key}`: reading the response failed: {e}"),
-                        &creds,
-                    ),
-                    true,
-                ));
+                return Err(failed(format!(
+                    "provider `{key}`: reading the response failed: {e}"
+                )));
             }
             Ok(Ok(b)) => b,
         };
@@ -983,13 +987,9 @@ async fn forward_to(
                 .and_then(|v| translate::parse_provider_response(protocol, &v));
             let Some(r) = parsed else {
                 guard.verdict = Verdict::Failure;
-                return Err(ProviderError::new(
-                    ProviderErrorKind::Protocol,
-                    StatusCode::BAD_GATEWAY,
-                    "provider_error",
-                    format!("provider `{key}` sent a response that could not be read"),
-                    true,
-                ));
+                return Err(failed(format!(
+                    "provider `{key}` sent a response that could not be read"
+                )));
             };
             guard.usage = r.usage_reported.then_some(r.usage);
             Bytes::from(translate::client_response(client_api, &r, model).to_string())
@@ -1018,23 +1018,13 @@ async fn forward_to(
         Ok(Some(Ok(c))) => c,
         Ok(Some(Err(e))) => {
             guard.verdict = Verdict::Failure;
-            return Err(ProviderError::new(
-                ProviderErrorKind::Protocol,
-                StatusCode::BAD_GATEWAY,
-                "provider_error",
-                scrub(&format!("provider `{key}` stream failed: {e}"), &creds),
-                true,
-            ));
+            return Err(failed(format!("provider `{key}` stream failed: {e}")));
         }
         Ok(None) => {
             guard.verdict = Verdict::Failure;
-            return Err(ProviderError::new(
-                ProviderErrorKind::Protocol,
-                StatusCode::BAD_GATEWAY,
-                "provider_error",
-                format!("provider `{key}` ended the stream before sending anything"),
-                true,
-            ));
+            return Err(failed(format!(
+                "provider `{key}` ended the stream before sending anything"
+            )));
         }
     };
     // An error event before any token (Anthropic's `overloaded_error`, a Bedrock throttling
@@ -1042,16 +1032,9 @@ async fn forward_to(
     // still take the request.
     if let Some(why) = error_before_tokens(passthrough, protocol, client_api, &first) {
         guard.verdict = Verdict::Failure;
-        return Err(ProviderError::new(
-            ProviderErrorKind::Protocol,
-            StatusCode::BAD_GATEWAY,
-            "provider_error",
-            scrub(
-                &format!("provider `{key}` reported an error before any token: {why}"),
-                &creds,
-            ),
-            true,
-        ));
+        return Err(failed(format!(
+            "provider `{key}` reported an error before any token: {why}"
+        )));
     }
     headers.insert(
         header::CONTENT_TYPE,
