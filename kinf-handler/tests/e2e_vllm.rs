@@ -47,7 +47,7 @@ impl Drop for Vllm {
 
 fn start_vllm(venv: &str, model: &std::path::Path, log: &std::path::Path) -> Vllm {
     use std::os::unix::process::CommandExt;
-    let (http, kv, replay) = (free_port(), free_port(), free_port());
+    let (http, kv, replay) = (spare_port(), spare_port(), spare_port());
     let out = std::fs::File::create(log).unwrap();
     let child = Command::new(root().join("scripts/vllm-cpu/serve.sh"))
         .arg(model)
@@ -117,10 +117,27 @@ async fn routes_on_live_kv_events_from_real_vllm() {
         .status()
         .unwrap();
     assert!(ok.success());
-    let a = start_vllm(&venv, &model, &work.join("vllm-a.log"));
-    let b = start_vllm(&venv, &model, &work.join("vllm-b.log"));
+    let logs = [work.join("vllm-a.log"), work.join("vllm-b.log")];
+    let mut servers = logs.clone().map(|log| start_vllm(&venv, &model, &log));
+    let mut restarts = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-    while !(healthy(a.http).await && healthy(b.http).await) {
+    while !(healthy(servers[0].http).await && healthy(servers[1].http).await) {
+        // A server that exited will never become healthy: restart it on new ports if one of its
+        // ports was taken between choosing and binding it, and fail now otherwise.
+        for (server, log) in servers.iter_mut().zip(&logs) {
+            if server.child.try_wait().unwrap().is_none() {
+                continue;
+            }
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            assert!(
+                text.contains("Address already in use") && restarts < 3,
+                "vLLM exited during start-up; logs in {}",
+                work.display()
+            );
+            restarts += 1;
+            std::fs::rename(log, log.with_extension(format!("{restarts}.log"))).unwrap();
+            *server = start_vllm(&venv, &model, log);
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
             "vLLM did not start; logs in {}",
@@ -128,6 +145,7 @@ async fn routes_on_live_kv_events_from_real_vllm() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let [a, b] = servers;
 
     let tok_dir = root().join("testdata/tokenizers/tiny-llama");
     let config = format!(

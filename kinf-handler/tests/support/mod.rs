@@ -125,6 +125,29 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A TCP port that is free on every interface and lies below the kernel's ephemeral range, for
+/// servers that bind late (real vLLM binds its KV-event sockets seconds after start). A port from
+/// [`free_port`] is an ephemeral one, and the kernel may hand it to any process's outgoing or
+/// port-0 socket meanwhile (vLLM opens many); ports below the range are only taken by explicit
+/// binds.
+pub fn spare_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (from, to) = (10_000u16, low.max(10_001));
+    for _ in 0..1000 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let port = from + (h.finish() % u64::from(to - from)) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {from}..{to}");
+}
+
 /// Whether `bin` is an executable file in a directory of `PATH`.
 pub fn on_path(bin: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
