@@ -2,7 +2,8 @@
 //! `maxConcurrentStreamsPerTenant` refuse a `Decide` (429 `Reject` with the rate-limit headers)
 //! and an ext_proc exchange (429 `ImmediateResponse`). A decision holds its reservation until
 //! its `Report` (settled with the reported usage), or until it expires; one that nothing can
-//! serve gives it back at once.
+//! serve gives it back at once. Routed requests carry the tenant's `x-ratelimit-*` headers for the
+//! client, in `Route.response_headers` and in ext_proc's response-header mutation.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 mod support;
@@ -332,4 +333,101 @@ async fn ext_proc_refuses_a_tenant_over_its_concurrency_until_the_response_ends(
     let mut third = Exchange::open(&url).await;
     let r = third.request("solo").await;
     assert!(matches!(r.response, Some(Resp::RequestBody(_))), "{r:?}");
+}
+
+/// The `x-ratelimit-*` headers of a response's mutation (name, value).
+fn rate_limit_headers(r: &ProcessingResponse) -> Vec<(String, String)> {
+    let Some(Resp::ResponseHeaders(h)) = &r.response else {
+        panic!("expected a response_headers answer, got {r:?}");
+    };
+    h.response
+        .iter()
+        .flat_map(|c| c.header_mutation.iter())
+        .flat_map(|m| m.set_headers.iter())
+        .filter_map(|o| o.header.as_ref())
+        .filter(|h| h.key.starts_with("x-ratelimit-"))
+        .map(|h| {
+            (
+                h.key.clone(),
+                String::from_utf8(h.raw_value.clone()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+#[tokio::test]
+async fn a_route_carries_the_tenants_rate_limit_headers_for_the_client() {
+    let svc = HandlerService::new(gateway("grpc-ok-headers"), Arc::new(Pending::default()));
+    let route = |tenant: &'static str| {
+        let svc = &svc;
+        async move {
+            match svc
+                .decide_request(decide(tenant, body("tiny-llama", false)))
+                .await
+                .outcome
+            {
+                Some(decide_response::Outcome::Route(r)) => r
+                    .response_headers
+                    .into_iter()
+                    .map(|h| (h.name, h.value))
+                    .collect::<Vec<_>>(),
+                o => panic!("expected a route, got {o:?}"),
+            }
+        }
+    };
+    let first = route("acme").await;
+    let second = route("acme").await;
+    assert_eq!(header(&first, "x-ratelimit-limit-tokens"), Some("200"));
+    assert!(
+        header(&first, "x-ratelimit-reset-tokens").is_some(),
+        "{first:?}"
+    );
+    let remaining = |h: &[(String, String)]| -> u64 {
+        header(h, "x-ratelimit-remaining-tokens")
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    // Each decision reserves its estimate: what remains falls.
+    assert!(
+        remaining(&second) < remaining(&first),
+        "{first:?} {second:?}"
+    );
+    assert!(remaining(&first) < 200, "{first:?}");
+    // No token or request limit applies to these tenants: no headers.
+    assert_eq!(route("globex").await, Vec::new());
+    assert_eq!(route("solo").await, Vec::new());
+}
+
+#[tokio::test]
+async fn ext_proc_adds_the_tenants_rate_limit_headers_to_the_response() {
+    let gw = gateway("extproc-ok-headers");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(kinf_handler::grpc::serve_grpc(gw, listener));
+
+    let mut acme = Exchange::open(&url).await;
+    let r = acme.request("acme").await;
+    assert!(matches!(r.response, Some(Resp::RequestBody(_))), "{r:?}");
+    let headers = rate_limit_headers(&acme.send(response_headers_end()).await);
+    assert_eq!(header(&headers, "x-ratelimit-limit-tokens"), Some("200"));
+    let remaining: u64 = header(&headers, "x-ratelimit-remaining-tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(remaining < 200, "{headers:?}");
+
+    let mut solo = Exchange::open(&url).await;
+    solo.request("solo").await;
+    assert_eq!(
+        rate_limit_headers(&solo.send(response_headers_end()).await),
+        Vec::new()
+    );
 }

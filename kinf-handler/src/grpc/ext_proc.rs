@@ -610,6 +610,15 @@ impl Exchange {
     }
 
     fn on_response_headers(&mut self, h: &HttpHeaders) -> Vec<ProcessingResponse> {
+        // The tenant's `x-ratelimit-*` headers, as the HTTP gateway adds them to every response
+        // (before a response without a body settles the reservation).
+        let set_headers: Vec<_> = self
+            .routed
+            .iter()
+            .flat_map(|r| r.reservation.iter())
+            .flat_map(|r| r.headers().pairs())
+            .map(|(n, v)| set_header(n, v.as_bytes()))
+            .collect();
         self.response_headers_seen = true;
         self.response_ended |= h.end_of_stream;
         if let Some(r) = &mut self.routed {
@@ -644,10 +653,15 @@ impl Exchange {
             .routed
             .as_ref()
             .is_some_and(|r| r.strip_usage && r.stream);
-        let response = strip.then(|| CommonResponse {
+        let remove_headers = if strip {
+            vec!["content-length".into()]
+        } else {
+            Vec::new()
+        };
+        let response = (!set_headers.is_empty() || strip).then(|| CommonResponse {
             header_mutation: Some(HeaderMutation {
-                set_headers: Vec::new(),
-                remove_headers: vec!["content-length".into()],
+                set_headers,
+                remove_headers,
             }),
             ..Default::default()
         });

@@ -85,6 +85,14 @@ impl HandlerService {
         who.routed(&chosen);
         let body = forward::upstream_body(&admitted, &chosen);
         count_request(&self.gw, api, 200, "routed", who);
+        let response_headers = reservation
+            .iter()
+            .flat_map(|r| r.headers().pairs())
+            .map(|(name, value)| Header {
+                name: name.to_owned(),
+                value,
+            })
+            .collect();
         let decision_id = self.pending.insert(PendingDecision {
             api,
             chosen: chosen.clone(),
@@ -107,6 +115,7 @@ impl HandlerService {
             decision_id,
             destination: format!("{}/{}", chosen.namespace, chosen.destination),
             usage_injected: admitted.inject_usage,
+            response_headers,
         })
     }
 
