@@ -278,7 +278,7 @@ async fn a_replica_without_the_lease_sends_no_status_until_it_wins_it() {
     let cfg = LeaseConfig::new("kinference-leader", "pod-a");
     let round = tokio::spawn({
         let cfg = cfg.clone();
-        async move { lease::round(&api, &cfg, "llm").await }
+        async move { lease::round(&api, &cfg, "llm", &mut lease::Observed::new()).await }
     });
     let (req, send) = handle.next_request().await.unwrap();
     assert_eq!(req.method(), "GET");
@@ -318,37 +318,73 @@ async fn a_replica_without_the_lease_sends_no_status_until_it_wins_it() {
     assert_eq!(writer.await.unwrap(), 5);
 }
 
-#[tokio::test]
+/// A `renewTime` as the API server writes it.
+fn micro(t: k8s_openapi::jiff::Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+/// The Lease `kinference-leader` held by `holder`, as the API server returns it.
+fn held_lease(holder: &str, renew_time: &str, resource_version: &str) -> Value {
+    json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "kinference-leader", "namespace": "llm",
+                     "resourceVersion": resource_version},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                 "renewTime": renew_time, "leaseTransitions": 2},
+    })
+}
+
+/// Answers the next request, which must be a Lease GET, with `lease`.
+async fn answer_get(handle: &mut Handle, lease: &Value) {
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.method(), "GET", "{} {}", req.method(), req.uri());
+    send.send_response(Response::new(Body::from(
+        serde_json::to_vec(lease).unwrap(),
+    )));
+}
+
+/// Another replica's Lease is taken over only once its record has not changed for the lease
+/// duration on this replica's monotonic clock — even a `renewTime` years old is not trusted
+/// at first sight (a fresh replica waits a full duration).
+#[tokio::test(start_paused = true)]
 async fn a_lease_held_by_another_replica_is_respected_until_it_expires() {
     let (client, mut handle) = mock();
     let api: Api<Lease> = Api::namespaced(client, "llm");
     let cfg = LeaseConfig::new("kinference-leader", "pod-a");
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let held = json!({
-        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": "kinference-leader", "namespace": "llm", "resourceVersion": "7"},
-        "spec": {"holderIdentity": "pod-b", "leaseDurationSeconds": 15,
-                 "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(), "leaseTransitions": 2},
-    });
-    let round = tokio::spawn({
-        let (api, cfg) = (api.clone(), cfg.clone());
-        async move { lease::round(&api, &cfg, "llm").await }
-    });
-    let (req, send) = handle.next_request().await.unwrap();
-    assert_eq!(req.method(), "GET");
-    send.send_response(Response::new(Body::from(
-        serde_json::to_vec(&held).unwrap(),
-    )));
-    assert!(!round.await.unwrap().unwrap(), "pod-b holds it");
+    let observed = Arc::new(tokio::sync::Mutex::new(lease::Observed::new()));
+    // A round that wrote would wait for an answer: bounded, so that it fails, not hangs.
+    let finished = |r: tokio::task::JoinHandle<Result<bool, kube::Error>>| async move {
+        tokio::time::timeout(Duration::from_secs(1), r)
+            .await
+            .expect("the round finished without writing")
+            .unwrap()
+            .unwrap()
+    };
+    let round = || {
+        let (api, cfg, observed) = (api.clone(), cfg.clone(), observed.clone());
+        tokio::spawn(async move {
+            let mut observed = observed.lock().await;
+            lease::round(&api, &cfg, "llm", &mut observed).await
+        })
+    };
+    let held = held_lease("pod-b", "2020-01-01T00:00:00.000000Z", "7");
+    let first_seen = tokio::time::Instant::now();
+    let r = round();
+    answer_get(&mut handle, &held).await;
+    assert!(!finished(r).await, "pod-b holds it");
+    tokio::time::sleep_until(first_seen + cfg.duration - Duration::from_millis(1)).await;
+    let r = round();
+    answer_get(&mut handle, &held).await;
+    assert!(
+        !finished(r).await,
+        "unchanged for less than the lease duration: still pod-b's"
+    );
 
-    // Expired: taken over with the resourceVersion read (a PUT), transitions counted.
-    let mut expired = held.clone();
-    expired["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z");
-    let round = tokio::spawn(async move { lease::round(&api, &cfg, "llm").await });
-    let (_, send) = handle.next_request().await.unwrap();
-    send.send_response(Response::new(Body::from(
-        serde_json::to_vec(&expired).unwrap(),
-    )));
+    // Unchanged for the lease duration: taken over with the resourceVersion read (a PUT),
+    // transitions counted.
+    tokio::time::sleep_until(first_seen + cfg.duration).await;
+    let r = round();
+    answer_get(&mut handle, &held).await;
     let (req, send) = handle.next_request().await.unwrap();
     assert_eq!(req.method(), "PUT");
     let body: Value =
@@ -358,39 +394,180 @@ async fn a_lease_held_by_another_replica_is_respected_until_it_expires() {
     assert_eq!(body["spec"]["leaseTransitions"], 3);
     // Another replica won the race: 409, not leader.
     send.send_response(api_error(409, "Conflict", "conflict"));
-    assert!(!round.await.unwrap().unwrap());
+    assert!(!finished(r).await);
+}
+
+/// A holder whose clock is 10 minutes behind (every `renewTime` long past by this replica's
+/// clock) keeps the Lease as long as it renews; once it stops, the Lease is taken over one
+/// lease duration (of local time) after the last renewal was seen.
+#[tokio::test(start_paused = true)]
+async fn a_renewing_holder_whose_clock_is_behind_keeps_the_lease() {
+    let (client, mut handle) = mock();
+    let api: Api<Lease> = Api::namespaced(client, "llm");
+    let cfg = LeaseConfig::new("kinference-leader", "pod-a");
+    let leadership = Arc::new(lease::Leadership::new(cfg.renew_deadline));
+    tokio::spawn(lease::run(
+        api,
+        cfg.clone(),
+        "llm".into(),
+        leadership.clone(),
+    ));
+    let behind =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(10);
+    let mut held = Value::Null;
+    let mut last_change = tokio::time::Instant::now();
+    // A minute of rounds, each seeing a renewal (a new renewTime and resourceVersion).
+    for i in 0..12 {
+        held = held_lease(
+            "pod-b",
+            &micro(behind + k8s_openapi::jiff::SignedDuration::from_secs(5 * i)),
+            &(100 + i).to_string(),
+        );
+        answer_get(&mut handle, &held).await;
+        last_change = tokio::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            !leadership.is_leader(),
+            "round {i}: taken over from a renewing holder"
+        );
+    }
+    // pod-b dies: the record stops changing, and is taken over after the lease duration.
+    let taken_over = loop {
+        let (req, send) = handle.next_request().await.unwrap();
+        if req.method() == "PUT" {
+            let body = req.into_body().collect_bytes().await.unwrap();
+            send.send_response(Response::new(Body::from(body)));
+            break last_change.elapsed();
+        }
+        assert_eq!(req.method(), "GET");
+        assert!(
+            last_change.elapsed() < cfg.duration + cfg.renew_every,
+            "never taken over"
+        );
+        send.send_response(Response::new(Body::from(
+            serde_json::to_vec(&held).unwrap(),
+        )));
+    };
+    assert!(
+        taken_over >= cfg.duration && taken_over < cfg.duration + cfg.renew_every,
+        "taken over {taken_over:?} after the last renewal was seen"
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(leadership.is_leader());
+}
+
+/// A dead holder whose clock was 10 minutes ahead (its last `renewTime` still in the future
+/// by this replica's clock) loses the Lease one lease duration after its record stopped
+/// changing, not when this replica's clock reaches that `renewTime`.
+#[tokio::test(start_paused = true)]
+async fn a_dead_holder_whose_clock_was_ahead_loses_the_lease_after_the_lease_duration() {
+    let (client, mut handle) = mock();
+    let api: Api<Lease> = Api::namespaced(client, "llm");
+    let cfg = LeaseConfig::new("kinference-leader", "pod-a");
+    let leadership = Arc::new(lease::Leadership::new(cfg.renew_deadline));
+    tokio::spawn(lease::run(
+        api,
+        cfg.clone(),
+        "llm".into(),
+        leadership.clone(),
+    ));
+    let ahead =
+        k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_mins(10);
+    let held = held_lease("pod-b", &micro(ahead), "7");
+    let first_seen = tokio::time::Instant::now();
+    let taken_over = loop {
+        let (req, send) = handle.next_request().await.unwrap();
+        if req.method() == "PUT" {
+            let body: Value =
+                serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+            assert_eq!(body["metadata"]["resourceVersion"], "7");
+            assert_eq!(body["spec"]["holderIdentity"], "pod-a");
+            send.send_response(Response::new(Body::from(
+                serde_json::to_vec(&body).unwrap(),
+            )));
+            break first_seen.elapsed();
+        }
+        assert_eq!(req.method(), "GET");
+        assert!(
+            first_seen.elapsed() < cfg.duration + cfg.renew_every,
+            "never taken over"
+        );
+        send.send_response(Response::new(Body::from(
+            serde_json::to_vec(&held).unwrap(),
+        )));
+    };
+    assert!(
+        taken_over >= cfg.duration && taken_over < cfg.duration + cfg.renew_every,
+        "taken over {taken_over:?} after the record was first seen"
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(leadership.is_leader());
 }
 
 #[test]
 fn lease_decisions() {
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let lease = |holder: &str, age_s: i64| -> Lease {
+    let cfg = LeaseConfig::new("l", "a");
+    let t0 = tokio::time::Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let lease = |holder: &str, renew: &str, version: &str, duration: Option<i32>| -> Lease {
         serde_json::from_value(json!({
-            "metadata": {"name": "l"},
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
-                     "renewTime": (now - k8s_openapi::jiff::SignedDuration::from_secs(age_s))
-                        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
+            "metadata": {"name": "l", "resourceVersion": version},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration,
+                     "renewTime": renew},
         }))
         .unwrap()
     };
-    assert_eq!(lease::decide(None, "a", now), Action::Create);
+    let decide = |o: &mut lease::Observed, l: &Lease, t| lease::decide(Some(l), &cfg, o, t);
+    let follow = Action::Follow { holder: "b".into() };
+    let mut o = lease::Observed::new();
+    assert_eq!(lease::decide(None, &cfg, &mut o, t0), Action::Create);
+    let old = "2000-01-01T00:00:00.000000Z";
     assert_eq!(
-        lease::decide(Some(&lease("a", 100)), "a", now),
+        decide(&mut o, &lease("a", old, "1", Some(15)), t0),
         Action::Renew
     );
+    // No holder (released): at once.
+    let mut o = lease::Observed::new();
     assert_eq!(
-        lease::decide(Some(&lease("b", 5)), "a", now),
-        Action::Follow { holder: "b".into() }
-    );
-    assert_eq!(
-        lease::decide(Some(&lease("b", 16)), "a", now),
+        decide(&mut o, &lease("", old, "1", Some(15)), t0),
         Action::TakeOver
     );
-    assert_eq!(
-        lease::decide(Some(&lease("", 1)), "a", now),
-        Action::TakeOver
-    );
-    let _ = Arc::new(());
+
+    // Another holder: expired after 15 s of no change, whatever its renewTime says.
+    let mut o = lease::Observed::new();
+    let b1 = lease("b", old, "1", Some(15));
+    assert_eq!(decide(&mut o, &b1, at(0)), follow);
+    assert_eq!(decide(&mut o, &b1, at(14)), follow);
+    assert_eq!(decide(&mut o, &b1, at(15)), Action::TakeOver);
+    // A renewal (renewTime changed) starts the count again, as does any new resourceVersion.
+    let mut o = lease::Observed::new();
+    assert_eq!(decide(&mut o, &b1, at(0)), follow);
+    let b2 = lease("b", "2000-01-01T00:00:05.000000Z", "2", Some(15));
+    assert_eq!(decide(&mut o, &b2, at(14)), follow);
+    assert_eq!(decide(&mut o, &b2, at(28)), follow);
+    let b3 = lease("b", "2000-01-01T00:00:05.000000Z", "3", Some(15));
+    assert_eq!(decide(&mut o, &b3, at(29)), follow);
+    assert_eq!(decide(&mut o, &b3, at(43)), follow);
+    assert_eq!(decide(&mut o, &b3, at(44)), Action::TakeOver);
+    // The record's leaseDurationSeconds counts; without one (or a nonsensical one), ours.
+    let mut o = lease::Observed::new();
+    let long = lease("b", old, "1", Some(30));
+    assert_eq!(decide(&mut o, &long, at(0)), follow);
+    assert_eq!(decide(&mut o, &long, at(29)), follow);
+    assert_eq!(decide(&mut o, &long, at(30)), Action::TakeOver);
+    for d in [None, Some(0), Some(-5)] {
+        let mut o = lease::Observed::new();
+        let l = lease("b", old, "1", d);
+        assert_eq!(decide(&mut o, &l, at(0)), follow);
+        assert_eq!(decide(&mut o, &l, at(14)), follow, "{d:?}");
+        assert_eq!(decide(&mut o, &l, at(15)), Action::TakeOver, "{d:?}");
+    }
+    // Deleted and created again: counted afresh.
+    let mut o = lease::Observed::new();
+    assert_eq!(decide(&mut o, &b1, at(0)), follow);
+    assert_eq!(lease::decide(None, &cfg, &mut o, at(10)), Action::Create);
+    assert_eq!(decide(&mut o, &b1, at(20)), follow);
+    assert_eq!(decide(&mut o, &b1, at(35)), Action::TakeOver);
 }
 
 #[tokio::test]
@@ -658,7 +835,12 @@ async fn a_holder_shutting_down_releases_the_lease_and_resigns() {
     // Another replica can take it over at once.
     let released: Lease = serde_json::from_value(body).unwrap();
     assert_eq!(
-        lease::decide(Some(&released), "pod-b", now),
+        lease::decide(
+            Some(&released),
+            &LeaseConfig::new("kinference-leader", "pod-b"),
+            &mut lease::Observed::new(),
+            tokio::time::Instant::now(),
+        ),
         Action::TakeOver
     );
 

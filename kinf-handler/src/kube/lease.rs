@@ -1,12 +1,21 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease: one replica writes status, all serve.
 //!
-//! Every `renew_every`, each replica reads the Lease. The holder renews it; another replica
-//! takes it over only once `renewTime + leaseDurationSeconds` has passed. Writes carry the
-//! `resourceVersion` read, so two replicas racing for an expired Lease cannot both win (the
-//! loser gets 409 Conflict). Each round has a timeout (`renew_every`), and a holder counts as
-//! the leader only for `renew_deadline` after its last successful renewal began — less than the
-//! lease duration, so a holder that cannot renew (an error, or a request that never returns)
-//! has stopped writing status before another replica may take the Lease over.
+//! Every `renew_every`, each replica reads the Lease. The holder renews it. Another replica
+//! never compares the holder's `renewTime` with its own wall clock (the two nodes' clocks may
+//! disagree by minutes); as client-go's leaderelection does, it remembers the Lease record it
+//! read (`spec` and `resourceVersion`, [`Observed`]) with the local monotonic instant at which it
+//! first read it, and takes the Lease over only once that record has stayed unchanged for
+//! `leaseDurationSeconds` of its own monotonic time. So a replica that starts, or has just seen
+//! a renewal, waits a full lease duration without change before a takeover, whatever
+//! `renewTime` says; a holder that dies without releasing the Lease is replaced `duration` to
+//! about `duration + renew_every` after another replica first read its last renewal, and a
+//! Lease with no holder (released) is taken over at once. Writes carry the `resourceVersion`
+//! read, so two replicas racing for an expired Lease cannot both win (the loser gets 409
+//! Conflict). Each round has a timeout (`renew_every`), and a holder counts as the leader only
+//! for `renew_deadline` after its last successful renewal began — less than the lease duration,
+//! which another replica starts counting no earlier than when that renewal was written, so a
+//! holder that cannot renew (an error, or a request that never returns) has stopped writing
+//! status before another replica may take the Lease over.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +27,7 @@ use ::kube::Api;
 use ::kube::api::{ObjectMeta, PostParams};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 
 /// How long after its last successful renewal began a holder still acts as the leader (the
 /// default of [`LeaseConfig::renew_deadline`]; client-go's default too).
@@ -31,7 +40,8 @@ pub struct LeaseConfig {
     pub name: String,
     /// This replica's identity (the pod name).
     pub identity: String,
-    /// How long a lease is valid without renewal.
+    /// How long a lease is valid without renewal (written as `leaseDurationSeconds`; also
+    /// used for a Lease read without one).
     pub duration: Duration,
     /// How often it is renewed (and others check it); also the timeout of one round.
     pub renew_every: Duration,
@@ -128,7 +138,8 @@ pub enum Action {
     Create,
     /// We hold it: renew.
     Renew,
-    /// Another holder let it expire (or it has none): take it over.
+    /// It has no holder, or another holder's record stayed unchanged for the lease duration:
+    /// take it over.
     TakeOver,
     /// Another replica holds it.
     Follow {
@@ -137,27 +148,70 @@ pub enum Action {
     },
 }
 
-/// Decides what to do at `now` with the Lease read (pure).
-pub fn decide(lease: Option<&Lease>, identity: &str, now: Timestamp) -> Action {
+/// The Lease record a replica last read and when it first read it, on the local monotonic
+/// clock: how a non-holder measures expiry without trusting the holder's wall clock.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// `resourceVersion` and `spec` of the record, and when it was first read.
+    seen: Option<(Option<String>, LeaseSpec, Instant)>,
+}
+
+impl Observed {
+    /// Nothing observed yet (a replica that just started).
+    pub fn new() -> Self {
+        Observed::default()
+    }
+
+    /// Records `lease` as read at `now`; returns how long the same record (`resourceVersion`
+    /// and `spec`) has been read, from when it was first read.
+    fn unchanged_for(&mut self, lease: &Lease, now: Instant) -> Duration {
+        let version = &lease.metadata.resource_version;
+        let spec = lease.spec.clone().unwrap_or_default();
+        match &self.seen {
+            Some((v, s, since)) if v == version && *s == spec => {
+                now.saturating_duration_since(*since)
+            }
+            _ => {
+                self.seen = Some((version.clone(), spec, now));
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// Forgets the record (the Lease does not exist).
+    fn forget(&mut self) {
+        self.seen = None;
+    }
+}
+
+/// Decides what to do with the Lease read at `now` (local monotonic clock), recording it in
+/// `observed`. Another holder's Lease expires once the record has been unchanged in `observed`
+/// for its `leaseDurationSeconds` (else `cfg.duration`); its `renewTime` is not consulted.
+pub fn decide(
+    lease: Option<&Lease>,
+    cfg: &LeaseConfig,
+    observed: &mut Observed,
+    now: Instant,
+) -> Action {
     let Some(lease) = lease else {
+        observed.forget();
         return Action::Create;
     };
+    let unchanged = observed.unchanged_for(lease, now);
     let spec = lease.spec.clone().unwrap_or_default();
     let holder = spec.holder_identity.unwrap_or_default();
-    if holder == identity {
+    if holder == cfg.identity {
         return Action::Renew;
     }
     if holder.is_empty() {
         return Action::TakeOver;
     }
-    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
-    let expired = match spec.renew_time.or(spec.acquire_time) {
-        Some(MicroTime(t)) => t
-            .checked_add(SignedDuration::from_secs(duration))
-            .map_or(true, |until| until < now),
-        None => true,
-    };
-    if expired {
+    let duration = spec
+        .lease_duration_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .filter(|&s| s > 0)
+        .map_or(cfg.duration, Duration::from_secs);
+    if unchanged >= duration {
         Action::TakeOver
     } else {
         Action::Follow { holder }
@@ -197,19 +251,21 @@ pub fn next_lease(
     lease
 }
 
-/// One round: read, decide, write. Returns whether we hold the lease afterwards.
+/// One round: read, decide, write. `observed` carries what this replica saw of the Lease from
+/// round to round (see [`decide`]). Returns whether we hold the lease afterwards.
 pub async fn round(
     api: &Api<Lease>,
     cfg: &LeaseConfig,
     namespace: &str,
+    observed: &mut Observed,
 ) -> Result<bool, ::kube::Error> {
     let current = api.get_opt(&cfg.name).await?;
-    let now = Timestamp::now();
-    let action = decide(current.as_ref(), &cfg.identity, now);
+    // Read after the response: the record was written no later than this instant.
+    let action = decide(current.as_ref(), cfg, observed, Instant::now());
     if let Action::Follow { .. } = action {
         return Ok(false);
     }
-    let lease = next_lease(current.as_ref(), cfg, namespace, &action, now);
+    let lease = next_lease(current.as_ref(), cfg, namespace, &action, Timestamp::now());
     let pp = PostParams {
         field_manager: Some(super::FIELD_MANAGER.to_owned()),
         ..PostParams::default()
@@ -256,12 +312,18 @@ pub async fn release(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, ::kube
 /// `renew_every`; leadership then lapses `renew_deadline` after the last successful renewal.
 pub async fn run(api: Api<Lease>, cfg: LeaseConfig, namespace: String, leader: Arc<Leadership>) {
     let mut was_leader = false;
+    let mut observed = Observed::new();
     loop {
         if leader.resigned() {
             return;
         }
         let started = Instant::now();
-        match tokio::time::timeout(cfg.renew_every, round(&api, &cfg, &namespace)).await {
+        match tokio::time::timeout(
+            cfg.renew_every,
+            round(&api, &cfg, &namespace, &mut observed),
+        )
+        .await
+        {
             Ok(Ok(true)) => {
                 if leader.renewed(started) {
                     tracing::info!(identity = %cfg.identity, lease = %cfg.name, "became the status-writing leader");
