@@ -516,3 +516,53 @@ spec:
     let (s, _, v) = post(addr, &chat("hello", 60)).await;
     assert_eq!(s, 200, "{v}");
 }
+
+/// An OpenAI-type provider with `maxTokensField: max_completion_tokens` (OpenAI's o-series and
+/// gpt-5 refuse `max_tokens`): an Anthropic client's request is translated with its limit in
+/// `max_completion_tokens`, and an OpenAI client's `max_tokens` is moved there. Before, both
+/// reached the provider as `max_tokens` (and the field was refused as unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_provider_gets_the_token_limit_in_its_configured_field() {
+    let openai = Fake::start().await;
+    let dir = temp_dir("max-tokens-field");
+    std::fs::write(dir.join("openai.token"), fake_provider::OPENAI_KEY).unwrap();
+    std::fs::write(
+        dir.join("c.yaml"),
+        format!(
+            r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {{ name: openai, namespace: t }}
+spec:
+  type: OpenAI
+  url: {url}/v1
+  credentials: {{ file: openai.token }}
+  maxTokensField: max_completion_tokens
+  models:
+  - {{ name: llama-70b, providerModel: gpt-5 }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: t }}
+spec:
+  destinations: [ {{ kind: InferenceProvider, name: openai }} ]
+"#,
+            url = openai.url,
+        ),
+    )
+    .unwrap();
+    let (_gw, addr) = gateway(&dir).await;
+
+    let (s, _, v) = post_json(addr, "/v1/messages", &chat("hello", 60), &[]).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["content"][0]["text"], "Hello world", "{v}");
+    let got = openai.last().body;
+    assert_eq!(got["model"], "gpt-5", "{got}");
+    assert_eq!(got["max_completion_tokens"], 60, "{got}");
+    assert!(got.get("max_tokens").is_none(), "{got}");
+
+    let (s, _, v) = post(addr, &chat("hello", 70)).await;
+    assert_eq!(s, 200, "{v}");
+    let got = openai.last().body;
+    assert_eq!(got["max_completion_tokens"], 70, "{got}");
+    assert!(got.get("max_tokens").is_none(), "{got}");
+}

@@ -15,7 +15,7 @@ use kinf_handler::providers::credentials::StandaloneCredentials;
 use kinf_handler::providers::health::BreakerState;
 use kinf_handler::providers::{PoolOptions, ProviderErrorKind, ProviderPool, ProviderResponse};
 use kinf_lang::compiled::{CredentialRef, ProviderInfo};
-use kinf_policy::ProviderType;
+use kinf_policy::{MaxTokensField, ProviderType};
 use kinf_router::usage::TokenUsage;
 use serde_json::{Map, Value, json};
 
@@ -56,6 +56,7 @@ fn info(fake: &Fake, protocol: ProviderType, timeout: Duration, max: Option<u32>
         max_concurrency: max,
         expected_ttft: Duration::from_millis(500),
         credentials: Some(CredentialRef::File(creds)),
+        max_tokens_field: None,
     }
 }
 
@@ -219,6 +220,129 @@ async fn every_protocol_pair_plain_and_streamed() {
         snap.iter()
             .all(|(_, s)| s.ready && s.in_flight == 0 && s.ttft_s.is_some())
     );
+}
+
+/// `spec.maxTokensField` of an OpenAI-type provider: a request translated to OpenAI's shape
+/// carries its output token limit in that field (`max_tokens` when unset), and an OpenAI chat
+/// client's request has its limit moved there when it is set (passed through as sent when
+/// unset). The legacy completions API has only `max_tokens`.
+#[tokio::test]
+async fn the_token_limit_goes_in_the_field_the_provider_takes() {
+    use MaxTokensField::{MaxCompletionTokens, MaxTokens};
+    let fake = Fake::start().await;
+    let t = Duration::from_secs(5);
+    let with = |field| ProviderInfo {
+        max_tokens_field: field,
+        ..info(&fake, ProviderType::OpenAI, t, None)
+    };
+    let pool = pool_of(
+        vec![
+            ("unset", with(None)),
+            ("plain", with(Some(MaxTokens))),
+            ("completion", with(Some(MaxCompletionTokens))),
+        ],
+        PoolOptions::default(),
+    );
+    // Provider, client API, the client's limit fields, the fields the provider received.
+    let cases = [
+        (
+            "unset",
+            Api::Messages,
+            json!({"max_tokens": 50}),
+            json!({"max_tokens": 50}),
+        ),
+        (
+            "plain",
+            Api::Messages,
+            json!({"max_tokens": 50}),
+            json!({"max_tokens": 50}),
+        ),
+        (
+            "completion",
+            Api::Messages,
+            json!({"max_tokens": 50}),
+            json!({"max_completion_tokens": 50}),
+        ),
+        (
+            "unset",
+            Api::Chat,
+            json!({"max_tokens": 50}),
+            json!({"max_tokens": 50}),
+        ),
+        (
+            "unset",
+            Api::Chat,
+            json!({"max_completion_tokens": 40}),
+            json!({"max_completion_tokens": 40}),
+        ),
+        (
+            "completion",
+            Api::Chat,
+            json!({"max_tokens": 50}),
+            json!({"max_completion_tokens": 50}),
+        ),
+        (
+            "completion",
+            Api::Chat,
+            json!({"max_completion_tokens": 40}),
+            json!({"max_completion_tokens": 40}),
+        ),
+        // Both: the limit the gateway admitted the request with (`max_completion_tokens`).
+        (
+            "completion",
+            Api::Chat,
+            json!({"max_tokens": 50, "max_completion_tokens": 40}),
+            json!({"max_completion_tokens": 40}),
+        ),
+        (
+            "plain",
+            Api::Chat,
+            json!({"max_tokens": 50, "max_completion_tokens": 40}),
+            json!({"max_tokens": 40}),
+        ),
+        (
+            "plain",
+            Api::Chat,
+            json!({"max_completion_tokens": 40}),
+            json!({"max_tokens": 40}),
+        ),
+        ("completion", Api::Chat, json!({}), json!({})),
+        (
+            "completion",
+            Api::Completions,
+            json!({"max_tokens": 50}),
+            json!({"max_tokens": 50}),
+        ),
+    ];
+    for stream in [false, true] {
+        for (provider, api, sent, want) in &cases {
+            let ctx = format!("{api:?} {sent} -> {provider} stream={stream}");
+            let mut body = client_body(*api, stream, false);
+            body.remove("max_tokens");
+            body.extend(sent.as_object().unwrap().clone());
+            let r = pool
+                .forward(
+                    &format!("ns/{provider}"),
+                    *api,
+                    body,
+                    "gpt-5",
+                    stream,
+                    false,
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            let (out, _) = read_all(r).await;
+            assert_eq!(text_of(*api, &out, stream), "Hello world", "{ctx}: {out}");
+            let got = fake.last().body;
+            for field in ["max_tokens", "max_completion_tokens"] {
+                assert_eq!(
+                    got.get(field),
+                    want.get(field),
+                    "{ctx}: `{field}` received: {got}"
+                );
+            }
+        }
+    }
 }
 
 #[tokio::test]

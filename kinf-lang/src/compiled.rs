@@ -197,6 +197,8 @@ pub struct ProviderInfo {
     pub expected_ttft: Duration,
     /// Where credentials come from (never the secret itself).
     pub credentials: Option<CredentialRef>,
+    /// `spec.maxTokensField`: the field of the output token limit in OpenAI-shaped requests.
+    pub max_tokens_field: Option<kinf_policy::MaxTokensField>,
 }
 
 /// A reference to credentials (never the secret value).

@@ -364,6 +364,7 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                 max_concurrency: s.max_concurrency,
                 expected_ttft,
                 credentials,
+                max_tokens_field: s.max_tokens_field,
             }),
             cost: cost(s.cost.as_ref()),
             source: source_ref(ck, doc),

@@ -65,6 +65,36 @@ pub struct InferenceProviderSpec {
     /// Expected time to first token until observed values exist. Default `1s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_ttft: Option<DurationString>,
+    /// The request field that carries the output token limit when Kinference writes it in
+    /// OpenAI shape (`OpenAI` type only): `max_tokens` or `max_completion_tokens` (which
+    /// OpenAI's o-series and gpt-5 models require). Absent: `max_tokens` in translated requests,
+    /// and OpenAI clients' requests passed through as sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_field: Option<MaxTokensField>,
+}
+
+/// The request field of an OpenAI-compatible API that carries the output token limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum MaxTokensField {
+    /// `max_tokens`: the field every OpenAI-compatible server knew first (some older ones know
+    /// only it).
+    #[default]
+    #[serde(rename = "max_tokens")]
+    MaxTokens,
+    /// `max_completion_tokens`: what OpenAI's reasoning models (o-series, gpt-5) require;
+    /// they refuse `max_tokens`.
+    #[serde(rename = "max_completion_tokens")]
+    MaxCompletionTokens,
+}
+
+impl MaxTokensField {
+    /// The field name, as sent to the provider and written in YAML.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MaxTokensField::MaxTokens => "max_tokens",
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+        }
+    }
 }
 
 /// Wire protocol of a provider.
@@ -101,4 +131,103 @@ pub struct Credentials {
     /// A file readable by the Kinference process (standalone mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn spec(max_tokens_field: Option<&str>) -> Result<InferenceProviderSpec, serde_json::Error> {
+        let mut v = serde_json::json!({
+            "type": "OpenAI",
+            "url": "https://api.openai.com/v1",
+            "models": [{"name": "gpt", "providerModel": "gpt-5"}],
+        });
+        if let Some(f) = max_tokens_field {
+            v["maxTokensField"] = f.into();
+        }
+        serde_json::from_value(v)
+    }
+
+    #[test]
+    fn max_tokens_field_takes_the_two_openai_field_names() {
+        assert_eq!(spec(None).unwrap().max_tokens_field, None);
+        assert_eq!(MaxTokensField::default(), MaxTokensField::MaxTokens);
+        for f in [
+            MaxTokensField::MaxTokens,
+            MaxTokensField::MaxCompletionTokens,
+        ] {
+            let s = spec(Some(f.as_str())).unwrap();
+            assert_eq!(s.max_tokens_field, Some(f));
+            // Written back as read.
+            let v = serde_json::to_value(&s).unwrap();
+            assert_eq!(v["maxTokensField"], f.as_str());
+        }
+        // Unset is not written.
+        let v = serde_json::to_value(spec(None).unwrap()).unwrap();
+        assert!(v.get("maxTokensField").is_none(), "{v}");
+    }
+
+    #[test]
+    fn a_bad_max_tokens_field_is_refused_listing_the_allowed_values() {
+        for bad in [
+            "max_completion_token",
+            "maxTokens",
+            "MaxCompletionTokens",
+            "",
+        ] {
+            let e = spec(Some(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("`{bad}`"))
+                    && e.contains("`max_tokens`")
+                    && e.contains("`max_completion_tokens`"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    /// The values a schema allows: its `enum` and `const` values, nested ones included (the
+    /// JSON Schema writes an optional documented enum as `anyOf` of `oneOf` of `const`s).
+    fn allowed(schema: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
+        match schema {
+            serde_json::Value::Object(m) => {
+                out.extend(m.get("const").cloned());
+                out.extend(
+                    m.get("enum")
+                        .and_then(|e| e.as_array())
+                        .into_iter()
+                        .flatten()
+                        .cloned(),
+                );
+                for (k, v) in m {
+                    if k != "const" && k != "enum" {
+                        allowed(v, out);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| allowed(v, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn schema_and_crd_enumerate_max_tokens_field() {
+        let want = vec![
+            serde_json::json!("max_tokens"),
+            serde_json::json!("max_completion_tokens"),
+        ];
+        let schema = crate::schema::json_schema(crate::ResourceKind::InferenceProvider);
+        let field = &schema["properties"]["spec"]["properties"]["maxTokensField"];
+        let mut values = Vec::new();
+        allowed(field, &mut values);
+        assert_eq!(values, want, "{field}");
+        let crd = serde_json::to_value(crate::schema::crd(crate::ResourceKind::InferenceProvider))
+            .unwrap();
+        let field = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["maxTokensField"];
+        let mut values = Vec::new();
+        allowed(field, &mut values);
+        assert_eq!(values, want, "{field}");
+    }
 }

@@ -626,6 +626,13 @@ fn provider_request(
     let (path, body) = match (p.info.protocol, client_api) {
         (ProviderType::OpenAI, Api::Chat | Api::Completions) => {
             body.insert("model".into(), model.into());
+            // Only when configured: unset, the client's choice of field passes through. (The
+            // legacy completions API has only `max_tokens`.)
+            if let Some(field) = p.info.max_tokens_field
+                && client_api == Api::Chat
+            {
+                translate::set_max_tokens_field(&mut body, field);
+            }
             if stream {
                 let opts = body
                     .entry("stream_options")
@@ -655,7 +662,12 @@ fn provider_request(
             let prefix = if has_path { "" } else { "/v1" };
             (
                 format!("{prefix}/chat/completions"),
-                translate::to_openai(&r, model, stream),
+                translate::to_openai(
+                    &r,
+                    model,
+                    stream,
+                    p.info.max_tokens_field.unwrap_or_default(),
+                ),
             )
         }
         (ProviderType::Anthropic, _) => {

@@ -2,6 +2,7 @@
 //! canonical form: system text, text messages, sampling limits; a response's text, finish
 //! reason and usage.
 
+use kinf_policy::MaxTokensField;
 use kinf_router::usage::TokenUsage;
 use serde_json::{Map, Value, json};
 
@@ -293,8 +294,14 @@ pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, 
     Ok(r)
 }
 
-/// The OpenAI chat request body for `r`.
-pub fn to_openai(r: &ChatRequest, model: &str, stream: bool) -> Map<String, Value> {
+/// The OpenAI chat request body for `r`, its output token limit under `max_tokens_field` (the
+/// provider's `spec.maxTokensField`).
+pub fn to_openai(
+    r: &ChatRequest,
+    model: &str,
+    stream: bool,
+    max_tokens_field: MaxTokensField,
+) -> Map<String, Value> {
     let mut messages: Vec<Value> = r
         .system
         .iter()
@@ -309,7 +316,7 @@ pub fn to_openai(r: &ChatRequest, model: &str, stream: bool) -> Map<String, Valu
     b.insert("model".into(), model.into());
     b.insert("messages".into(), Value::Array(messages));
     if let Some(n) = r.max_tokens {
-        b.insert("max_tokens".into(), n.into());
+        b.insert(max_tokens_field.as_str().into(), n.into());
     }
     if let Some(t) = r.temperature {
         b.insert("temperature".into(), t.into());
@@ -325,6 +332,33 @@ pub fn to_openai(r: &ChatRequest, model: &str, stream: bool) -> Map<String, Valu
         b.insert("stream_options".into(), json!({"include_usage": true}));
     }
     b
+}
+
+/// Puts the output token limit of an OpenAI chat request `body` (passed through from an OpenAI
+/// client) under `field`, the one its provider takes, and removes the other field (a provider
+/// that requires one refuses the other). The limit is read as the gateway reads it for
+/// admission: `max_completion_tokens` when set, else `max_tokens`. A body that sets neither
+/// (absent or `null`) is left as it is.
+pub fn set_max_tokens_field(body: &mut Map<String, Value>, field: MaxTokensField) {
+    let set = |v: &Option<Value>| v.as_ref().filter(|v| !v.is_null()).cloned();
+    let completion = body.remove(MaxTokensField::MaxCompletionTokens.as_str());
+    let plain = body.remove(MaxTokensField::MaxTokens.as_str());
+    match set(&completion).or_else(|| set(&plain)) {
+        Some(limit) => {
+            body.insert(field.as_str().into(), limit);
+        }
+        None => {
+            // Nothing to move: put back what was there (`null`s included).
+            for (k, v) in [
+                (MaxTokensField::MaxCompletionTokens, completion),
+                (MaxTokensField::MaxTokens, plain),
+            ] {
+                if let Some(v) = v {
+                    body.insert(k.as_str().into(), v);
+                }
+            }
+        }
+    }
 }
 
 /// `r`'s messages as Anthropic's and Bedrock's APIs take them: empty texts left out (both
@@ -761,6 +795,48 @@ mod tests {
     }
 
     #[test]
+    fn the_token_limit_moves_to_the_providers_field() {
+        let moved = |body: Value, field| {
+            let Value::Object(mut b) = body else {
+                return Value::Null;
+            };
+            set_max_tokens_field(&mut b, field);
+            Value::Object(b)
+        };
+        use MaxTokensField::{MaxCompletionTokens, MaxTokens};
+        assert_eq!(
+            moved(json!({"max_tokens": 5}), MaxCompletionTokens),
+            json!({"max_completion_tokens": 5})
+        );
+        assert_eq!(
+            moved(json!({"max_completion_tokens": 5}), MaxTokens),
+            json!({"max_tokens": 5})
+        );
+        // Both: the one the gateway reads (`max_completion_tokens`), in the provider's field.
+        assert_eq!(
+            moved(
+                json!({"max_tokens": 9, "max_completion_tokens": 5}),
+                MaxTokens
+            ),
+            json!({"max_tokens": 5})
+        );
+        // A `null` sets no limit: it does not hide the other field's.
+        assert_eq!(
+            moved(
+                json!({"max_tokens": 9, "max_completion_tokens": null}),
+                MaxCompletionTokens
+            ),
+            json!({"max_completion_tokens": 9})
+        );
+        // No limit at all: left as sent.
+        assert_eq!(
+            moved(json!({"max_tokens": null, "n": 1}), MaxCompletionTokens),
+            json!({"max_tokens": null, "n": 1})
+        );
+        assert_eq!(moved(json!({}), MaxTokens), json!({}));
+    }
+
+    #[test]
     fn text_parts_and_system_blocks_are_joined_by_newlines_not_run_together() {
         let body = json!({
             "model": "m", "max_tokens": 5,
@@ -772,7 +848,7 @@ mod tests {
         let r = parse_client(Api::Messages, &body);
         assert!(r.is_ok());
         let Ok(r) = r else { return };
-        let o = Value::Object(to_openai(&r, "gpt", false));
+        let o = Value::Object(to_openai(&r, "gpt", false, MaxTokensField::MaxTokens));
         assert_eq!(o["messages"][0]["content"], "SYSA\nSYSB");
         assert_eq!(o["messages"][1]["content"], "p1\np2");
     }
