@@ -650,6 +650,7 @@ impl<'a> Checker<'a> {
             }
         } else {
             for (i, t) in p.spec.target_refs.iter().enumerate() {
+                crate::target_refs::check_group(self, p.doc, i, t);
                 // A pool named twice would run the policy's rules twice for each request.
                 if let Some(first) = p.spec.target_refs[..i]
                     .iter()
@@ -1022,8 +1023,10 @@ impl<'a> Checker<'a> {
             );
         }
         if let Some(w) = &m.when {
-            c.when = expr::check(self, doc, &path.key("when"), w, env::request_env(), scope);
+            let wp = path.key("when");
+            c.when = expr::check(self, doc, &wp, w, env::request_env(), scope);
             if let Some(e) = &c.when {
+                crate::constant_when::check_request_when(self, doc, &wp, e.expr());
                 join_part(&mut text, format_args!("when {e}"));
             }
         }
@@ -1247,8 +1250,23 @@ impl<'a> Checker<'a> {
                 }
             }
             if let Some(w) = &d.when {
-                drop.when = expr::check(self, doc, &dp.key("when"), w, env::endpoint_env(), scope);
+                let wp = dp.key("when");
+                drop.when = expr::check(self, doc, &wp, w, env::endpoint_env(), scope);
                 if let Some(e) = &drop.when {
+                    let alone = d.backend.is_none()
+                        && d.queued_prompts.is_none()
+                        && d.running_prompts.is_none()
+                        && d.kv_cache_usage.is_none()
+                        && d.predicted_ttft.is_none();
+                    crate::constant_when::check_drop_when(
+                        self,
+                        doc,
+                        &wp,
+                        &name,
+                        e.expr(),
+                        alone,
+                        f.if_.is_some(),
+                    );
                     join_part(&mut text, format_args!("when {e}"));
                 }
             }
@@ -1612,6 +1630,9 @@ const MAX_LOWERING_THREADS: usize = 4;
 
 pub(crate) struct Scope {
     pub model_names: AHashSet<Arc<str>>,
+    /// The names the destinations send upstream (`servedModel`): served names and provider
+    /// model ids.
+    pub served_models: AHashSet<Arc<str>>,
     pub dests: Vec<(Arc<str>, DestId, BackendType)>,
     /// Index in `dests` of the first destination of each name (rules name destinations
     /// thousands of times: no scan of `dests` each time).
@@ -1625,7 +1646,7 @@ pub(crate) struct Scope {
 
 impl Scope {
     /// The first destination named `name` (as a scan of `dests` would find it).
-    fn dest_named(&self, name: &str) -> Option<&(Arc<str>, DestId, BackendType)> {
+    pub(crate) fn dest_named(&self, name: &str) -> Option<&(Arc<str>, DestId, BackendType)> {
         self.dest_index.get(name).and_then(|&i| self.dests.get(i))
     }
 
@@ -1639,6 +1660,7 @@ impl Scope {
 
     fn new(out: &CompiledPolicy, pools: &[usize]) -> Scope {
         let mut model_names = AHashSet::new();
+        let mut served_models = AHashSet::new();
         let mut dests: Vec<(Arc<str>, DestId, BackendType)> = Vec::new();
         // Set by the gateway on requests over a `whenExceeded: Tag` limit.
         let mut tags: AHashSet<Arc<str>> = [Arc::from(OVER_LIMIT_TAG)].into_iter().collect();
@@ -1652,6 +1674,7 @@ impl Scope {
                     && !dests.iter().any(|(_, x, _)| *x == id)
                 {
                     dests.push((d.name.clone(), id, d.backend));
+                    served_models.extend(d.models.iter().map(|m| m.upstream.clone()));
                 }
             }
             for g in out.gateways.iter().filter(|g| g.pool == pi) {
@@ -1666,6 +1689,7 @@ impl Scope {
         }
         Scope {
             model_names,
+            served_models,
             dests,
             dest_index,
             id_index,

@@ -79,6 +79,8 @@ codes! {
     MeasureUnavailable = "KINF0409", Warning, "a condition on a measure that a backend type never has";
     IgnoredField = "KINF0410", Warning, "a field that is accepted but not read";
     EmptySelector = "KINF0411", Warning, "a worker-set selector that selects every pod of its namespace";
+    ConstantCondition = "KINF0412", Warning, "a `when:` that never changes: a `drop` of every candidate or of none, a condition that never holds";
+    IgnoredTargetGroup = "KINF0413", Warning, "a `targetRefs` group other than `kinference.buoyant.io`, which is ignored";
     ShadowedRule = "KINF0501", Warning, "a rule that an earlier rule always matches first";
     UnknownTag = "KINF0502", Warning, "a tag that no configured classifier produces";
     UnreachableTier = "KINF0503", Warning, "a select tier that can never have a candidate";
@@ -87,6 +89,7 @@ codes! {
     DuplicateLimitName = "KINF0506", Error, "two limits of one policy have the same name";
     UnpricedCost = "KINF0507", Warning, "`minimize: Cost` over a destination without prices";
     OverlappingHosts = "KINF0508", Warning, "two front doors answer the same host, or both answer every host";
+    UnknownWhenName = "KINF0509", Warning, "a `when:` compares a model or destination with a name the targeted pools do not have";
 }
 
 impl Code {

@@ -98,14 +98,20 @@ pub(crate) fn check(
         }
     }
     let mut out_of_domain = false;
-    for m in literals_out_of_domain(&expr) {
-        out_of_domain = true;
+    for m in literals_out_of_domain(&expr, env, scope) {
+        // Values outside an enum or a range are errors, and the expression is not compiled;
+        // names the targeted pools lack are warnings (the pools may gain them).
+        out_of_domain |= m.code.severity() == crate::diagnostic::Severity::Error;
         let mut d = Diagnostic::new(m.code, m.message)
             .with_path(path.clone())
             .with_help_opt(m.help)
             .with_resource_opt(label.clone());
         if let Some(s) = span_of(m.start, m.end) {
-            d = d.at(s, "never this value");
+            let label = match m.code {
+                Code::UnknownWhenName => "no such name",
+                _ => "never this value",
+            };
+            d = d.at(s, label);
         }
         ck.push(d);
     }
@@ -192,14 +198,16 @@ struct OutOfDomain {
 /// Literals compared with a variable (`==`, `!=`, `<`, …, `in`, `not in`, either side) that the
 /// variable never takes: `qos == "Batch"`, `backend == "local"`, `kvCacheUsage > 1.5`,
 /// `promptTokens < 0`. Such a comparison is always true or always false, so it is an error in
-/// the policy, as the structured forms of the same tests are.
-fn literals_out_of_domain(expr: &kinf_grammar::Expr) -> Vec<OutOfDomain> {
-    use kinf_grammar::expr::{ExprKind, Literal};
+/// the policy, as the structured forms of the same tests are. Also names that the targeted
+/// pools do not have, compared (`==`, `!=`, `in`, `not in`) with `model`, `servedModel` or
+/// `destination` where `env` has them: `model == "gpt-4o-mni"` (a warning, KINF0509).
+fn literals_out_of_domain(expr: &kinf_grammar::Expr, env: &Env, scope: &Scope) -> Vec<OutOfDomain> {
+    use kinf_grammar::expr::{CompareOp, ExprKind, Literal};
     let mut out = Vec::new();
     let mut stack = vec![expr];
     while let Some(e) = stack.pop() {
         match &e.kind {
-            ExprKind::Compare { lhs, rhs, .. } => {
+            ExprKind::Compare { op, lhs, rhs } => {
                 let pair = match (&lhs.kind, &rhs.kind) {
                     (ExprKind::Var(v), _) => Some((v, &**rhs)),
                     (_, ExprKind::Var(v)) => Some((v, &**lhs)),
@@ -232,6 +240,26 @@ fn literals_out_of_domain(expr: &kinf_grammar::Expr) -> Vec<OutOfDomain> {
                                             domain.iter().copied(),
                                             "values",
                                         )),
+                                        start,
+                                        end,
+                                    });
+                                }
+                                let by_name = matches!(
+                                    op,
+                                    CompareOp::Eq
+                                        | CompareOp::Ne
+                                        | CompareOp::In
+                                        | CompareOp::NotIn
+                                );
+                                if by_name
+                                    && env.lookup_var(var).is_some()
+                                    && let Some((message, help)) =
+                                        crate::when_names::unknown_name(var, s, scope)
+                                {
+                                    out.push(OutOfDomain {
+                                        code: Code::UnknownWhenName,
+                                        message,
+                                        help: Some(help),
                                         start,
                                         end,
                                     });
