@@ -8,6 +8,7 @@ use kinf_router::classify::eval::{self, OwnedMessage};
 use kinf_router::classify::{Classifiers, Message};
 
 use crate::cli::Format;
+use crate::report;
 use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
 
 /// What to classify.
@@ -29,14 +30,12 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> i32 {
+    let json = format == Format::Json;
     let classifiers = match config {
         None => Classifiers::default(),
         Some(dir) => match from_config(dir) {
             Ok(c) => c,
-            Err((code, e)) => {
-                let _ = writeln!(err, "error: {e}");
-                return code;
-            }
+            Err((code, e)) => return report::errors(json, out, err, &[e], code),
         },
     };
     match input {
@@ -51,16 +50,16 @@ pub fn run(
             let text = match std::fs::read_to_string(p) {
                 Ok(t) => t,
                 Err(e) => {
-                    let _ = writeln!(err, "error: cannot read `{}`: {e}", p.display());
-                    return EXIT_USAGE;
+                    let e = format!("cannot read `{}`: {e}", p.display());
+                    return report::errors(json, out, err, &[e], EXIT_USAGE);
                 }
             };
             let msgs = match serde_json::from_str::<serde_json::Value>(&text) {
                 Ok(v) if v.is_object() => match eval::messages_from_json(&v) {
                     Ok(m) => m,
                     Err(e) => {
-                        let _ = writeln!(err, "error: `{}`: {e}", p.display());
-                        return EXIT_USAGE;
+                        let e = format!("`{}`: {e}", p.display());
+                        return report::errors(json, out, err, &[e], EXIT_USAGE);
                     }
                 },
                 _ => vec![OwnedMessage {
@@ -74,15 +73,15 @@ pub fn run(
             let text = match std::fs::read_to_string(p) {
                 Ok(t) => t,
                 Err(e) => {
-                    let _ = writeln!(err, "error: cannot read `{}`: {e}", p.display());
-                    return EXIT_USAGE;
+                    let e = format!("cannot read `{}`: {e}", p.display());
+                    return report::errors(json, out, err, &[e], EXIT_USAGE);
                 }
             };
             let examples = match eval::parse_jsonl(&text) {
                 Ok(x) => x,
                 Err(e) => {
-                    let _ = writeln!(err, "error: `{}`: {e}", p.display());
-                    return EXIT_USAGE;
+                    let e = format!("`{}`: {e}", p.display());
+                    return report::errors(json, out, err, &[e], EXIT_USAGE);
                 }
             };
             let report = eval::evaluate(&classifiers, &examples);

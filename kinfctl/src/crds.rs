@@ -29,19 +29,20 @@ pub fn run_crds(format: Format, out: &mut dyn Write, _err: &mut dyn Write) -> i3
 }
 
 /// `kinfctl schema KIND`.
-pub fn run_schema(kind: &str, _format: Format, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+///
+/// The schema is JSON whatever the format; `--format json` makes an error JSON too.
+pub fn run_schema(kind: &str, format: Format, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let Some(k) = ResourceKind::ALL
         .iter()
         .copied()
         .find(|k| k.as_str().eq_ignore_ascii_case(kind))
     else {
         let kinds: Vec<&str> = ResourceKind::ALL.iter().map(|k| k.as_str()).collect();
-        let _ = writeln!(
-            err,
-            "error: unknown kind `{kind}`\n  help: {}",
+        let e = format!(
+            "unknown kind `{kind}`\n  help: {}",
             kinf_lang::suggest::help_for(kind, kinds.iter().copied(), "kinds")
         );
-        return EXIT_USAGE;
+        return crate::report::errors(format == Format::Json, out, err, &[e], EXIT_USAGE);
     };
     let schema = kinf_lang::schema_check::lint_schema(k);
     let _ = writeln!(

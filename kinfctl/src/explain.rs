@@ -9,6 +9,7 @@ use kinf_router::decision::{StagesTrace, Trace};
 use kinf_router::{Decider, Decision, Outcome};
 
 use crate::cli::Format;
+use crate::report;
 use crate::scenario::{RequestFile, StateFile, read_request, read_state};
 use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
 
@@ -184,28 +185,29 @@ fn trace_text(out: &mut String, t: &Trace) {
     }
 }
 
-/// Compiles the policies; errors are reported on `err`.
+/// Compiles the policies; errors are reported as [`crate::report`] does for `format`, and the
+/// exit code returned.
 pub fn load_policy(
     paths: &[PathBuf],
+    format: Format,
+    out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<std::sync::Arc<kinf_lang::CompiledPolicy>, i32> {
-    let sources = crate::load::read_sources(paths).map_err(|e| {
-        let _ = writeln!(err, "error: {e}");
-        EXIT_USAGE
-    })?;
+    let json = format == Format::Json;
+    let sources = crate::load::read_sources(paths)
+        .map_err(|e| report::errors(json, out, err, &[e], EXIT_USAGE))?;
     let c = kinf_lang::compile(&sources);
     match c.policy {
         Some(p) => Ok(p),
-        None => {
-            for d in &c.diagnostics {
-                let _ = writeln!(err, "{}", d.render_plain(&sources));
-            }
-            let _ = writeln!(
-                err,
-                "error: the policies do not compile; fix them first (`kinfctl lint`)"
-            );
-            Err(EXIT_FINDINGS)
-        }
+        None => Err(report::compile_errors(
+            json,
+            out,
+            err,
+            &sources,
+            &c.diagnostics,
+            "the policies do not compile; fix them first (`kinfctl lint`)",
+            EXIT_FINDINGS,
+        )),
     }
 }
 
@@ -257,7 +259,8 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> i32 {
-    let policy = match load_policy(paths, err) {
+    let json = format == Format::Json;
+    let policy = match load_policy(paths, format, out, err) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -267,19 +270,13 @@ pub fn run(
         (Ok(r), Ok(s)) => (r, s.unwrap_or_default()),
         (r, s) => {
             // Every error of both files.
-            let errors = r.err().into_iter().chain(s.err()).flatten();
-            for e in errors {
-                let _ = writeln!(err, "error: {e}");
-            }
-            return EXIT_USAGE;
+            let errors: Vec<String> = r.err().into_iter().chain(s.err()).flatten().collect();
+            return report::errors(json, out, err, &errors, EXIT_USAGE);
         }
     };
     let d = match decide_files(&policy, &req, &st) {
         Ok(d) => d,
-        Err(e) => {
-            let _ = writeln!(err, "error: {e}");
-            return EXIT_USAGE;
-        }
+        Err(e) => return report::errors(json, out, err, &[e], EXIT_USAGE),
     };
     let classified = prompt_tags(&policy, &req);
     match format {

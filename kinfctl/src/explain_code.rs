@@ -5,6 +5,7 @@ use std::io::Write;
 use kinf_lang::Code;
 
 use crate::cli::Format;
+use crate::report;
 use crate::{EXIT_OK, EXIT_USAGE};
 
 /// The Markdown catalogue of every code (the content of `docs/diagnostics.md`).
@@ -50,18 +51,18 @@ pub fn run(
         let _ = out.write_all(catalogue().as_bytes());
         return EXIT_OK;
     }
+    let json = format == Format::Json;
     let Some(text) = code else {
-        let _ = writeln!(err, "error: give a code such as `KINF0101`, or `--all`");
-        return EXIT_USAGE;
+        let e = "give a code such as `KINF0101`, or `--all`";
+        return report::errors(json, out, err, &[e], EXIT_USAGE);
     };
     let Some(c) = Code::parse(text) else {
         let codes: Vec<&str> = Code::ALL.iter().map(|c| c.as_str()).collect();
-        let _ = writeln!(
-            err,
-            "error: unknown diagnostic code `{text}`\n  help: {}",
+        let e = format!(
+            "unknown diagnostic code `{text}`\n  help: {}",
             kinf_lang::suggest::help_for(text, codes.iter().copied(), "codes")
         );
-        return EXIT_USAGE;
+        return report::errors(json, out, err, &[e], EXIT_USAGE);
     };
     match format {
         Format::Json => {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use kinf_lang::dag::{RuleDag, render_pool};
 
 use crate::cli::GraphFormat;
+use crate::report;
 use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
 
 /// `kinfctl graph`.
@@ -16,15 +17,23 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> i32 {
+    let json = format == GraphFormat::Json;
     let sources = match crate::load::read_sources(paths) {
         Ok(s) => s,
-        Err(e) => {
-            let _ = writeln!(err, "error: {e}");
-            return EXIT_USAGE;
-        }
+        Err(e) => return report::errors(json, out, err, &[e], EXIT_USAGE),
     };
     let c = kinf_lang::compile(&sources);
     let Some(policy) = c.policy else {
+        if json {
+            // The diagnostics themselves, as `lint --format json` gives them.
+            let diags = c
+                .diagnostics
+                .iter()
+                .map(|d| crate::lint::diagnostic_json(d, &sources))
+                .collect();
+            report::write_json(out, &report::document(diags));
+            return EXIT_FINDINGS;
+        }
         let _ = writeln!(
             err,
             "error: the bundle has {} error(s); run `kinfctl lint` to see them",
@@ -45,13 +54,12 @@ pub fn run(
             .iter()
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
-        let _ = writeln!(
-            err,
-            "error: no pool `{}`; pools: {}",
+        let e = format!(
+            "no pool `{}`; pools: {}",
             pool.unwrap_or(""),
             names.join(", ")
         );
-        return EXIT_USAGE;
+        return report::errors(json, out, err, &[e], EXIT_USAGE);
     }
     match format {
         GraphFormat::Text => {

@@ -10,6 +10,7 @@ pub mod graph;
 pub mod input;
 pub mod lint;
 pub mod load;
+pub mod report;
 pub mod scenario;
 pub mod test_cmd;
 pub mod yaml_out;
@@ -66,8 +67,13 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
                 (_, Some(f), _) => classify::Input::File(f),
                 (_, _, Some(e)) => classify::Input::Eval(e),
                 _ => {
-                    let _ = writeln!(err, "error: one of --text, --file or --eval is required");
-                    return EXIT_USAGE;
+                    return report::errors(
+                        format == cli::Format::Json,
+                        out,
+                        err,
+                        &["one of --text, --file or --eval is required"],
+                        EXIT_USAGE,
+                    );
                 }
             };
             classify::run(input, config.as_ref(), format, out, err)

@@ -176,7 +176,14 @@ pub fn run(
     let sources = match crate::load::read_sources(paths) {
         Ok(s) => s,
         Err(e) => {
-            let _ = writeln!(err, "error: {e}");
+            if format == Format::Json {
+                // The shape of the diagnostics below, with no file read.
+                let mut doc = crate::report::document(vec![crate::report::error_json(&e)]);
+                doc["summary"]["files"] = 0.into();
+                crate::report::write_json(out, &doc);
+            } else {
+                let _ = writeln!(err, "error: {e}");
+            }
             return EXIT_USAGE;
         }
     };

@@ -8,6 +8,7 @@ use kinf_lang::yaml::{Node, Value};
 use crate::cli::Format;
 use crate::explain::{decide_files, decision_json, load_policy};
 use crate::input::{Errors, Input};
+use crate::report;
 use crate::scenario::{RequestFile, StateFile};
 use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
 
@@ -300,16 +301,14 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> i32 {
-    let policy = match load_policy(paths, err) {
+    let json = format == Format::Json;
+    let policy = match load_policy(paths, format, out, err) {
         Ok(p) => p,
         Err(code) => return code,
     };
     let files = match case_files(cases) {
         Ok(f) => f,
-        Err(e) => {
-            let _ = writeln!(err, "error: {e}");
-            return EXIT_USAGE;
-        }
+        Err(e) => return report::errors(json, out, err, &[e], EXIT_USAGE),
     };
     // Every case file is read before any case runs, and all their errors are reported.
     let mut all = Vec::new();
@@ -321,16 +320,12 @@ pub fn run(
         }
     }
     if !errors.is_empty() {
-        for e in errors {
-            let _ = writeln!(err, "error: {e}");
-        }
-        return EXIT_USAGE;
+        return report::errors(json, out, err, &errors, EXIT_USAGE);
     }
     if all.is_empty() {
         // `case_files` refuses empty directories and `parse_cases` empty files; no `--cases`
         // at all is refused by the command line.
-        let _ = writeln!(err, "error: no test cases found");
-        return EXIT_USAGE;
+        return report::errors(json, out, err, &["no test cases found"], EXIT_USAGE);
     }
     let (mut passed, mut failed) = (0usize, 0usize);
     let mut results = Vec::new();
@@ -338,7 +333,16 @@ pub fn run(
         let got = match decide_files(&policy, &case.request, &case.state) {
             Ok(d) => decision_json(&d),
             Err(e) => {
-                let _ = writeln!(err, "error: {name}: {e}");
+                if json {
+                    // The place of `e` (in the case file) stays a place; the case is named
+                    // in the message.
+                    let mut d = report::error_json(&e);
+                    let message = d["message"].as_str().unwrap_or_default().to_string();
+                    d["message"] = format!("{name}: {message}").into();
+                    report::write_json(out, &report::document(vec![d]));
+                } else {
+                    let _ = writeln!(err, "error: {name}: {e}");
+                }
                 return EXIT_USAGE;
             }
         };

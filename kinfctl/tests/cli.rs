@@ -58,10 +58,11 @@ fn schema_of_a_kind_and_a_typo() {
     assert!(schema["properties"]["spec"]["properties"]["rules"].is_object());
     let (mut out, mut err) = (Vec::new(), Vec::new());
     assert_eq!(
-        kinfctl::crds::run_schema("InferencePolcy", Format::Json, &mut out, &mut err),
+        kinfctl::crds::run_schema("InferencePolcy", Format::Human, &mut out, &mut err),
         2
     );
     assert!(String::from_utf8_lossy(&err).contains("did you mean `InferencePolicy`?"));
+    assert!(out.is_empty());
 }
 
 #[test]
@@ -133,5 +134,46 @@ fn deny_warnings_turns_warnings_into_exit_1() {
             &mut err
         ),
         1
+    );
+}
+
+/// `spec.maxTokensField` of an InferenceProvider: the two OpenAI field names pass lint; anything
+/// else is KINF0103 at the field, naming it, with the closest value as help.
+#[test]
+fn provider_max_tokens_field_is_checked_by_lint() {
+    let provider = |value: &str| {
+        format!(
+            "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceProvider\nmetadata: {{ name: openai }}\nspec:\n  type: OpenAI\n  url: https://api.openai.com\n  maxTokensField: {value}\n  models:\n  - {{ name: gpt, providerModel: gpt-5 }}\n"
+        )
+    };
+    let compile = |text: String| {
+        let mut sources = kinf_lang::Sources::new();
+        sources.add("p.yaml", text);
+        let c = kinf_lang::compile(&sources);
+        let json: Vec<serde_json::Value> = c
+            .diagnostics
+            .iter()
+            .map(|d| kinfctl::lint::diagnostic_json(d, &sources))
+            .collect();
+        json
+    };
+    for good in ["max_tokens", "max_completion_tokens"] {
+        let diags = compile(provider(good));
+        assert!(diags.is_empty(), "{good}: {diags:?}");
+    }
+    let diags = compile(provider("max_completion_token"));
+    assert_eq!(diags.len(), 1, "{diags:?}");
+    let d = &diags[0];
+    assert_eq!(d["code"], "KINF0103");
+    assert_eq!(d["severity"], "error");
+    assert_eq!(d["path"], "spec.maxTokensField");
+    assert_eq!(
+        d["message"],
+        "unknown value `max_completion_token` for `maxTokensField`"
+    );
+    assert_eq!(d["help"], "did you mean `max_completion_tokens`?");
+    assert_eq!(
+        (d["line"].as_u64(), d["column"].as_u64()),
+        (Some(7), Some(19))
     );
 }

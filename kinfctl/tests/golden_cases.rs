@@ -168,6 +168,20 @@ fn explain_json_has_the_documented_fields() {
         &mut err,
     );
     assert_eq!(code, 2);
-    assert!(String::from_utf8_lossy(&err).contains("`10.9.9.9:8000` is not an endpoint"));
+    // With `--format json` the error is JSON on stdout too, at its place in the state file.
+    assert!(err.is_empty(), "{}", String::from_utf8_lossy(&err));
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let d = &v["diagnostics"][0];
+    assert!(
+        d["message"]
+            .as_str()
+            .unwrap()
+            .contains("`10.9.9.9:8000` is not an endpoint"),
+        "{v}"
+    );
+    assert_eq!(
+        (d["line"].as_u64(), d["column"].as_u64()),
+        (Some(2), Some(3))
+    );
     std::fs::remove_dir_all(dir).ok();
 }

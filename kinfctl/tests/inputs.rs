@@ -56,14 +56,15 @@ fn test_cmd(tmp: &Tmp, cases: &[PathBuf]) -> (i32, String, String) {
     (code, tmp.clean(&out), tmp.clean(&err))
 }
 
-/// `kinfctl explain BUNDLE --request R [--state S]`: exit code, stdout, stderr.
+/// `kinfctl explain BUNDLE --request R [--state S]` (human output: errors on stderr): exit
+/// code, stdout, stderr.
 fn explain(tmp: &Tmp, request: &Path, state: Option<&Path>) -> (i32, String, String) {
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let code = kinfctl::explain::run(
         &[bundle()],
         request,
         state,
-        Format::Json,
+        Format::Human,
         &mut out,
         &mut err,
     );
@@ -295,4 +296,240 @@ spec:
     let human = kinfctl::lint::render_human(d, &sources);
     assert!(human.contains("╭─[uni.yaml:8:24]"), "{human}");
     insta::assert_snapshot!("non_ascii_columns", human);
+}
+
+/// The JSON document a command wrote on stdout; stderr must be empty.
+fn json_only(tmp: &Tmp, out: &[u8], err: &[u8]) -> serde_json::Value {
+    assert!(err.is_empty(), "stderr: {}", tmp.clean(err));
+    let text = tmp.clean(out);
+    let v = serde_json::from_str(&text);
+    assert!(v.is_ok(), "stdout is not JSON: {text}");
+    v.unwrap()
+}
+
+/// `kinfctl test --format json`: exit code and the JSON on stdout.
+fn test_json(tmp: &Tmp, paths: &[PathBuf], cases: &[PathBuf]) -> (i32, serde_json::Value) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = kinfctl::test_cmd::run(paths, cases, Format::Json, &mut out, &mut err);
+    (code, json_only(tmp, &out, &err))
+}
+
+#[test]
+fn test_json_reports_file_errors_as_json_on_stdout() {
+    let tmp = Tmp::new("test-json");
+    // A case file with two errors: each is a diagnostic with its place and help.
+    let bad = tmp.file(
+        "bad.yaml",
+        "cases:\n- name: a\n  request: { model: llama-70b }\n  expected: { rule: x }\n",
+    );
+    let (code, v) = test_json(&tmp, &[bundle()], &[bad]);
+    assert_eq!(code, EXIT_USAGE);
+    assert_eq!(
+        v["summary"],
+        serde_json::json!({"errors": 2, "warnings": 0})
+    );
+    let d = &v["diagnostics"][0];
+    assert_eq!(d["severity"], "error");
+    assert_eq!(d["code"], serde_json::Value::Null);
+    assert_eq!(d["file"], "TMP/bad.yaml");
+    assert_eq!(
+        (d["line"].as_u64(), d["column"].as_u64()),
+        (Some(2), Some(3))
+    );
+    assert_eq!(d["message"], "the case has no `expect`");
+    assert!(
+        d["help"].as_str().unwrap().starts_with("add `expect:`"),
+        "{d}"
+    );
+    let d = &v["diagnostics"][1];
+    assert_eq!(
+        (d["line"].as_u64(), d["column"].as_u64()),
+        (Some(4), Some(3))
+    );
+    assert_eq!(d["message"], "unknown field `expected` in a case");
+    assert_eq!(d["help"], "did you mean `expect`?");
+
+    // A YAML syntax error of a case file.
+    let broken = tmp.file("broken.yaml", "cases: [\n");
+    let (code, v) = test_json(&tmp, &[bundle()], &[broken]);
+    assert_eq!(code, EXIT_USAGE);
+    assert_eq!(v["diagnostics"][0]["file"], "TMP/broken.yaml");
+    assert!(v["diagnostics"][0]["line"].is_u64(), "{v}");
+
+    // A case file that cannot be read: no place, the message names it.
+    let (code, v) = test_json(&tmp, &[bundle()], &[tmp.0.join("missing.yaml")]);
+    assert_eq!(code, EXIT_USAGE);
+    assert_eq!(
+        v["diagnostics"][0]["message"],
+        "cannot read `TMP/missing.yaml`: no such file or directory"
+    );
+    assert_eq!(v["diagnostics"][0]["file"], serde_json::Value::Null);
+
+    // A policy directory without policies.
+    std::fs::create_dir_all(tmp.0.join("empty")).unwrap();
+    let good = tmp.file("good.yaml", LOCAL);
+    let (code, v) = test_json(&tmp, &[tmp.0.join("empty")], std::slice::from_ref(&good));
+    assert_eq!(code, EXIT_USAGE);
+    assert!(
+        v["diagnostics"][0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("no policy files found: `TMP/empty`"),
+        "{v}"
+    );
+
+    // Policies that do not compile: their diagnostics, with codes, as `lint` gives them; exit 1.
+    let policy = tmp.file(
+        "policies/p.yaml",
+        "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: { name: p }\nspec: { rules: [], bogus: 1 }\n",
+    );
+    let (code, v) = test_json(&tmp, &[policy], &[good]);
+    assert_eq!(code, EXIT_FINDINGS);
+    let diags = v["diagnostics"].as_array().unwrap();
+    assert!(
+        diags
+            .iter()
+            .any(|d| d["code"] == "KINF0101" && d["file"] == "TMP/policies/p.yaml"),
+        "{v}"
+    );
+    assert!(v["summary"]["errors"].as_u64().unwrap() >= 1, "{v}");
+
+    // A case whose state names an unknown endpoint: the place in the case file, the case named.
+    let unknown = tmp.file(
+        "unknown-endpoint.yaml",
+        "name: ghost\nrequest: { model: llama-70b }\nstate:\n  endpoints:\n    \"10.9.9.9:8000\": { ready: false }\nexpect: { outcome: route }\n",
+    );
+    let (code, v) = test_json(&tmp, &[bundle()], &[unknown]);
+    assert_eq!(code, EXIT_USAGE);
+    let d = &v["diagnostics"][0];
+    assert_eq!(d["file"], "TMP/unknown-endpoint.yaml");
+    assert_eq!(
+        (d["line"].as_u64(), d["column"].as_u64()),
+        (Some(5), Some(5))
+    );
+    assert!(
+        d["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("ghost: state: `10.9.9.9:8000` is not an endpoint"),
+        "{d}"
+    );
+
+    // Human output is unchanged: text on stderr, nothing on stdout.
+    let (code, out, err) = test_cmd(&tmp, &[tmp.0.join("missing.yaml")]);
+    assert_eq!(code, EXIT_USAGE);
+    assert!(out.is_empty(), "{out}");
+    assert_eq!(
+        err,
+        "error: cannot read `TMP/missing.yaml`: no such file or directory\n"
+    );
+}
+
+#[test]
+fn other_json_commands_report_errors_as_json_on_stdout() {
+    let tmp = Tmp::new("json-errors");
+    // explain: every error of the request and the state file.
+    let bad_req = tmp.file("bad-req.yaml", "model: llama-70b\npromptTokens: -5\n");
+    let bad_state = tmp.file("bad-state.yaml", "endpoints: [1]\n");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = kinfctl::explain::run(
+        &[bundle()],
+        &bad_req,
+        Some(&bad_state),
+        Format::Json,
+        &mut out,
+        &mut err,
+    );
+    assert_eq!(code, EXIT_USAGE);
+    let v = json_only(&tmp, &out, &err);
+    let files: Vec<&str> = v["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["file"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["TMP/bad-req.yaml", "TMP/bad-state.yaml"], "{v}");
+    assert_eq!(v["diagnostics"][0]["line"], 2);
+
+    // lint: a path that does not exist (the summary keeps lint's `files`).
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = kinfctl::lint::run(
+        &[tmp.0.join("nope")],
+        false,
+        Format::Json,
+        &mut out,
+        &mut err,
+    );
+    assert_eq!(code, EXIT_USAGE);
+    let v = json_only(&tmp, &out, &err);
+    assert_eq!(
+        v["summary"],
+        serde_json::json!({"errors": 1, "warnings": 0, "files": 0})
+    );
+    assert!(
+        v["diagnostics"][0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("cannot read `TMP/nope`"),
+        "{v}"
+    );
+
+    // graph: an unknown pool.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = kinfctl::graph::run(
+        &[bundle()],
+        Some("nope"),
+        kinfctl::cli::GraphFormat::Json,
+        &mut out,
+        &mut err,
+    );
+    assert_eq!(code, EXIT_USAGE);
+    let v = json_only(&tmp, &out, &err);
+    assert!(
+        v["diagnostics"][0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("no pool `nope`"),
+        "{v}"
+    );
+
+    // explain-code and schema: a typo, with its suggestion as `help`.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code =
+        kinfctl::explain_code::run(Some("KINF9999"), false, Format::Json, &mut out, &mut err);
+    assert_eq!(code, EXIT_USAGE);
+    let v = json_only(&tmp, &out, &err);
+    assert_eq!(
+        v["diagnostics"][0]["message"],
+        "unknown diagnostic code `KINF9999`"
+    );
+    assert!(v["diagnostics"][0]["help"].is_string(), "{v}");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = kinfctl::crds::run_schema("InferencePolcy", Format::Json, &mut out, &mut err);
+    assert_eq!(code, EXIT_USAGE);
+    let v = json_only(&tmp, &out, &err);
+    assert_eq!(
+        v["diagnostics"][0]["help"],
+        "did you mean `InferencePolicy`?"
+    );
+
+    // classify: an unreadable file.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let missing = tmp.0.join("missing.json");
+    let code = kinfctl::classify::run(
+        kinfctl::classify::Input::File(&missing),
+        None,
+        Format::Json,
+        &mut out,
+        &mut err,
+    );
+    assert_eq!(code, EXIT_USAGE);
+    let v = json_only(&tmp, &out, &err);
+    assert!(
+        v["diagnostics"][0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("cannot read `TMP/missing.json`"),
+        "{v}"
+    );
 }
