@@ -37,7 +37,8 @@ pub struct HttpLimits {
     pub max_header_bytes: usize,
     /// Most request headers.
     pub max_headers: usize,
-    /// Deadline to receive the whole request head (HTTP/1); the connection is closed after it.
+    /// Deadline to receive the first request head from the connection's start (any protocol),
+    /// and on HTTP/1 each later one; the connection is closed after it.
     pub header_read_timeout: Duration,
 }
 
@@ -61,29 +62,54 @@ pub struct TlsFiles {
 }
 
 /// Builds the rustls server configuration of `files`, offering `alpn` protocols (`h2`,
-/// `http/1.1`).
+/// `http/1.1`). Each error names the file at fault: a certificate file without a certificate, a
+/// key file without a usable private key (none, encrypted, or of a type ring cannot sign with),
+/// or a key that is not the one of the first certificate.
 pub fn tls_config(files: &TlsFiles, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>, String> {
-    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::pem::{self, PemObject};
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (cert_path, key_path) = (files.cert.display(), files.key.display());
     let certs = CertificateDer::pem_file_iter(&files.cert)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("TLS certificate {}: {e}", files.cert.display()))?;
+        .map_err(|e| format!("TLS certificate {cert_path}: {e}"))?;
     if certs.is_empty() {
         return Err(format!(
-            "TLS certificate {}: no certificate in the file",
-            files.cert.display()
+            "TLS certificate {cert_path}: no certificate in the file (expected PEM \
+             `CERTIFICATE` blocks, the server's first)"
         ));
     }
-    let key = PrivateKeyDer::from_pem_file(&files.key)
-        .map_err(|e| format!("TLS key {}: {e}", files.key.display()))?;
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| format!("TLS: {e}"))?
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .map_err(|e| format!("TLS certificate {}: {e}", files.cert.display()))?;
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| match e {
+        pem::Error::NoItemsFound => format!(
+            "TLS key {key_path}: no private key in the file (expected a PEM `PRIVATE KEY` \
+             (PKCS#8), `RSA PRIVATE KEY` (PKCS#1) or `EC PRIVATE KEY` (SEC1) block; encrypted \
+             keys are not supported)"
+        ),
+        e => format!("TLS key {key_path}: {e}"),
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let signing_key = provider.key_provider.load_private_key(key).map_err(|e| {
+        format!(
+            "TLS key {key_path}: unsupported private key ({e}); use RSA (2048 bits or more), \
+             ECDSA P-256 or P-384, or Ed25519"
+        )
+    })?;
+    let certified = rustls::sign::CertifiedKey::new(certs, signing_key);
+    match certified.keys_match() {
+        // `Unknown`: the key cannot tell its public half; rustls accepts such keys too.
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+        Err(rustls::Error::InconsistentKeys(_)) => {
+            return Err(format!(
+                "TLS key {key_path} does not belong to the certificate {cert_path} (the first \
+                 certificate in the file must be the one issued for this key)"
+            ));
+        }
+        Err(e) => return Err(format!("TLS certificate {cert_path}: {e}")),
+    }
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(certified)));
     cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(cfg))
 }
@@ -180,6 +206,48 @@ fn builder(limits: &HttpLimits) -> auto::Builder<TokioExecutor> {
     b
 }
 
+/// Serves one connection. It is closed when its first request head has not arrived within
+/// `limits.header_read_timeout` of its start (after the TLS handshake): hyper's own head
+/// deadline (HTTP/1) only starts once the protocol is known, so a client that sends nothing, a
+/// part of the HTTP/2 preface, or an HTTP/2 preface and no request would otherwise hold the
+/// connection forever. Later requests of an HTTP/1 connection are bounded by hyper's deadline.
+async fn serve_connection<I>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    app: Router,
+    watcher: hyper_util::server::graceful::Watcher,
+    limits: &HttpLimits,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    use hyper::service::Service as _;
+    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = started.clone();
+    let inner = TowerToHyperService::new(app);
+    let service = hyper::service::service_fn(move |req| {
+        seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        inner.call(req)
+    });
+    let conn = watcher.watch(
+        builder
+            .serve_connection_with_upgrades(io, service)
+            .into_owned(),
+    );
+    tokio::pin!(conn);
+    tokio::select! {
+        served = &mut conn => served,
+        () = tokio::time::sleep(limits.header_read_timeout) => {
+            if started.load(std::sync::atomic::Ordering::Relaxed) {
+                conn.await
+            } else {
+                tracing::debug!("no request head within --header-read-timeout: connection closed");
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` completes, then waits up to
 /// [`SHUTDOWN_GRACE`] for open connections. With `tls`, every connection is TLS (a handshake
 /// not done within [`TLS_HANDSHAKE_TIMEOUT`] is dropped).
@@ -209,16 +277,13 @@ pub async fn serve_http(
             () = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let app = app.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let served = match acceptor {
-                None => {
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
-                    watcher.watch(conn.into_owned()).await
-                }
+                None => serve_connection(&builder, TokioIo::new(tcp), app, watcher, &limits).await,
                 Some(acceptor) => {
                     let tls =
                         match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
@@ -234,8 +299,7 @@ pub async fn serve_http(
                                 return;
                             }
                         };
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-                    watcher.watch(conn.into_owned()).await
+                    serve_connection(&builder, TokioIo::new(tls), app, watcher, &limits).await
                 }
             };
             if let Err(e) = served {

@@ -45,15 +45,15 @@ struct ServeArgs {
     #[arg(long, conflicts_with = "config")]
     kubernetes: bool,
     /// Namespace watched in Kubernetes mode. Absent: every namespace (needs a ClusterRole).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_namespace)]
     namespace: Option<String>,
-    /// Lease for status-writer election: `NAMESPACE/NAME` or `NAME` (in `--namespace`, else
-    /// `default`).
-    #[arg(long, default_value = "kinference-leader")]
-    lease: String,
+    /// Lease for status-writer election in Kubernetes mode: `NAMESPACE/NAME` or `NAME` (in
+    /// `--namespace`, else `default`). Default: `kinference-leader`.
+    #[arg(long, value_parser = parse_lease)]
+    lease: Option<String>,
     /// This replica's identity in the Lease. Default: `$POD_NAME`, else `$HOSTNAME`, else the
     /// kernel's host name, else `kinference-<pid>`.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_identity)]
     identity: Option<String>,
     /// Kubernetes mode: namespaces (comma-separated, or `*` for all) whose Bedrock providers
     /// without a `secretRef` may sign with this process's own `AWS_*` credentials. Default:
@@ -74,10 +74,10 @@ struct ServeArgs {
     grpc_listen: Option<SocketAddr>,
     /// How often the `--config` directory is checked for changes, e.g. `1s`, `500ms`. Not used
     /// with `--kubernetes` (changes come from the API server's watches).
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
     reload_interval: Duration,
     /// Longest wait for an upstream's response headers, e.g. `600s`.
-    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    #[arg(long, default_value = "600s", value_parser = parse_positive_duration)]
     upstream_timeout: Duration,
     /// Token-rate-limit store: `memory` (one replica), or Redis shared by replicas:
     /// `redis://[USER][:PASS@]HOST[:PORT][/DB]` or `redis+unix:///PATH?db=N` (no TLS).
@@ -102,11 +102,12 @@ struct ServeArgs {
     /// Most request headers on the HTTP listeners. Past it: 431.
     #[arg(long, default_value_t = kinf_handler::listen::DEFAULT_MAX_HEADERS)]
     max_headers: usize,
-    /// Deadline for a client to send its whole request head; the connection is closed after it.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    /// Deadline for a client to send its first request head from the connection's start (and,
+    /// on HTTP/1, each later one); the connection is closed after it.
+    #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     header_read_timeout: Duration,
     /// Deadline for a client to send its whole request body. Past it: 408.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = parse_positive_duration)]
     body_read_timeout: Duration,
     /// PEM certificate chain: every listener (HTTP, admin, gRPC) serves TLS. Needs `--tls-key`.
     #[arg(long, requires = "tls_key")]
@@ -182,12 +183,13 @@ impl ServeArgs {
             )
         });
         let mut k = kinf_handler::kube::KubeOptions::new(self.namespace.clone(), identity);
-        match self.lease.split_once('/') {
-            Some((ns, name)) => {
+        match self.lease.as_deref().map(|l| l.split_once('/').ok_or(l)) {
+            Some(Ok((ns, name))) => {
                 k.lease_namespace = ns.to_owned();
                 k.lease_name = name.to_owned();
             }
-            None => k.lease_name = self.lease.clone(),
+            Some(Err(name)) => k.lease_name = name.to_owned(),
+            None => {}
         }
         k.ambient_aws = self.ambient_aws_credentials.clone().unwrap_or_default();
         k
@@ -196,6 +198,84 @@ impl ServeArgs {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     kinf_grammar::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// A duration above zero: a zero reload interval would stop reloads (the polling timer
+/// refuses it), and zero timeouts would fail every request.
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err("must be more than 0, e.g. `1s` or `500ms`".into());
+    }
+    Ok(d)
+}
+
+/// Why `s` is not a DNS label (RFC 1123: a namespace name), if it is not one.
+fn dns_label_problem(s: &str) -> Option<&'static str> {
+    if s.is_empty() || s.len() > 63 {
+        return Some("1 to 63 characters");
+    }
+    dns_chars_problem(s, false)
+}
+
+/// Why `s` is not a DNS subdomain (RFC 1123: most object names), if it is not one.
+fn dns_subdomain_problem(s: &str) -> Option<&'static str> {
+    if s.is_empty() || s.len() > 253 {
+        return Some("1 to 253 characters");
+    }
+    dns_chars_problem(s, true)
+}
+
+fn dns_chars_problem(s: &str, dots: bool) -> Option<&'static str> {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if !s.chars().all(|c| allowed(c) || (dots && c == '.')) {
+        return Some(if dots {
+            "lowercase letters, digits, `-` and `.`"
+        } else {
+            "lowercase letters, digits and `-`"
+        });
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !alnum(s.chars().next()) || !alnum(s.chars().last()) {
+        return Some("starting and ending with a letter or digit");
+    }
+    None
+}
+
+fn parse_namespace(s: &str) -> Result<String, String> {
+    match dns_label_problem(s) {
+        Some(p) => Err(format!("not a namespace name: expected {p}")),
+        None => Ok(s.to_owned()),
+    }
+}
+
+/// `NAMESPACE/NAME` or `NAME`, each a valid Kubernetes name. The name leaves room for the
+/// `-last-good` ConfigMap named after it.
+fn parse_lease(s: &str) -> Result<String, String> {
+    let (ns, name) = match s.split_once('/') {
+        Some((ns, name)) => (Some(ns), name),
+        None => (None, s),
+    };
+    if let Some(p) = ns.and_then(dns_label_problem) {
+        return Err(format!(
+            "expected `NAMESPACE/NAME` or `NAME`; the namespace must be {p}"
+        ));
+    }
+    let configmap = kinf_handler::kube::last_good::config_map_name(name);
+    if let Some(p) = dns_subdomain_problem(name).or_else(|| dns_subdomain_problem(&configmap)) {
+        return Err(format!(
+            "expected `NAMESPACE/NAME` or `NAME`; the name must be {p} (with `-last-good` \
+             appended, for the ConfigMap that keeps the last good policy)"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+fn parse_identity(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(s.to_owned())
 }
 
 fn parse_unknown_hosts(s: &str) -> Result<UnknownHosts, String> {
@@ -223,9 +303,20 @@ fn init_logs(format: &str) {
 
 fn main() -> ExitCode {
     let Command::Serve(args) = Cli::parse().command;
-    if !args.kubernetes && (args.namespace.is_some() || args.identity.is_some()) {
-        eprintln!("error: `--namespace` and `--identity` need `--kubernetes`");
-        return ExitCode::from(2);
+    if !args.kubernetes {
+        let given: Vec<&str> = [
+            ("--namespace", args.namespace.is_some()),
+            ("--lease", args.lease.is_some()),
+            ("--identity", args.identity.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect();
+        if !given.is_empty() {
+            let verb = if given.len() == 1 { "needs" } else { "need" };
+            eprintln!("error: `{}` {verb} `--kubernetes`", given.join("`, `"));
+            return ExitCode::from(2);
+        }
     }
     init_logs(&args.log_format);
     let mut builder = tokio::runtime::Builder::new_multi_thread();

@@ -356,6 +356,33 @@ async fn slow_body_gets_408_and_a_slow_head_is_cut_off() {
     );
 }
 
+/// A client that opens connections and never completes a request head cannot hold them: no
+/// bytes at all, a part of the HTTP/2 preface (the server cannot yet tell HTTP/1 from HTTP/2),
+/// or a whole HTTP/2 preface and settings but no request. Each is closed at the head deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_a_request_head_is_closed_at_the_head_deadline() {
+    let (_gw, addr, _open) = setup("lim-idle").await;
+    // An empty SETTINGS frame: length 0, type 4, flags 0, stream 0.
+    let settings: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+    for (what, head, body) in [
+        ("nothing", "", &[][..]),
+        ("a partial HTTP/2 preface", "PRI * HTTP/2.0\r\n", &[][..]),
+        (
+            "an HTTP/2 preface and no request",
+            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            settings,
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let (_, closed) = raw(addr, head, body, Duration::from_secs(5)).await;
+        assert!(closed, "{what}: the connection is still open after 5 s");
+        assert!(
+            started.elapsed() >= Duration::from_millis(450),
+            "{what}: closed before the deadline"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_streams_per_tenant_get_429_and_are_given_back() {
     let (gw, addr, open) = setup("lim-streams").await;

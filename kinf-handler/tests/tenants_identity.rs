@@ -283,6 +283,44 @@ fn key_file_from_spec() {
 }
 
 #[test]
+fn a_key_shared_by_two_tenants_in_the_key_file_names_both_lines_never_the_key() {
+    // Plain on line 2, hashed on line 4: the same key either way.
+    let text = format!(
+        "# tenants\nteam-a: sk-shared-9f1\nteam-a: sk-other\nteam-b: {}\n",
+        hash_for_file("sk-shared-9f1")
+    );
+    let err = parse_key_file(&text).unwrap_err();
+    assert!(
+        err.contains("line 4") && err.contains("line 2") && err.contains("team-a"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("sk-shared") && !err.contains("sha256"),
+        "{err}"
+    );
+    // Through the front door's spec: the file's path, then the lines.
+    let dir = std::env::temp_dir().join(format!("kinf-tenants-dup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("keys.txt"), &text).unwrap();
+    let spec = TenantIdentity {
+        api_keys: Some(ApiKeySource {
+            secret_ref: None,
+            file: Some("keys.txt".into()),
+        }),
+        trusted_header: None,
+        default_tenant: None,
+    };
+    let err = TenantResolver::from_spec(&spec, &dir).unwrap_err();
+    assert!(err.contains("keys.txt: line 4"), "{err}");
+    // One tenant listing the same key twice is harmless.
+    assert_eq!(
+        parse_key_file("team-a: sk-1\nteam-a: sk-1\n").map(|v| v.len()),
+        Ok(2)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn no_identity_configured_is_anonymous() {
     let r =
         TenantResolver::from_spec(&TenantIdentity::default(), std::path::Path::new(".")).unwrap();

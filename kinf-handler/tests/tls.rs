@@ -249,3 +249,66 @@ async fn a_bad_certificate_file_stops_the_server_with_a_message() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-key"));
 }
+
+/// An Ed448 private key (PKCS#8), made for this test: a valid key of a type that ring cannot
+/// sign with.
+const ED448_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MEcCAQAwBQYDK2VxBDsEOaLEXsxtYrdNAeCJHQfU0eThBalsdgdL8IpJVofPPZER
+NRLZJ7cm5jblLe+cK7KUvTXP1u4KBcyddQ==
+-----END PRIVATE KEY-----
+";
+
+#[test]
+fn a_key_that_cannot_serve_the_certificate_is_named_at_startup() {
+    use kinf_handler::listen::{TlsFiles, http_tls_config};
+    let dir = temp_dir("tls-keys");
+    make_cert(&dir);
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let cert = dir.join("cert.pem");
+    let err = |key_file: &str, content: &str| {
+        let key = dir.join(key_file);
+        std::fs::write(&key, content).unwrap();
+        let files = TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        };
+        let e = http_tls_config(&files).map(|_| ()).unwrap_err();
+        assert!(e.contains(&key.display().to_string()), "names the key: {e}");
+        e
+    };
+    // The key of another certificate.
+    let e = err("other.pem", &other.signing_key.serialize_pem());
+    assert!(
+        e.contains("does not belong to the certificate") && e.contains("cert.pem"),
+        "{e}"
+    );
+    // A key type that cannot sign here.
+    let e = err("ed448.pem", ED448_KEY);
+    assert!(
+        e.contains("unsupported private key") && e.contains("P-256"),
+        "{e}"
+    );
+    // No usable PEM key: a certificate, or an encrypted key.
+    let e = err("cert-as-key.pem", &other.cert.pem());
+    assert!(e.contains("no private key in the file"), "{e}");
+    let e = err(
+        "encrypted.pem",
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+    );
+    assert!(e.contains("encrypted keys are not supported"), "{e}");
+    // An empty key file, and a missing one.
+    let e = err("empty.pem", "");
+    assert!(e.contains("no private key"), "{e}");
+    let files = TlsFiles {
+        cert: cert.clone(),
+        key: dir.join("missing.pem"),
+    };
+    let missing = http_tls_config(&files).map(|_| ()).unwrap_err();
+    assert!(missing.contains("missing.pem"), "{missing}");
+    // The matching key loads.
+    let files = TlsFiles {
+        cert,
+        key: dir.join("key.pem"),
+    };
+    assert!(http_tls_config(&files).is_ok());
+}

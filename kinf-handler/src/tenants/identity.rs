@@ -340,9 +340,14 @@ pub fn hash_for_file(key: &str) -> String {
 
 /// Parses a key file: one `tenant: key` per line, split at the first `:`; the key is plain or
 /// `sha256:<hex>`; blank lines and lines starting with `#` are ignored; a tenant may have several
-/// lines (several keys). Errors name the line, never the key.
+/// lines (several keys). The same key for two tenants is an error naming both lines. Errors name
+/// the line, never the key.
 pub fn parse_key_file(text: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
+    // Each key's hash so far, with its tenant and line number, to name both lines of a key
+    // given to two tenants. (Loading is not a timing side channel: no request is involved.)
+    let mut seen: std::collections::HashMap<KeyHash, (&str, usize)> =
+        std::collections::HashMap::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -355,7 +360,20 @@ pub fn parse_key_file(text: &str) -> Result<Vec<(String, String)>, String> {
         if tenant.is_empty() || key.is_empty() {
             return Err(format!("line {}: expected `tenant: key`", n + 1));
         }
-        key_hash(key).map_err(|e| format!("line {}: {e}", n + 1))?;
+        let hash = key_hash(key).map_err(|e| format!("line {}: {e}", n + 1))?;
+        match seen.get(&hash) {
+            Some((other, at)) if *other != tenant => {
+                return Err(format!(
+                    "line {}: tenant `{tenant}` has the same API key as tenant `{other}` on line \
+                     {at}",
+                    n + 1
+                ));
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(hash, (tenant, n + 1));
+            }
+        }
         out.push((tenant.to_string(), key.to_string()));
     }
     Ok(out)
