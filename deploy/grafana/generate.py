@@ -187,24 +187,26 @@ slos = dashboard("kinference-slos", "Kinference / Service objectives", grid([
 ]), [var_query("slo", "label_values(kinference_slo_objective, slo)")], ["slo"])
 
 W = 'worker_set=~"$worker_set"'
+# Every gateway replica exports the same load gauges: `max by (worker_set, endpoint)` counts each
+# endpoint once (a sum over replicas would multiply by their number).
 capacity = dashboard("kinference-capacity", "Kinference / Capacity", grid([
     dict(title="KV-cache usage by endpoint", unit="percentunit", targets=[
-        (f"kinference_endpoint_kv_usage_ratio{{{W}}}", "{{endpoint}}")]),
+        (f"max by (worker_set, endpoint) (kinference_endpoint_kv_usage_ratio{{{W}}})", "{{endpoint}}")]),
     dict(title="Queued and running requests", unit="short", targets=[
-        (f"sum by (worker_set) (kinference_endpoint_queued_requests{{{W}}})", "queued {{worker_set}}"),
-        (f"sum by (worker_set) (kinference_endpoint_running_requests{{{W}}})", "running {{worker_set}}")]),
+        (f"sum by (worker_set) (max by (worker_set, endpoint) (kinference_endpoint_queued_requests{{{W}}}))", "queued {{worker_set}}"),
+        (f"sum by (worker_set) (max by (worker_set, endpoint) (kinference_endpoint_running_requests{{{W}}}))", "running {{worker_set}}")]),
     dict(title="Busy fraction (1h)", unit="percentunit", targets=[
-        (f"avg_over_time((kinference_endpoint_running_requests{{{W}}} > bool 0)[1h:1m])", "{{endpoint}}")]),
+        (f"avg_over_time((max by (worker_set, endpoint) (kinference_endpoint_running_requests{{{W}}}) > bool 0)[1h:1m])", "{{endpoint}}")]),
     dict(title="Routable endpoints", unit="none", targets=[
-        (f"sum by (worker_set) (kinference_endpoint_routable{{{W}}})", "{{worker_set}}")]),
+        (f"sum by (worker_set) (max by (worker_set, endpoint) (kinference_endpoint_routable{{{W}}}))", "{{worker_set}}")]),
     dict(title="Tokens/s per endpoint", unit="short", targets=[
         ("sum by (endpoint, kind) (rate(kinference_endpoint_tokens_total[$__rate_interval]))", "{{endpoint}} {{kind}}")]),
     dict(title="Requests in flight per endpoint (gateway view)", unit="short", targets=[
         ("sum by (endpoint) (rate(kinference_endpoint_request_seconds_total[$__rate_interval]))", "{{endpoint}}")]),
     dict(title="Headroom: KV-cache free by worker set", unit="percentunit", targets=[
-        (f"1 - avg by (worker_set) (kinference_endpoint_kv_usage_ratio{{{W}}})", "{{worker_set}}")]),
+        (f"1 - avg by (worker_set) (max by (worker_set, endpoint) (kinference_endpoint_kv_usage_ratio{{{W}}}))", "{{worker_set}}")]),
     dict(title="Load sample age", unit="s", targets=[
-        (f"kinference_endpoint_load_age_seconds{{{W}}}", "{{endpoint}}")]),
+        (f"max by (worker_set, endpoint) (kinference_endpoint_load_age_seconds{{{W}}})", "{{endpoint}}")]),
 ]), [var_query("worker_set", "label_values(kinference_endpoint_routable, worker_set)")], ["capacity"])
 
 # KINF_GRAFANA_OUT=DIR writes there instead (scripts/e2e/prometheus_check.sh compares the

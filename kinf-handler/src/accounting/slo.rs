@@ -228,17 +228,25 @@ impl SloSet {
             }
             for item in list.unwrap_or(&[]) {
                 match parse_one(item, &at) {
-                    Ok(s) => slos.push((s, item.span.start)),
+                    Ok((s, named)) => slos.push((s, named, item.span.start)),
                     Err(mut p) => problems.append(&mut p),
                 }
             }
         }
         let mut seen = std::collections::HashSet::new();
-        for (s, start) in &slos {
+        for (s, named, start) in &slos {
             if !seen.insert(s.name.clone()) {
+                let why = if *named {
+                    ""
+                } else {
+                    // Two objectives without `name` that differ only in `tenant` or `model`
+                    // get the same default name: say where it came from.
+                    " (the default name of an objective without `name`: \
+                     `<metric>_p<quantile×100>_<threshold>`; give it a `name`)"
+                };
                 problems.push(at(
                     *start,
-                    format!("objective `{}` is defined twice", s.name),
+                    format!("objective `{}` is defined twice{why}", s.name),
                 ));
             }
         }
@@ -247,15 +255,16 @@ impl SloSet {
             return Err(SloError { problems });
         }
         Ok(SloSet {
-            slos: slos.into_iter().map(|(s, _)| s).collect(),
+            slos: slos.into_iter().map(|(s, _, _)| s).collect(),
         })
     }
 }
 
+/// One objective, and whether it has a `name` of its own (else its default name).
 fn parse_one(
     item: &Node,
     at: &impl Fn(usize, String) -> SloProblem,
-) -> Result<Slo, Vec<SloProblem>> {
+) -> Result<(Slo, bool), Vec<SloProblem>> {
     let mut problems = Vec::new();
     let Value::Map(entries) = &item.value else {
         return Err(vec![at(
@@ -338,7 +347,7 @@ fn parse_one(
                     Some(t) if t > 0.0 && t.is_finite() => threshold = Some(t),
                     _ => problems.push(at(
                         v.span.start,
-                        "`threshold` must be a positive duration: `250ms`, `2s`, `1m`, or seconds"
+                        "`threshold` must be a positive duration: `500us`, `250ms`, `2s`, `1m`, or seconds"
                             .into(),
                     )),
                 }
@@ -361,14 +370,18 @@ fn parse_one(
         }
     }
     match (metric, quantile, threshold) {
-        (Some(metric), Some(quantile), Some(threshold_s)) if problems.is_empty() => Ok(Slo {
-            name: name.unwrap_or_else(|| default_name(metric, quantile, threshold_s)),
-            tenant,
-            model,
-            metric,
-            quantile,
-            threshold_s,
-        }),
+        (Some(metric), Some(quantile), Some(threshold_s)) if problems.is_empty() => {
+            let named = name.is_some();
+            let slo = Slo {
+                name: name.unwrap_or_else(|| default_name(metric, quantile, threshold_s)),
+                tenant,
+                model,
+                metric,
+                quantile,
+                threshold_s,
+            };
+            Ok((slo, named))
+        }
         _ => Err(problems),
     }
 }
@@ -508,6 +521,21 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(dup.problems[0].line, 2, "{dup}");
+        assert!(!dup.to_string().contains("default name"), "{dup}");
+        // Two objectives without `name` that differ only in their tenant share the default
+        // name: the error says so, and how to fix it.
+        let unnamed = SloSet::from_yaml(
+            "- {tenant: a, metric: ttft, quantile: 0.9, threshold: 2s}\n- {tenant: b, metric: ttft, quantile: 0.9, threshold: 2s}\n",
+        )
+        .unwrap_err();
+        assert_eq!(unnamed.problems.len(), 1, "{unnamed}");
+        assert_eq!(unnamed.problems[0].line, 2, "{unnamed}");
+        let text = unnamed.to_string();
+        assert!(
+            text.contains("`ttft_p90_2s` is defined twice (the default name")
+                && text.contains("give it a `name`"),
+            "{text}"
+        );
         assert!(SloSet::from_yaml("slos: [").is_err());
         // A second YAML document is not silently ignored.
         let two = SloSet::from_yaml(

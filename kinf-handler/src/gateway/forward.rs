@@ -1305,12 +1305,7 @@ fn decide(
                 headers: r.headers.clone(),
                 tenant: req.tenant.clone(),
                 requested_model: req.model.clone(),
-                cost: policy
-                    .destinations
-                    .iter()
-                    .find(|d| d.name == r.destination && d.namespace == r.namespace)
-                    .map(|d| d.cost)
-                    .unwrap_or_default(),
+                cost: destination_cost(policy, &r.namespace, &r.destination, r.backend_type),
                 provider: (!local).then(|| Arc::from(format!("{}/{}", r.namespace, r.destination))),
                 prompt_tokens: req.prompt_tokens,
                 streamed: req.stream,
@@ -1321,6 +1316,22 @@ fn decide(
         });
         (d, chosen)
     })
+}
+
+/// The prices of the destination a route chose. A worker set and a provider may share a
+/// namespace and name: the kind tells them apart.
+fn destination_cost(
+    policy: &kinf_lang::CompiledPolicy,
+    namespace: &str,
+    name: &str,
+    backend: BackendType,
+) -> kinf_lang::compiled::CostInfo {
+    policy
+        .destinations
+        .iter()
+        .find(|d| &*d.name == name && &*d.namespace == namespace && d.backend == backend)
+        .map(|d| d.cost)
+        .unwrap_or_default()
 }
 
 enum SendError {
@@ -1612,6 +1623,34 @@ mod tests {
             (obs.upstream_ttft_s.unwrap() - 0.100).abs() < 1e-9,
             "{obs:?}"
         );
+    }
+
+    #[test]
+    fn a_provider_is_priced_at_its_own_cost_when_a_worker_set_has_its_name() {
+        let text = r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: { name: llm, namespace: team }
+spec:
+  endpoints: ["10.0.0.1:8000"]
+  models: [ { name: m } ]
+  cost: { uncachedPromptPerMillion: 1, outputPerMillion: 2 }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: { name: llm, namespace: team }
+spec:
+  type: OpenAI
+  url: https://api.example.com/v1
+  credentials: { env: KEY }
+  models: [ { name: m, providerModel: m-large } ]
+  cost: { uncachedPromptPerMillion: 10, outputPerMillion: 30 }
+"#;
+        let (_, c) = kinf_lang::compile_str("cluster.yaml", text);
+        let policy = c.policy.unwrap();
+        let local = destination_cost(&policy, "team", "llm", BackendType::Local);
+        let provider = destination_cost(&policy, "team", "llm", BackendType::Provider);
+        assert_eq!((local.uncached_prompt, local.output), (1.0, 2.0));
+        assert_eq!((provider.uncached_prompt, provider.output), (10.0, 30.0));
     }
 
     #[test]

@@ -636,14 +636,8 @@ impl Exchange {
                     std::str::from_utf8(v).ok()?.parse().ok()
                 })
                 .unwrap_or(0);
-            let ok = (200..300).contains(&r.status);
-            count_request(
-                &self.gw,
-                r.api,
-                r.status,
-                if ok { "ok" } else { "upstream_status" },
-                &crate::accounting::Who::of(&r.chosen),
-            );
+            // Counted in `kinference_requests_total` once, at its decision (`routed`); the
+            // response is accounted when it is reported.
             if h.end_of_stream {
                 self.report(false);
             }
@@ -717,7 +711,12 @@ impl Exchange {
             return;
         }
         r.reported = true;
-        if !r.stream {
+        if !body_seen {
+            // Envoy does not send response bodies: only the status and the duration are
+            // known, and nothing says the response was cut short. Taken as complete, or every
+            // such response would count as incomplete and fail every objective.
+            r.tap.observed.completed = true;
+        } else if !r.stream {
             r.tap.observed.usage = body_usage(r.api, &r.body);
             r.tap.observed.completed = ended;
         }
