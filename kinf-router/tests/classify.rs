@@ -321,3 +321,185 @@ fn complexity_thresholds_from_the_spec_move_the_levels() {
         vec![std::sync::Arc::<str>::from("complexity-medium")]
     );
 }
+
+/// Inputs built to make a start inside a long run re-scan the run (the `sk-`, `xox`, `glpat-`
+/// and JWT patterns, IPv6 runs, PEM headers followed by blank lines): the scan stays linear.
+/// Quadratic scans took seconds per 64 KiB here (minutes per MiB); the bound leaves a wide
+/// margin for slow debug builds on a busy machine.
+#[test]
+fn pathological_inputs_scan_in_linear_time() {
+    let c = Classifiers::default();
+    for unit in [
+        "sk-",
+        "xoxb-",
+        "glpat-",
+        "eyJ-",
+        ":",
+        "a:",
+        "1:",
+        "::1.",
+        "-----BEGIN PRIVATE KEY-----\n\n",
+    ] {
+        let text = unit.repeat(64 * 1024 / unit.len());
+        let t = std::time::Instant::now();
+        let out = c.classify(&[Message::new("user", &text)]);
+        let took = t.elapsed();
+        assert!(out.matches.is_empty(), "{unit:?}");
+        assert!(
+            took < std::time::Duration::from_secs(2),
+            "{unit:?} x {}: {took:?}",
+            text.len() / unit.len()
+        );
+    }
+}
+
+/// Letters of scripts written without spaces (CJK, kana, Hangul, Thai) do not glue a value to
+/// a word: a value written directly against them is found.
+#[test]
+fn values_written_against_unspaced_scripts_are_found() {
+    assert_entity("请拨打+86 138 0013 8000联系我", "phone");
+    assert_entity("邮箱zhang.wei@example.com谢谢", "email");
+    assert_entity("メールはtaro@example.jpです", "email");
+    assert_entity("カード番号4111 1111 1111 1111です", "credit-card");
+    assert_entity("IP地址192.168.1.20", "ip-address");
+    assert_entity("이메일은 kim@example.com입니다", "email");
+    assert_entity("โทร+66 2 123 4567ครับ", "phone");
+    assert_entity(
+        "密钥sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z。",
+        "credential",
+    );
+    // Letters of spaced scripts still glue: the digits belong to the word.
+    assert_clean("été4111 1111 1111 1111");
+    assert_clean("Größe192.168.1.20");
+}
+
+/// Every country of the IBAN registry, not only the first 69.
+#[test]
+fn ibans_of_every_registry_country() {
+    for iban in [
+        "VA59 0011 2300 0012 3456 78",
+        "LC55 HEMM 0001 0001 0012 0012 0002 3015",
+        "BY13 NBRB 3600 9000 0000 2Z00 AB00",
+        "SC18 SSCB 1101 0000 0000 0000 1497 USD",
+        "ST23 0001 0001 0051 8453 1014 6",
+        "SV62 CENR 0000 0000 0000 0070 0025",
+        "TL38 0080 0123 4567 8910 157",
+        "IQ98 NBIQ 8501 2345 6789 012",
+        "BI42 1000 0100 0100 0033 2045 181",
+        "DJ9012345678901234567890123",
+        "FK4912345678901234",
+        "HN29ABCD12345678901234567890",
+        "LY37123456789012345678901",
+        "MN181234567890123456",
+        "NI87ABCD12345678901234567890",
+        "OM311234567890123456789",
+        "RU29ABCD1234567890123456789012345",
+        "SD5012345678901234",
+        "SO861234567890123456789",
+        "YE79ABCD1234567890123456789012",
+    ] {
+        assert!(iban_checksum(&iban.replace(' ', "")), "{iban}");
+        assert_entity(&format!("pay to {iban} today"), "iban");
+    }
+}
+
+/// `tel:` URIs and labels glued to the number with a colon, and `+CC` followed by the whole
+/// national number in one group.
+#[test]
+fn phones_in_uris_and_with_an_unsplit_national_number() {
+    for p in [
+        "<a href=\"tel:+14155550132\">call</a>",
+        "tel:+1-415-555-0132",
+        "phone:+44 20 7946 0958",
+        "Mobile:0151 23456789",
+        "call +91-9876543210 now",
+        "call +91 9876543210 now",
+        "call +44 7700900123 now",
+        "call +1-4155550132 now",
+    ] {
+        assert_entity(p, "phone");
+    }
+    // A colon after a digit is still a time or a ratio; identifiers stay identifiers.
+    assert_clean("at 10:30 555 0132 99");
+    assert_clean("ISBN:978-3-16-148410-0");
+    assert_clean("SKU:550-123-4567");
+    assert_clean("scale 1:555-123-4567");
+    // A `+` group longer than 14 digits is no phone (E.164 has at most 15 digits).
+    assert_clean("value +1 4155550132123456");
+}
+
+/// SSH/scp remotes (`user@host:path`) are not e-mail addresses.
+#[test]
+fn scp_remotes_are_not_emails() {
+    assert_clean("git clone git@github.com:org/repo.git");
+    assert_clean("scp build.tar deploy@files.example.com:/srv/releases/");
+    assert_entity("mail jane@example.com: she answers", "email");
+    assert_entity("mail jane@example.com:", "email");
+}
+
+/// `kinfctl classify --file` reads a request as the gateway does: Anthropic's top-level
+/// `system`, the `content` of `tool_result` blocks, text parts of any type, the function
+/// names and arguments of `tool_calls` (after the messages), and completions prompts.
+#[test]
+fn request_files_are_read_as_the_gateway_reads_them() {
+    use kinf_router::classify::eval::messages_from_json;
+    let read = |v: serde_json::Value| -> Vec<(String, String)> {
+        messages_from_json(&v)
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.role, m.content))
+            .collect()
+    };
+    let pair = |r: &str, c: &str| (r.to_string(), c.to_string());
+    let anthropic = serde_json::json!({
+        "model": "claude",
+        "max_tokens": 10,
+        "system": [{"type": "text", "text": "Customer: jane@example.com"}],
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [
+                    {"type": "text", "text": "SSN 123-45-6789"}
+                ]},
+                {"type": "image", "source": {"type": "base64", "data": "AAAA"}}
+            ]},
+            {"role": "assistant", "content": "ok"}
+        ]
+    });
+    assert_eq!(
+        read(anthropic),
+        [
+            pair("system", "Customer: jane@example.com"),
+            pair("user", "SSN 123-45-6789"),
+            pair("assistant", "ok"),
+        ]
+    );
+    let openai = serde_json::json!({
+        "messages": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "lookup", "arguments": "{\"card\":\"4111111111111111\"}"}}
+            ]},
+            {"role": "tool", "content": "done"}
+        ]
+    });
+    assert_eq!(
+        read(openai),
+        [
+            pair("user", "hi"),
+            pair("assistant", ""),
+            pair("tool", "done"),
+            pair("assistant", "lookup {\"card\":\"4111111111111111\"}"),
+        ]
+    );
+    assert_eq!(
+        read(serde_json::json!({"prompt": ["a@b.io", "c"]})),
+        [pair("user", "a@b.io"), pair("user", "c")]
+    );
+    assert_eq!(
+        read(serde_json::json!({"prompt": "x"})),
+        [pair("user", "x")]
+    );
+    assert!(read(serde_json::json!({"prompt": [1, 2, 3]})).is_empty());
+    assert!(messages_from_json(&serde_json::json!({"model": "m"})).is_err());
+}

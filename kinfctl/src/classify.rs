@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use kinf_router::classify::eval::{self, OwnedMessage};
-use kinf_router::classify::{Classifiers, Message};
+use kinf_router::classify::{Classification, Classifiers, Message};
 
 use crate::cli::Format;
 use crate::report;
@@ -16,7 +16,8 @@ use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
 pub enum Input<'a> {
     /// Literal text, one user message.
     Text(&'a str),
-    /// Plain text, or a JSON chat request `{"messages": [...]}`.
+    /// Plain text, or a JSON request (chat, Anthropic messages or completions), read as the
+    /// gateway reads it.
     File(&'a Path),
     /// A labelled JSONL file to evaluate.
     Eval(&'a Path),
@@ -143,7 +144,12 @@ fn print_one(
     out: &mut dyn Write,
 ) -> i32 {
     let borrowed: Vec<Message<'_>> = msgs.iter().map(OwnedMessage::as_message).collect();
-    let c = classifiers.classify(&borrowed);
+    // As the gateway: a request without text (a prompt of token ids) gets no tag at all.
+    let c = if borrowed.is_empty() {
+        Classification::default()
+    } else {
+        classifiers.classify(&borrowed)
+    };
     match format {
         Format::Json => {
             let _ = writeln!(
@@ -226,6 +232,41 @@ mod tests {
         assert_eq!(code, EXIT_OK);
         assert_eq!(v["matches"][0]["tag"], "pii-iban");
         assert_eq!(v["matches"][0]["message_index"], 2);
+    }
+
+    /// An Anthropic request: the top-level `system` and the `tool_result` blocks are read; a
+    /// prompt of token ids gets no tag, as through the gateway.
+    #[test]
+    fn anthropic_file_reads_system_and_tool_results() {
+        let dir = std::env::temp_dir().join(format!("kinfctl-classify-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("anthropic.json");
+        let body = serde_json::json!({
+            "model": "claude", "max_tokens": 16,
+            "system": "Account holder: jane@example.com",
+            "messages": [{"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t", "content": "SSN 123-45-6789"}
+            ]}]
+        });
+        std::fs::write(&f, body.to_string()).unwrap();
+        let (code, v) = run_json(Input::File(&f), None);
+        assert_eq!(code, EXIT_OK);
+        assert_eq!(v["matches"][0]["tag"], "pii-email");
+        assert_eq!(v["matches"][0]["message_index"], 0);
+        assert_eq!(v["matches"][1]["tag"], "pii-ssn");
+        assert_eq!(v["matches"][1]["message_index"], 1);
+        std::fs::write(&f, r#"{"model": "m", "prompt": [1, 2, 3]}"#).unwrap();
+        let (code, v) = run_json(Input::File(&f), None);
+        assert_eq!(code, EXIT_OK);
+        assert_eq!(
+            v["tags"],
+            serde_json::json!([]),
+            "token ids: no text, no tag"
+        );
+        std::fs::write(&f, r#"{"model": "m"}"#).unwrap();
+        let (code, _) = run_json(Input::File(&f), None);
+        assert_eq!(code, EXIT_USAGE);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -33,7 +33,7 @@ impl ComplexityLevel {
 /// Thresholds. A feature scores 0, 1 or 2 points: 1 at its first threshold, 2 at its second.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ComplexityConfig {
-    /// Estimated prompt tokens (characters / 4): 1 point at 256, 2 at 1024, 3 at 4096.
+    /// Estimated prompt tokens (bytes of content / 4): 1 point at 256, 2 at 1024, 3 at 4096.
     pub tokens: [usize; 3],
     /// Conversation turns (non-system messages).
     pub turns: [usize; 2],
@@ -69,7 +69,7 @@ impl Default for ComplexityConfig {
 /// Feature values of one request.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Features {
-    /// Characters / 4 over all messages.
+    /// Bytes of content / 4 over all messages.
     pub tokens: usize,
     /// Non-system messages.
     pub turns: usize,
@@ -159,15 +159,15 @@ impl Complexity {
     /// and math symbols together).
     pub fn features(&self, messages: &[Message<'_>]) -> Features {
         let mut f = Features::default();
-        let mut chars = 0usize;
+        let mut bytes = 0usize;
         for m in messages {
-            chars += m.content.len();
+            bytes += m.content.len();
             if m.role != "system" {
                 f.turns += 1;
             }
             scan(m.content, &mut f);
         }
-        f.tokens = chars / 4;
+        f.tokens = bytes / 4;
         f
     }
 

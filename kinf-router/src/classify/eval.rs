@@ -11,7 +11,7 @@ use super::{Classifiers, Message};
 pub struct OwnedMessage {
     /// Role.
     pub role: String,
-    /// Text; array contents are the `text` of their `{type: text}` parts joined by newlines.
+    /// Text; array contents are read as [`messages_from_json`] says.
     pub content: String,
 }
 
@@ -20,45 +20,101 @@ impl OwnedMessage {
     pub fn as_message(&self) -> Message<'_> {
         Message::new(&self.role, &self.content)
     }
+
+    fn new(role: &str, content: String) -> Self {
+        OwnedMessage {
+            role: role.to_string(),
+            content,
+        }
+    }
 }
 
-/// The messages of `{"messages": [...]}` (chat request) or `{"text": "..."}` (one user
-/// message). `content` may be a string or an array of `{type: "text", text}` parts; other
-/// parts are ignored.
+/// The messages of a request, read as the gateway reads them for its classifiers:
+///
+/// - `{"text": "..."}`: one user message;
+/// - a chat request, OpenAI or Anthropic: Anthropic's top-level `system` (when not empty)
+///   first, then every message of `messages` (a missing `role` is `user`), then, for each
+///   entry of a message's `tool_calls`, a message of that role holding the function's name
+///   and arguments (`name arguments`);
+/// - a completions request: each string of `prompt` (a string or an array of strings; token
+///   ids carry no text) as a user message.
+///
+/// A `content` is a string, `null`, or an array of parts whose `text` strings (for a part
+/// without one, such as a `tool_result` block, its `content` read the same way) are joined by
+/// newlines; parts with neither (images, audio) add nothing.
 pub fn messages_from_json(v: &Value) -> Result<Vec<OwnedMessage>, String> {
     if let Some(t) = v.get("text").and_then(Value::as_str) {
-        return Ok(vec![OwnedMessage {
-            role: "user".into(),
-            content: t.to_string(),
-        }]);
+        return Ok(vec![OwnedMessage::new("user", t.to_string())]);
+    }
+    if let Some(prompt) = v.get("prompt") {
+        return match prompt {
+            Value::String(s) => Ok(vec![OwnedMessage::new("user", s.clone())]),
+            Value::Array(items) => Ok(items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|s| OwnedMessage::new("user", s.to_string()))
+                .collect()),
+            _ => Err("`prompt`: expected a string or an array".into()),
+        };
     }
     let Some(msgs) = v.get("messages").and_then(Value::as_array) else {
-        return Err("expected `text` (a string) or `messages` (an array)".into());
+        return Err(
+            "expected `text` (a string), `messages` (an array) or `prompt` (a completions prompt)"
+                .into(),
+        );
     };
-    let mut out = Vec::with_capacity(msgs.len());
+    let mut out = Vec::with_capacity(msgs.len() + 1);
+    if let Some(sys) = v.get("system") {
+        let text = content_text(sys, "system")?;
+        if !text.is_empty() {
+            out.push(OwnedMessage::new("system", text));
+        }
+    }
+    let mut calls = Vec::new();
     for (i, m) in msgs.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
         let content = match m.get("content") {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .filter(|p| p.get("type").and_then(Value::as_str).unwrap_or("text") == "text")
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join("\n"),
-            None | Some(Value::Null) => String::new(),
-            Some(_) => {
-                return Err(format!(
-                    "messages[{i}].content: expected a string or an array"
-                ));
-            }
+            Some(c) => content_text(c, &format!("messages[{i}].content"))?,
+            None => String::new(),
         };
-        out.push(OwnedMessage {
-            role: role.to_string(),
-            content,
-        });
+        out.push(OwnedMessage::new(role, content));
+        if let Some(Value::Array(tool_calls)) = m.get("tool_calls") {
+            for f in tool_calls.iter().filter_map(|c| c.get("function")) {
+                let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+                let args = match f.get("arguments") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v) if !v.is_null() => v.to_string(),
+                    _ => String::new(),
+                };
+                calls.push(OwnedMessage::new(role, format!("{name} {args}")));
+            }
+        }
     }
+    out.extend(calls);
     Ok(out)
+}
+
+/// The text of a `content` value (see [`messages_from_json`]).
+fn content_text(v: &Value, field: &str) -> Result<String, String> {
+    match v {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (i, p) in parts.iter().enumerate() {
+                if let Some(t) = p.get("text") {
+                    let t = t
+                        .as_str()
+                        .ok_or_else(|| format!("{field}[{i}].text: expected a string"))?;
+                    texts.push(t.to_string());
+                } else if let Some(c) = p.get("content") {
+                    texts.push(content_text(c, &format!("{field}[{i}].content"))?);
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        _ => Err(format!("{field}: expected a string or an array")),
+    }
 }
 
 /// One labelled example.

@@ -161,10 +161,7 @@ impl Kind {
             ),
             Kind::Aws => r"(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|AROA|APKA)[A-Z0-9]{16}",
             Kind::Bearer => r"[Bb](?:earer|EARER)[ \t]+[A-Za-z0-9._~+/=-]{16,}",
-            Kind::Email => concat!(
-                r"[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?",
-                r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}"
-            ),
+            Kind::Email => EMAIL,
             Kind::Iban => r"[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]){10,30}",
             Kind::Card => r"[0-9](?:[ -]?[0-9]){12,18}",
             Kind::Ssn => r"[0-9]{3}[- ][0-9]{2}[- ][0-9]{4}",
@@ -176,6 +173,30 @@ impl Kind {
             Kind::Phone => r"[+(]?[0-9][0-9 ()./-]{6,24}[0-9]",
         }
     }
+}
+
+/// The e-mail pattern: a local part, `@`, and [`EMAIL_DOMAIN`].
+const EMAIL: &str = concat!(
+    r"[A-Za-z0-9][A-Za-z0-9._%+-]*@",
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?",
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}"
+);
+
+/// The part of [`EMAIL`] after the `@`.
+const EMAIL_DOMAIN: &str = concat!(
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?",
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}"
+);
+
+/// What one scan of a text remembers between candidates, so that no stretch of it is read
+/// once per candidate start.
+struct Memo {
+    /// The next `@` at or after the scan position (`usize::MAX` when there is none).
+    next_at: usize,
+    /// The `@` whose domain was matched last, and the end of that match.
+    domain: Option<(usize, Option<usize>)>,
+    /// Where `-----END` was searched from last, and where it was found (see `next_pem_end`).
+    pem_end: Option<(usize, Option<usize>)>,
 }
 
 #[derive(Clone, Debug)]
@@ -199,6 +220,8 @@ pub struct Pii {
     /// The bit of each kind (by `Kind as usize`) in the masks, 0 when it is not detected.
     kind_bits: [u16; 13],
     pats: Vec<Pat>,
+    /// [`EMAIL_DOMAIN`], anchored (`None` when e-mail is not detected).
+    email_domain: Option<Regex>,
     tags: Vec<(PiiEntity, Arc<str>)>,
     pub(crate) detected_tag: Arc<str>,
 }
@@ -247,6 +270,9 @@ impl Pii {
         let email_bit = bit(Kind::Email);
         let digit_bits =
             bit(Kind::Card) | bit(Kind::Ssn) | bit(Kind::Ipv4) | bit(Kind::Ipv6) | bit(Kind::Phone);
+        let email_domain = (email_bit != 0)
+            .then(|| Regex::new(&format!("^(?:{EMAIL_DOMAIN})")).ok())
+            .flatten();
         let tags = PiiEntity::ALL
             .iter()
             .map(|e| (*e, Arc::from(format!("pii-{}", e.as_str()))))
@@ -259,6 +285,7 @@ impl Pii {
             digit_bits,
             kind_bits,
             pats,
+            email_domain,
             tags,
             detected_tag: Arc::from("pii-detected"),
         }
@@ -294,9 +321,12 @@ impl Pii {
     fn scan_text(&self, index: usize, text: &str, out: &mut Vec<Match>) {
         let bytes = text.as_bytes();
         let mut cands: Vec<(usize, usize, Kind)> = Vec::new();
-        // Position of the next `@` at or after the scan position (`usize::MAX` when there is
-        // none): the e-mail pattern needs one within 80 bytes, before any whitespace.
-        let mut next_at = next_at_sign(bytes, 0);
+        // The e-mail pattern needs an `@` within 80 bytes, before any whitespace.
+        let mut memo = Memo {
+            next_at: next_at_sign(bytes, 0),
+            domain: None,
+            pem_end: None,
+        };
         let mut i = 0;
         // Whether the character before `i` is a word character: candidates glued to a word
         // are never valid, and the scan resumes after the word.
@@ -322,7 +352,7 @@ impl Pii {
             let next = bytes.get(i + 1).copied().unwrap_or(0);
             let mut mask = self.starts.get(usize::from(b)).copied().unwrap_or(0)
                 & self.seconds.get(usize::from(next)).copied().unwrap_or(0);
-            if mask & self.email_bit != 0 && !email_gate(bytes, i, &mut next_at) {
+            if mask & self.email_bit != 0 && !email_gate(bytes, i, &mut memo.next_at) {
                 mask &= !self.email_bit;
             }
             if b.is_ascii_digit() && mask & self.digit_bits != 0 {
@@ -338,7 +368,7 @@ impl Pii {
                 }
                 continue;
             }
-            let max_end = self.candidates_at(text, i, mask, &mut cands);
+            let max_end = self.candidates_at(text, i, mask, &mut cands, &mut memo);
             if max_end > i {
                 i = max_end;
                 prev_word = prev_is(text, i, is_word);
@@ -352,16 +382,23 @@ impl Pii {
 
     /// Runs the patterns of `mask` anchored at `i` (an ASCII byte not glued to a word), pushes
     /// the validated matches to `cands` and returns the furthest end (`i` when none). The
-    /// e-mail bit is only set when `email_gate` passed.
+    /// e-mail bit is only set when `email_gate` passed (so `memo.next_at` is the `@` an
+    /// e-mail starting at `i` would have).
     fn candidates_at(
         &self,
         text: &str,
         i: usize,
         mask: u16,
         cands: &mut Vec<(usize, usize, Kind)>,
+        memo: &mut Memo,
     ) -> usize {
         let bytes = text.as_bytes();
         let rest = bytes.get(i..).unwrap_or_default();
+        let prev = i
+            .checked_sub(1)
+            .and_then(|p| bytes.get(p))
+            .copied()
+            .unwrap_or(0);
         let mut max_end = i;
         let mut m = mask;
         while m != 0 {
@@ -372,20 +409,51 @@ impl Pii {
                 Kind::Card => card_len(rest),
                 Kind::Ssn => ssn_len(rest),
                 Kind::Ipv4 => ipv4_len(rest),
+                Kind::Ipv6 if rejected_after(Kind::Ipv6, prev) => None,
                 Kind::Ipv6 => ipv6_len(rest),
                 Kind::Phone => phone_len(rest),
-                Kind::Email => anchored_len(&pat.re, text, i),
-                other => other
-                    .gate(rest)
+                Kind::Email => self.email_len(text, i, memo),
+                other => (other.gate(rest) && !rejected_after(other, prev))
                     .then(|| anchored_len(&pat.re, text, i))
                     .flatten(),
             };
-            if let Some((s, e)) = len.and_then(|n| validate(pat.kind, text, i, i + n)) {
+            let valid = len.and_then(|n| match pat.kind {
+                Kind::Pem => pem(text, i, i + n, &mut memo.pem_end),
+                kind => validate(kind, text, i, i + n),
+            });
+            if let Some((s, e)) = valid {
                 cands.push((s, e, pat.kind));
                 max_end = max_end.max(e);
             }
         }
         max_end
+    }
+
+    /// The length of the [`EMAIL`] match at `i`, whose `@` is `memo.next_at`: the local part is
+    /// checked in code and the domain matched once per `@` (every start before the same `@`
+    /// shares it; matching it again from each made `a.a.a.a@<long domain>` cost 40 times more).
+    fn email_len(&self, text: &str, i: usize, memo: &mut Memo) -> Option<usize> {
+        let a = memo.next_at;
+        let local = text.as_bytes().get(i + 1..a)?;
+        if !local
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'%' | b'+' | b'-'))
+        {
+            return None;
+        }
+        let end = match memo.domain {
+            Some((at, end)) if at == a => end,
+            _ => {
+                let end = self
+                    .email_domain
+                    .as_ref()
+                    .and_then(|re| anchored_len(re, text, a + 1))
+                    .map(|n| a + 1 + n);
+                memo.domain = Some((a, end));
+                end
+            }
+        };
+        end.map(|e| e - i)
     }
 
     /// All bits but those of the kinds matched in code that cannot match at the start of `r`
@@ -616,8 +684,41 @@ fn next_char(text: &str, at: usize) -> Option<char> {
     text.get(at..).and_then(|t| t.chars().next())
 }
 
+/// A character that glues a value to the word next to it: letters, digits and `_`, except the
+/// letters of scripts written without spaces between words, where a value written directly
+/// against the text (`电话+86 138 0013 8000`, `taro@example.jpです`) is still a value.
 fn is_word(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
+    if c.is_ascii() {
+        return c.is_ascii_alphanumeric() || c == '_';
+    }
+    c.is_alphanumeric() && !unspaced_script(c)
+}
+
+/// Letters of scripts written without spaces between words, or whose particles attach to the
+/// word before them: Thai, Lao, Myanmar, Khmer, Hangul, kana, CJK ideographs (with their
+/// radicals, strokes, extensions and compatibility forms, and the halfwidth forms).
+fn unspaced_script(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x0E00..=0x0EFF // Thai, Lao
+            | 0x1000..=0x109F // Myanmar
+            | 0x1100..=0x11FF // Hangul Jamo
+            | 0x1780..=0x17FF // Khmer
+            | 0x2E80..=0x2FDF // CJK radicals, Kangxi radicals
+            | 0x3005..=0x3007 // 々 〆 〇
+            | 0x3021..=0x3029 // Hangzhou numerals
+            | 0x3031..=0x3035 // kana repeat marks
+            | 0x3038..=0x303C // 〸 〹 〺 〻 〼
+            | 0x3040..=0x31FF // Hiragana, Katakana, Bopomofo, Hangul compatibility Jamo, ...
+            | 0x3400..=0x4DBF // CJK extension A
+            | 0x4E00..=0x9FFF // CJK unified ideographs
+            | 0xA960..=0xA97F // Hangul Jamo extended A
+            | 0xAC00..=0xD7FF // Hangul syllables, Jamo extended B
+            | 0xF900..=0xFAFF // CJK compatibility ideographs
+            | 0xFF66..=0xFFDC // halfwidth Katakana and Hangul
+            | 0x1B000..=0x1B16F // kana supplement and extensions
+            | 0x20000..=0x3FFFF // CJK extensions B and later
+    )
 }
 
 fn prev_is(text: &str, at: usize, f: impl Fn(char) -> bool) -> bool {
@@ -715,13 +816,27 @@ fn after_digit_group(text: &str, at: usize) -> bool {
     matches!(it.next(), Some(' ' | '-' | '.')) && it.next().is_some_and(|c| c.is_ascii_digit())
 }
 
+/// Whether `validate` rejects a token, JWT or IPv6 match for the byte `prev` before it (the
+/// scan never starts one after a word character, so that part of its test is left out). Their
+/// matches have no length bound and every start inside one is such a start: testing this
+/// before matching keeps each run from being read again from each of its positions, which made
+/// the scan quadratic (`sk-sk-sk-...`, `eyJ-eyJ-...`, `::::...`).
+fn rejected_after(kind: Kind, prev: u8) -> bool {
+    match kind {
+        Kind::Token => prev == b'-',
+        Kind::Jwt => matches!(prev, b'-' | b'.'),
+        Kind::Ipv6 => matches!(prev, b':' | b'.'),
+        _ => false,
+    }
+}
+
 fn validate(kind: Kind, text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
     if matches!(kind, Kind::Phone | Kind::Card | Kind::Ssn) && after_digit_group(text, s) {
         return None;
     }
     let cand = text.get(s..e)?;
     match kind {
-        Kind::Pem => pem(text, s, e),
+        Kind::Pem => pem(text, s, e, &mut None),
         Kind::Jwt => {
             if prev_is(text, s, |c| is_word(c) || c == '-' || c == '.') {
                 return None;
@@ -825,9 +940,37 @@ fn base64url_decode(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-fn pem(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
+/// The first `-----END` at or after `from`, remembered in `memo` as `(from, found)` between the
+/// calls of one scan: a text with many headers is searched once, not once per header.
+fn next_pem_end(
+    text: &str,
+    from: usize,
+    memo: &mut Option<(usize, Option<usize>)>,
+) -> Option<usize> {
+    if let Some((f, found)) = *memo
+        && f <= from
+        && found.is_none_or(|a| a >= from)
+    {
+        return found;
+    }
+    let found = text
+        .get(from..)
+        .and_then(|r| r.find("-----END"))
+        .map(|j| from + j);
+    *memo = Some((from, found));
+    found
+}
+
+/// A private-key block from its header `s..e`: through the next `-----END ...-----` (or the
+/// next blank line when there is none), with at least 40 base64 characters in the body.
+fn pem(
+    text: &str,
+    s: usize,
+    e: usize,
+    memo: &mut Option<(usize, Option<usize>)>,
+) -> Option<(usize, usize)> {
     let rest = text.get(e..)?;
-    let (body, end) = match rest.find("-----END") {
+    let (body, end) = match next_pem_end(text, e, memo).and_then(|a| a.checked_sub(e)) {
         Some(i) => {
             let after = rest.get(i + 8..)?;
             let close = after.find("-----").map(|j| i + 8 + j + 5).unwrap_or(i + 8);
@@ -854,6 +997,11 @@ fn email(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
     if next_is(text, e, |c| is_word(c) || c == '@') || prev_is(text, s, |c| c == '@') {
         return None;
     }
+    // `git@github.com:org/repo.git`, `deploy@host:/srv`: an SSH or scp remote, not an address.
+    let after = text.as_bytes().get(e..).unwrap_or_default();
+    if after.first() == Some(&b':') && after.get(1).is_some_and(|b| !b.is_ascii_whitespace()) {
+        return None;
+    }
     let cand = text.get(s..e)?;
     let tld = cand.rsplit('.').next()?.to_ascii_lowercase();
     if FILE_EXTENSIONS.contains(&tld.as_str()) {
@@ -862,7 +1010,7 @@ fn email(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
     Some((s, e))
 }
 
-/// IBAN length by country (ISO 13616 registry).
+/// IBAN length by country: the 89 countries of the SWIFT IBAN registry (ISO 13616), 2025.
 const IBAN_LENGTHS: &[(&str, usize)] = &[
     ("AD", 24),
     ("AE", 23),
@@ -873,18 +1021,22 @@ const IBAN_LENGTHS: &[(&str, usize)] = &[
     ("BE", 16),
     ("BG", 22),
     ("BH", 22),
+    ("BI", 27),
     ("BR", 29),
+    ("BY", 28),
     ("CH", 21),
     ("CR", 22),
     ("CY", 28),
     ("CZ", 24),
     ("DE", 22),
+    ("DJ", 27),
     ("DK", 18),
     ("DO", 28),
     ("EE", 20),
     ("EG", 29),
     ("ES", 24),
     ("FI", 18),
+    ("FK", 18),
     ("FO", 18),
     ("FR", 27),
     ("GB", 22),
@@ -893,29 +1045,36 @@ const IBAN_LENGTHS: &[(&str, usize)] = &[
     ("GL", 18),
     ("GR", 27),
     ("GT", 28),
+    ("HN", 28),
     ("HR", 21),
     ("HU", 28),
     ("IE", 22),
     ("IL", 23),
+    ("IQ", 23),
     ("IS", 26),
     ("IT", 27),
     ("JO", 30),
     ("KW", 30),
     ("KZ", 20),
     ("LB", 28),
+    ("LC", 32),
     ("LI", 21),
     ("LT", 20),
     ("LU", 20),
     ("LV", 21),
+    ("LY", 25),
     ("MC", 27),
     ("MD", 24),
     ("ME", 22),
     ("MK", 19),
+    ("MN", 20),
     ("MR", 27),
     ("MT", 31),
     ("MU", 30),
+    ("NI", 28),
     ("NL", 18),
     ("NO", 15),
+    ("OM", 23),
     ("PK", 24),
     ("PL", 28),
     ("PS", 29),
@@ -923,16 +1082,25 @@ const IBAN_LENGTHS: &[(&str, usize)] = &[
     ("QA", 29),
     ("RO", 24),
     ("RS", 22),
+    ("RU", 33),
     ("SA", 24),
+    ("SC", 31),
+    ("SD", 18),
     ("SE", 24),
     ("SI", 19),
     ("SK", 24),
     ("SM", 27),
+    ("SO", 23),
+    ("ST", 25),
+    ("SV", 28),
+    ("TL", 23),
     ("TN", 24),
     ("TR", 26),
     ("UA", 29),
+    ("VA", 22),
     ("VG", 24),
     ("XK", 20),
+    ("YE", 30),
 ];
 
 fn iban(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
@@ -1152,16 +1320,29 @@ fn phone(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
             s += 1;
         }
     }
-    if prev_is(text, s, |c| {
-        is_word(c)
-            || matches!(
-                c,
-                '.' | '-' | '/' | '+' | ':' | '$' | '€' | '£' | '=' | '\''
-            )
-    }) {
+    let bad_prev = match prev_char(text, s) {
+        // `tel:`, `phone:`: a colon after a letter labels the number; after anything else
+        // (`10:30`, `1:2`) it is part of a time, a ratio or an address.
+        Some(':') => !prev_is(text, s - 1, |c| c.is_ascii_alphabetic()),
+        Some(c) => is_word(c) || matches!(c, '.' | '-' | '/' | '+' | '$' | '€' | '£' | '=' | '\''),
+        None => false,
+    };
+    if bad_prev {
         return None;
     }
     let mut end = e;
+    // A prefix holding two `(` or two `)` never has a phone shape: start from the longest
+    // one without, which dropping groups one by one below would reach (`(1(1(1...` costs a
+    // few steps instead of one per group).
+    if let Some(q) = second_paren(text.get(s..e)?) {
+        let trimmed = text
+            .get(s..s + q)?
+            .trim_end_matches([' ', '-', '.', '/', '(']);
+        if trimmed.len() < 7 {
+            return None;
+        }
+        end = s + trimmed.len();
+    }
     loop {
         let cand = text.get(s..end)?;
         let next_bad = next_is(text, end, is_word)
@@ -1181,6 +1362,22 @@ fn phone(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
         }
         end = s + trimmed.len();
     }
+}
+
+/// The position of the second `(` or the second `)` of `cand`, whichever comes first.
+fn second_paren(cand: &str) -> Option<usize> {
+    let (mut open, mut close) = (0, 0);
+    for (i, b) in cand.bytes().enumerate() {
+        match b {
+            b'(' => open += 1,
+            b')' => close += 1,
+            _ => continue,
+        }
+        if open == 2 || close == 2 {
+            return Some(i);
+        }
+    }
+    None
 }
 
 /// The accepted phone shapes (see the reference).
@@ -1207,7 +1404,11 @@ fn phone_shape(cand: &str) -> bool {
         if groups.len() == 1 {
             return (10..=15).contains(&d);
         }
-        return first.len() <= 3 && (8..=15).contains(&d) && groups.iter().all(|g| g.len() <= 8);
+        // Groups of at most 8 digits, or the country code and the whole national number
+        // (`+91-9876543210`).
+        return first.len() <= 3
+            && (8..=15).contains(&d)
+            && (groups.len() == 2 || groups.iter().all(|g| g.len() <= 8));
     }
     if groups.len() < 2 {
         return false;
@@ -1375,6 +1576,8 @@ mod tests {
         "_",
         "x",
         "é",
+        "电话",
+        "です",
         "ü@",
         "12",
         "(",
@@ -1387,6 +1590,9 @@ mod tests {
         "id ",
         "sk-proj-abcdefghij0123456789",
         "tel ",
+        "tel:",
+        "sk-",
+        "-----BEGIN RSA PRIVATE KEY-----\n\n",
         "#",
     ];
 
@@ -1459,6 +1665,16 @@ mod tests {
         Ok(())
     }
 
+    /// `email_len` matches the local part in code and then `EMAIL_DOMAIN`: the full pattern must
+    /// be exactly that.
+    #[test]
+    fn email_pattern_is_local_part_then_domain() {
+        assert_eq!(
+            EMAIL,
+            format!("[A-Za-z0-9][A-Za-z0-9._%+-]*@{EMAIL_DOMAIN}")
+        );
+    }
+
     #[test]
     fn code_matchers_on_examples() {
         assert_eq!(card_len(b"4111 1111 1111 1111 x"), Some(19));
@@ -1492,7 +1708,7 @@ mod tests {
         }
 
         #[test]
-        fn byte_scan_matches_the_reference_on_any_text(text in "[ -~\n é€@]{0,120}") {
+        fn byte_scan_matches_the_reference_on_any_text(text in "[ -~\n é€@电]{0,120}") {
             let p = &*PII;
             prop_assert_eq!(current(p, &text), resolved(reference(p, &text)), "{:?}", text);
         }
