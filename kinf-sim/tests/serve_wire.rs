@@ -244,9 +244,11 @@ async fn plain_json_shapes_match_captures() {
     assert_eq!(e.status, 404);
     assert_eq!(e.json()["error"]["type"], "NotFoundError");
     assert_eq!(e.json()["error"]["code"], 404);
+    // Invalid JSON fails FastAPI's request validation: vLLM's `"Bad Request"` type.
     let e = http(&server, "POST", "/v1/chat/completions", Some("{not json")).await;
     assert_eq!(e.status, 400);
-    assert_eq!(e.json()["error"]["type"], "BadRequestError");
+    assert_eq!(e.json()["error"]["type"], "Bad Request");
+    assert_eq!(e.json()["error"]["param"], "body.1");
     let e = http(
         &server,
         "POST",
@@ -255,11 +257,12 @@ async fn plain_json_shapes_match_captures() {
     )
     .await;
     assert_eq!(e.status, 400);
+    assert_eq!(e.json()["error"]["param"], "max_tokens");
     assert!(
         e.json()["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("maximum context length")
+            .contains("cannot be greater than max_model_len")
     );
     // A count near 2^64 must not wrap around the context check (it made the worker generate
     // for hours).
@@ -271,7 +274,7 @@ async fn plain_json_shapes_match_captures() {
             e.json()["error"]["message"]
                 .as_str()
                 .unwrap()
-                .contains("maximum context length"),
+                .contains("cannot be greater than max_model_len"),
             "{}",
             e.body
         );
@@ -560,6 +563,18 @@ async fn replay_returns_missed_messages() {
     let tail = replay(&mut dealer, 1).await;
     assert_eq!(tail.len(), all.len() - 1);
     assert_eq!(tail[0].seq, 1);
+    // vLLM 0.32 reads the start as an unsigned integer: -1 (ff×8) is past every message.
+    assert!(replay(&mut dealer, -1).await.is_empty());
+    // A request without the empty delimiter (the pre-0.26 shape) gets no answer at all, as
+    // from vLLM (it logs "Invalid replay request"); the socket keeps serving proper ones.
+    {
+        use zeromq::{SocketRecv, SocketSend};
+        let legacy = zeromq::ZmqMessage::from(bytes::Bytes::from(0i64.to_be_bytes().to_vec()));
+        dealer.send(legacy).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_millis(500), dealer.recv()).await;
+        assert!(answer.is_err(), "no reply to [start_seq]: {answer:?}");
+    }
+    assert_eq!(replay(&mut dealer, 0).await.len(), all.len());
     server.stop();
 }
 

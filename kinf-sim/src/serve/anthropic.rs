@@ -1,35 +1,24 @@
 //! `POST /v1/messages` (Anthropic Messages API as vLLM 0.32 serves it), plain and streamed
 //! (`message_start`, `content_block_start`, `content_block_delta`…, `content_block_stop`,
 //! `message_delta`, `message_stop`; see `fixtures/vllm-0.32.0-cpu/messages_stream.txt`).
-//! `input_tokens` in the final usage counts uncached prompt tokens; cached ones are
-//! `cache_read_input_tokens`.
+//! Usage is vLLM's translation of the chat usage (`--enable-prompt-tokens-details`):
+//! `cache_read_input_tokens` = cached prompt tokens, `cache_creation_input_tokens` = prompt
+//! tokens in full blocks this request wrote to the cache, `input_tokens` = the rest.
+//! Errors keep vLLM's types (`BadRequestError`, `NotFoundError`, …) in Anthropic's shape; a body
+//! that does not fit the request schema gets vLLM's OpenAI-shaped validation error.
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 use kinf_router::tokenize::ChatMessage;
 use serde_json::Value;
 
 use super::driver::{Collected, Event, collect};
-use super::http::{St, json_response};
-use super::openai::{content_text, rejected};
+use super::http::{ApiError, St, json_response, parse_body, require_json};
+use super::openai::{content_text, created_cache_tokens, rejected};
 use super::sse::{self, js};
 use crate::{FinishReason, RequestStats};
-
-fn error(status: StatusCode, typ: &str, msg: &str) -> Response {
-    json_response(
-        status,
-        format!(
-            "{{\"type\":\"error\",\"error\":{{\"type\":\"{typ}\",\"message\":{}}}}}",
-            js(msg)
-        ),
-    )
-}
-
-fn bad(msg: &str) -> Response {
-    error(StatusCode::BAD_REQUEST, "invalid_request_error", msg)
-}
 
 fn stop_reason(r: FinishReason) -> &'static str {
     match r {
@@ -38,70 +27,120 @@ fn stop_reason(r: FinishReason) -> &'static str {
     }
 }
 
-fn final_usage(s: &RequestStats) -> String {
+fn final_usage(s: &RequestStats, block_size: u32) -> String {
+    let created = created_cache_tokens(s, block_size);
     format!(
-        "{{\"input_tokens\":{},\"output_tokens\":{},\"cache_creation_input_tokens\":0,\
+        "{{\"input_tokens\":{},\"output_tokens\":{},\"cache_creation_input_tokens\":{created},\
          \"cache_read_input_tokens\":{}}}",
-        s.prompt_tokens.saturating_sub(s.cached_tokens),
+        s.prompt_tokens
+            .saturating_sub(s.cached_tokens)
+            .saturating_sub(created),
         s.output_tokens,
         s.cached_tokens
     )
 }
 
 /// `POST /v1/messages`.
-pub async fn messages(State(s): State<St>, body: Bytes) -> Response {
-    let v: Value = match serde_json::from_slice(&body) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return bad("the request body must be a JSON object"),
-        Err(e) => return bad(&format!("invalid JSON: {e}")),
+pub async fn messages(State(s): State<St>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(e) = require_json(&headers) {
+        return e.anthropic();
+    }
+    let v = match parse_body(&body) {
+        Ok(v) => v,
+        Err(e) => return e.anthropic(),
     };
-    let model = match s.model(v.get("model").and_then(Value::as_str)) {
-        Ok(m) => m,
-        Err(e) => return error(StatusCode::NOT_FOUND, "not_found_error", &e),
+    // The request schema first (all three fields are required), as FastAPI validates it.
+    let model = match v.get("model") {
+        None => return ApiError::missing("model").anthropic(),
+        Some(Value::String(m)) => m.clone(),
+        Some(_) => {
+            return ApiError::schema(
+                "body.model",
+                "string_type",
+                "Input should be a valid string",
+            )
+            .anthropic();
+        }
     };
-    let Some(requested) = v.get("max_tokens").and_then(Value::as_u64) else {
-        return bad("`max_tokens` is required and must be a non-negative integer");
+    let msgs = match v.get("messages") {
+        None => return ApiError::missing("messages").anthropic(),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return ApiError::schema("body.messages", "list_type", "Input should be a valid list")
+                .anthropic();
+        }
     };
-    let Some(msgs) = v.get("messages").and_then(Value::as_array) else {
-        return bad("`messages` is required and must be an array");
+    let requested = match v.get("max_tokens") {
+        None => return ApiError::missing("max_tokens").anthropic(),
+        Some(x) => match x.as_i64() {
+            Some(n) if n < 1 => {
+                return ApiError::schema(
+                    "body.max_tokens",
+                    "value_error",
+                    "Value error, max_tokens must be positive",
+                )
+                .anthropic();
+            }
+            Some(n) => i128::from(n),
+            None => {
+                return ApiError::schema(
+                    "body.max_tokens",
+                    "int_type",
+                    "Input should be a valid integer",
+                )
+                .anthropic();
+            }
+        },
+    };
+    let stream = match v.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return ApiError::schema(
+                "body.stream",
+                "bool_type",
+                "Input should be a valid boolean",
+            )
+            .anthropic();
+        }
     };
     let mut messages = Vec::with_capacity(msgs.len() + 1);
     match v.get("system") {
         None | Some(Value::Null) => {}
-        sys => match content_text(sys) {
+        sys => match content_text(sys, "body.system") {
             Ok(t) => messages.push(ChatMessage::new("system", t)),
-            Err(e) => return bad(&e),
+            Err(e) => return e.anthropic(),
         },
     }
-    for m in msgs {
+    for (i, m) in msgs.iter().enumerate() {
         let Some(role) = m.get("role").and_then(Value::as_str) else {
-            return bad("each message needs a string `role`");
+            return ApiError::missing(&format!("messages.{i}.role")).anthropic();
         };
-        match content_text(m.get("content")) {
+        match content_text(m.get("content"), &format!("body.messages.{i}.content")) {
             Ok(c) => messages.push(ChatMessage::new(role, c)),
-            Err(e) => return bad(&e),
+            Err(e) => return e.anthropic(),
         }
     }
+    let model = match s.model(Some(&model)) {
+        Ok(m) => m,
+        Err(e) => return e.anthropic(),
+    };
     let prompt = match s.tokens.chat(&messages) {
         Ok(p) => p,
-        Err(e) => return bad(&e),
+        Err(e) => return ApiError::invalid(e, None).anthropic(),
     };
-    let max_tokens = match s.max_tokens(prompt.len(), Some(requested)) {
+    let max_tokens = match s.max_tokens(prompt.len(), Some(requested), "max_tokens") {
         Ok(m) => m,
-        Err(e) => return bad(&e),
+        Err(e) => return e.anthropic(),
     };
-    let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let n = s.next_n();
     if s.failed(n) {
-        return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "api_error",
-            "simulated failure (kinf-sim fault fail_rate)",
-        );
+        return ApiError::internal("simulated failure (kinf-sim fault fail_rate)").anthropic();
     }
     let die = s.die_after(n);
     let id = s.id("chatcmpl", n);
     let prompt_len = prompt.len();
+    let block_size = s.block_size;
     let seed = s.output_seed(&prompt);
     let (mut rx, mut guard) = s.driver.submit(prompt, max_tokens, seed);
     if !stream {
@@ -120,16 +159,12 @@ pub async fn messages(State(s): State<St>, body: Bytes) -> Response {
                     js(&text),
                     js(&model),
                     stop_reason(reason),
-                    final_usage(&stats)
+                    final_usage(&stats, block_size)
                 ),
             ),
             Collected::Cut => sse::cut_response(),
-            Collected::Rejected(r) => bad(&rejected(r)),
-            Collected::Stopped => error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "api_error",
-                "engine stopped",
-            ),
+            Collected::Rejected(r) => ApiError::invalid(rejected(r), None).anthropic(),
+            Collected::Stopped => ApiError::internal("engine stopped").anthropic(),
         };
     }
     let (tx, body) = sse::channel_body();
@@ -184,7 +219,7 @@ pub async fn messages(State(s): State<St>, body: Bytes) -> Response {
                                 "{{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{}\",\
                                  \"stop_sequence\":null}},\"usage\":{}}}",
                                 stop_reason(reason),
-                                final_usage(&stats)
+                                final_usage(&stats, block_size)
                             ),
                         ),
                         sse::event("message_stop", "{\"type\":\"message_stop\"}"),
@@ -199,7 +234,7 @@ pub async fn messages(State(s): State<St>, body: Bytes) -> Response {
                 Event::Rejected(r) => {
                     guard.disarm();
                     let err = format!(
-                        "{{\"type\":\"error\",\"error\":{{\"type\":\"invalid_request_error\",\"message\":{}}}}}",
+                        "{{\"type\":\"error\",\"error\":{{\"type\":\"BadRequestError\",\"message\":{}}}}}",
                         js(&rejected(r))
                     );
                     let _ = sse::send(&tx, sse::event("error", &err)).await;

@@ -210,7 +210,7 @@ impl Driver {
     /// Submits a prompt; returns its event channel and a guard that aborts it when dropped.
     pub fn submit(
         &self,
-        prompt: Vec<u32>,
+        prompt: impl Into<Arc<[u32]>>,
         max_tokens: u32,
         output_seed: u64,
     ) -> (mpsc::UnboundedReceiver<Event>, AbortGuard) {

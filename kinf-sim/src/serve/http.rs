@@ -9,7 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use http::{HeaderValue, StatusCode, header};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
 
 use super::driver::{Clock, Driver};
 use super::faults::{SharedFaults, Stream};
@@ -70,38 +70,73 @@ impl AppState {
 
     /// The served name to echo for a request's `model` (the first when absent); `Err` is
     /// vLLM's 404 for an unknown model.
-    pub fn model(&self, requested: Option<&str>) -> Result<String, String> {
+    pub fn model(&self, requested: Option<&str>) -> Result<String, ApiError> {
         match requested {
             None => Ok(self.names.first().cloned().unwrap_or_default()),
             Some(m) if self.names.iter().any(|n| n == m) => Ok(m.to_owned()),
-            Some(m) => Err(format!("The model `{m}` does not exist.")),
+            Some(m) => Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                typ: "NotFoundError",
+                message: format!(
+                    "The model `{m}` does not exist. Valid aliases: {}.",
+                    self.names.join(", ")
+                ),
+                param: Some("model".into()),
+            }),
         }
     }
 
-    /// Checks lengths as vLLM does; returns the tokens to generate.
-    pub fn max_tokens(&self, prompt_len: usize, requested: Option<u64>) -> Result<u32, String> {
+    /// Checks a request's lengths as vLLM 0.32 does and returns the tokens to generate:
+    /// `max_tokens` (`max_completion_tokens`, named by `param`) over `max_model_len`, or a
+    /// prompt that leaves no room for one output token, is a 400; a `max_tokens` that only
+    /// overflows the context together with the prompt is clamped to what is left, and an
+    /// absent one means all of it.
+    pub fn max_tokens(
+        &self,
+        prompt_len: usize,
+        requested: Option<i128>,
+        param: &str,
+    ) -> Result<u32, ApiError> {
         let max = self.max_model_len as usize;
-        if prompt_len == 0 {
-            return Err("The prompt is empty.".into());
-        }
-        if prompt_len >= max {
-            return Err(format!(
-                "This model's maximum context length is {max} tokens. However, your request has \
-                 {prompt_len} input tokens. Please reduce the length of the input messages."
+        if let Some(n) = requested
+            && n > max as i128
+        {
+            return Err(ApiError::invalid(
+                format!(
+                    "{param}={n} cannot be greater than max_model_len={max}. Please request \
+                     fewer output tokens. (parameter={param}, value={n})"
+                ),
+                Some(param),
             ));
         }
-        match requested {
-            None => Ok((max - prompt_len) as u32),
-            Some(0) => Err("max_tokens must be at least 1, got 0.".into()),
-            // Compared without adding, so that a huge `n` cannot wrap around and pass.
-            Some(n) if n > (max - prompt_len) as u64 => Err(format!(
-                "This model's maximum context length is {max} tokens. However, you requested \
-                 {} tokens ({prompt_len} in the messages, {n} in the completion). Please reduce \
-                 the length of the messages or completion.",
-                (prompt_len as u128) + u128::from(n)
-            )),
-            Some(n) => u32::try_from(n).map_err(|_| format!("max_tokens {n} is too large")),
+        if prompt_len == 0 {
+            return Err(ApiError::invalid(
+                "The decoder prompt cannot be empty".into(),
+                None,
+            ));
         }
+        if prompt_len > max {
+            return Err(ApiError::invalid(
+                format!(
+                    "This model's maximum context length is {max} tokens. However, your prompt \
+                     contains {prompt_len} input tokens, which exceeds this limit even without \
+                     any output tokens. Please reduce the length of the input prompt. \
+                     (parameter=input_tokens, value={prompt_len})"
+                ),
+                Some("input_tokens"),
+            ));
+        }
+        let left = (max - prompt_len) as i128;
+        let n = requested.map_or(left, |n| n.min(left));
+        if n < 1 {
+            return Err(ApiError::invalid(
+                format!(
+                    "max_tokens must be at least 1, got {n}. (parameter=max_tokens, value={n})"
+                ),
+                Some("max_tokens"),
+            ));
+        }
+        Ok(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
     /// The injected 500 for request `n`, if the fail fault fires.
@@ -143,15 +178,159 @@ pub fn openai_error(status: StatusCode, message: &str, param: Option<&str>) -> R
         500 => "InternalServerError",
         _ => "Error",
     };
-    let param = param.map_or_else(|| "null".to_owned(), js);
-    json_response(
+    ApiError {
         status,
-        format!(
-            "{{\"error\":{{\"message\":{},\"type\":\"{typ}\",\"param\":{param},\"code\":{}}}}}",
-            js(message),
-            status.as_u16()
-        ),
-    )
+        typ,
+        message: message.to_owned(),
+        param: param.map(str::to_owned),
+    }
+    .openai()
+}
+
+/// A request error as vLLM 0.32 reports it.
+///
+/// Two kinds, as vLLM's FastAPI app has them: a body that does not fit the request schema
+/// (invalid JSON, a missing or mistyped field) is refused by FastAPI's validation handler with
+/// `type: "Bad Request"` and `param: "body.<field>"`, in the OpenAI shape on every route
+/// (`/v1/messages` included); the others (`BadRequestError`, `NotFoundError`,
+/// `InternalServerError`) come from the endpoint, which `/v1/messages` wraps in Anthropic's
+/// shape `{"type":"error","error":{"type","message"}}` keeping vLLM's type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// `error.type`.
+    pub typ: &'static str,
+    /// `error.message`.
+    pub message: String,
+    /// `error.param`.
+    pub param: Option<String>,
+}
+
+/// `error.type` of a request-schema failure.
+const SCHEMA: &str = "Bad Request";
+
+impl ApiError {
+    /// A 400 `BadRequestError` (vLLM's `VLLMValidationError`).
+    pub fn invalid(message: String, param: Option<&str>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            typ: "BadRequestError",
+            message,
+            param: param.map(str::to_owned),
+        }
+    }
+
+    /// A 500 `InternalServerError`.
+    pub fn internal(message: &str) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            typ: "InternalServerError",
+            message: message.to_owned(),
+            param: None,
+        }
+    }
+
+    /// A request-schema failure at `loc` (`body.messages`), pydantic's error `kind` and `msg`,
+    /// worded as vLLM's validation handler words it.
+    pub fn schema(loc: &str, kind: &str, msg: &str) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            typ: SCHEMA,
+            message: format!(
+                "1 validation error:\n  {{'type': '{kind}', 'loc': '{loc}', 'msg': '{msg}'}}"
+            ),
+            param: Some(loc.to_owned()),
+        }
+    }
+
+    /// A required field absent from the body.
+    pub fn missing(field: &str) -> Self {
+        Self::schema(&format!("body.{field}"), "missing", "Field required")
+    }
+
+    /// Whether it is a request-schema failure (OpenAI-shaped on every route).
+    pub fn is_schema(&self) -> bool {
+        self.typ == SCHEMA
+    }
+
+    /// The OpenAI-shaped response.
+    pub fn openai(&self) -> Response {
+        let param = self.param.as_deref().map_or_else(|| "null".to_owned(), js);
+        json_response(
+            self.status,
+            format!(
+                "{{\"error\":{{\"message\":{},\"type\":\"{}\",\"param\":{param},\"code\":{}}}}}",
+                js(&self.message),
+                self.typ,
+                self.status.as_u16()
+            ),
+        )
+    }
+
+    /// The response of `/v1/messages`: schema failures as [`Self::openai`], the others in
+    /// Anthropic's shape with vLLM's type.
+    pub fn anthropic(&self) -> Response {
+        if self.is_schema() {
+            return self.openai();
+        }
+        json_response(
+            self.status,
+            format!(
+                "{{\"type\":\"error\",\"error\":{{\"type\":\"{}\",\"message\":{}}}}}",
+                self.typ,
+                js(&self.message)
+            ),
+        )
+    }
+}
+
+/// vLLM's `validate_json_request` on its inference routes: the request's media type must be
+/// `application/json` (any case, parameters allowed), else a 400 `"Bad Request"`.
+pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let media = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or("");
+    if media.trim().eq_ignore_ascii_case("application/json") {
+        return Ok(());
+    }
+    Err(ApiError {
+        status: StatusCode::BAD_REQUEST,
+        typ: SCHEMA,
+        message:
+            "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+                .into(),
+        param: None,
+    })
+}
+
+/// Parses a request body as a JSON object, failing as vLLM's validation handler does.
+pub fn parse_body(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::schema(
+            "body",
+            "model_attributes_type",
+            "Input should be a valid dictionary or object to extract fields from",
+        )),
+        Err(e) => {
+            // Python's `JSONDecodeError.pos`: the character offset of the error.
+            let text = String::from_utf8_lossy(body);
+            let pos: usize = text
+                .split_inclusive('\n')
+                .take(e.line().saturating_sub(1))
+                .map(|l| l.chars().count())
+                .sum::<usize>()
+                + e.column().saturating_sub(1);
+            Err(ApiError::schema(
+                &format!("body.{pos}"),
+                "json_invalid",
+                "JSON decode error",
+            ))
+        }
+    }
 }
 
 /// The server's routes.
@@ -170,6 +349,7 @@ pub fn router(state: St) -> Router {
         .route("/sim/restart_publisher", post(restart_publisher))
         .route("/sim/cache", get(cached_blocks))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -179,6 +359,13 @@ async fn health() -> StatusCode {
 
 async fn not_found() -> Response {
     json_response(StatusCode::NOT_FOUND, "{\"detail\":\"Not Found\"}".into())
+}
+
+async fn method_not_allowed() -> Response {
+    json_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "{\"detail\":\"Method Not Allowed\"}".into(),
+    )
 }
 
 async fn models(State(s): State<St>) -> Response {

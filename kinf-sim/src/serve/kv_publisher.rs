@@ -2,7 +2,7 @@
 //! `[topic, seq (8-byte big-endian, from 0), msgpack payload]`, a bounded replay buffer, and the
 //! replay `ROUTER` socket (a `DEALER` sends `["", start_seq]` and receives
 //! `["", topic, seq, payload]` per buffered message with `seq ≥ start_seq`, then the end marker
-//! `["", "", -1, ""]`).
+//! `["", "", -1, ""]`; a request of any other shape is ignored, as vLLM does).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -190,22 +190,20 @@ async fn serve_replay(mut router: zeromq::RouterSocket, buffer: Buffer, topic: S
             continue;
         };
         let parts = req.into_vec();
-        let Some(identity) = parts.first().cloned() else {
+        // vLLM 0.32 answers `[identity, "", start_seq]` only (any other frame count is logged
+        // and ignored), reading `start_seq` as an unsigned big-endian integer.
+        let [identity, _, start] = parts.as_slice() else {
+            tracing::warn!(frames = parts.len(), "invalid replay request ignored");
             continue;
         };
-        // [identity, "", start_seq] (or [identity, start_seq]).
-        let Some(start) = parts
-            .iter()
-            .skip(1)
-            .rev()
-            .find(|f| f.len() == 8)
-            .and_then(|f| <[u8; 8]>::try_from(f.as_ref()).ok())
-            .map(i64::from_be_bytes)
-        else {
-            continue;
-        };
+        let identity = identity.clone();
+        let start = replay_start(start);
         let items: Vec<(i64, Vec<u8>)> = match buffer.lock() {
-            Ok(b) => b.iter().filter(|(s, _)| *s >= start).cloned().collect(),
+            Ok(b) => b
+                .iter()
+                .filter(|(s, _)| u128::try_from(*s).is_ok_and(|s| s >= start))
+                .cloned()
+                .collect(),
             Err(_) => Vec::new(),
         };
         for (seq, payload) in items {
@@ -230,5 +228,35 @@ async fn serve_replay(mut router: zeromq::RouterSocket, buffer: Buffer, topic: S
         if let Ok(m) = ZmqMessage::try_from(end) {
             let _ = router.send(m).await;
         }
+    }
+}
+
+/// `int.from_bytes(frame, "big")` as vLLM reads a replay request's start (saturating past
+/// 128 bits, which no sequence number reaches).
+fn replay_start(frame: &[u8]) -> u128 {
+    let digits = frame
+        .iter()
+        .position(|&b| b != 0)
+        .map_or(&[][..], |i| &frame[i..]);
+    if digits.len() > 16 {
+        return u128::MAX;
+    }
+    digits
+        .iter()
+        .fold(0u128, |acc, &b| (acc << 8) | u128::from(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replay_start;
+
+    #[test]
+    fn replay_start_reads_an_unsigned_big_endian_integer_of_any_length() {
+        assert_eq!(replay_start(&[]), 0);
+        assert_eq!(replay_start(&8i64.to_be_bytes()), 8);
+        assert_eq!(replay_start(&[1, 0]), 256);
+        // -1 as vLLM's DEALER clients never send it: unsigned, so past every sequence number.
+        assert_eq!(replay_start(&(-1i64).to_be_bytes()), u128::from(u64::MAX));
+        assert_eq!(replay_start(&[0xff; 17]), u128::MAX);
     }
 }

@@ -78,12 +78,23 @@ impl Resp {
     }
 }
 
-/// One HTTP/1.1 request with `Connection: close`.
+/// One HTTP/1.1 request with `Connection: close` (`Content-Type: application/json`).
 pub async fn http(server: &Server, method: &str, path: &str, body: Option<&str>) -> Resp {
+    http_with(server, method, path, body, "application/json").await
+}
+
+/// [`http`] with another `Content-Type`.
+pub async fn http_with(
+    server: &Server,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    content_type: &str,
+) -> Resp {
     let mut s = tokio::net::TcpStream::connect(server.http).await.unwrap();
     let body = body.unwrap_or("");
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();
@@ -200,15 +211,19 @@ pub async fn collect(sub: &mut zeromq::SubSocket, wait: Duration) -> Vec<EventBa
     out
 }
 
+/// A chat request; streamed ones ask for the usage chunk (vLLM refuses `stream_options`
+/// without `stream`).
 pub fn chat_body(content: &str, max_tokens: u32, stream: bool) -> String {
-    serde_json::json!({
+    let mut body = serde_json::json!({
         "model": "tiny-llama",
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
         "stream": stream,
-        "stream_options": {"include_usage": true},
-    })
-    .to_string()
+    });
+    if stream {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    body.to_string()
 }
 
 pub fn long_text(words: usize) -> String {
