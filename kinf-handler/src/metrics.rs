@@ -26,6 +26,13 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
 ];
 
+/// Bucket bounds (seconds) for a request's whole time in the gateway: a refusal takes
+/// microseconds, a long generation minutes (up to the 600 s default `--upstream-timeout`).
+pub const REQUEST_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 120.0, 180.0, 300.0, 600.0,
+];
+
 /// Bucket bounds (seconds) for time to first token.
 pub const TTFT_BUCKETS: &[f64] = &[
     0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0,
@@ -237,7 +244,7 @@ impl Metrics {
             upstream_ttft: hist(LATENCY_BUCKETS),
             upstream_itl: hist(LATENCY_BUCKETS),
             ttft_prediction_error: hist(LATENCY_BUCKETS),
-            request_duration: hist(LATENCY_BUCKETS),
+            request_duration: hist(REQUEST_BUCKETS),
             tokens: Family::default(),
             responses: Family::default(),
             retries: Family::default(),

@@ -571,6 +571,17 @@ async fn a_client_gone_before_a_non_streamed_response_is_accounted_once() {
         ),
         Some(1.0)
     );
+    // Request durations reach past 80 s (long generations), unlike the decision histogram.
+    for le in ["120.0", "600.0"] {
+        assert_eq!(
+            gw.metrics.value(
+                "kinference_request_duration_seconds_bucket",
+                &[("api", "chat"), ("le", le)]
+            ),
+            Some(1.0),
+            "bucket le={le}"
+        );
+    }
     // Usage is estimated as for a stream cut short: the prompt, and no output was seen.
     assert_eq!(
         tenant_value(
