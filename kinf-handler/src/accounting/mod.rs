@@ -344,10 +344,15 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
         if let Some(t) = s.mean_itl_s {
             m.itl.get_or_create(&gl).observe(t);
         }
-        if let Some(t) = tpot {
-            m.tpot.get_or_create(&gl).observe(t);
+        // A response cut short (the upstream or the connection failed after the headers) ended
+        // early: its duration, and the per-token time derived from it, are not the latency of
+        // a response, and would pull both distributions down.
+        if s.completed {
+            if let Some(t) = tpot {
+                m.tpot.get_or_create(&gl).observe(t);
+            }
+            m.e2e.get_or_create(&gl).observe(s.duration_s);
         }
-        m.e2e.get_or_create(&gl).observe(s.duration_s);
     }
     let slos = m.slos();
     if slos.is_empty() {
@@ -373,7 +378,7 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
                 None => Some(false),
             },
             SloMetric::Itl => s.mean_itl_s.map(|t| ok && good(t)),
-            SloMetric::Tpot => tpot.map(|t| ok && good(t)),
+            SloMetric::Tpot => tpot.map(|t| ok && s.completed && good(t)),
             SloMetric::E2e => Some(ok && s.completed && good(s.duration_s)),
         };
         if let Some(g) = verdict {
@@ -756,5 +761,47 @@ mod tests {
             ),
             Some(1.0)
         );
+    }
+
+    #[test]
+    fn a_response_cut_short_is_not_a_latency_sample_but_fails_whole_response_objectives() {
+        let m = Metrics::new();
+        m.set_slos(
+            SloSet::from_yaml(
+                "- {name: fast, metric: ttft, quantile: 0.9, threshold: 1s}\n- {name: steady, metric: tpot, quantile: 0.9, threshold: 1s}\n- {name: whole, metric: e2e, quantile: 0.9, threshold: 5s}\n",
+            )
+            .unwrap(),
+        );
+        // 200 and a first token, then the upstream died after 5 of 50 tokens: 0.4 s in all.
+        account_response(
+            &m,
+            &Served {
+                completed: false,
+                ..served(Some(0.2), 5, 0.4)
+            },
+        );
+        let gl = [("tenant", "acme"), ("model", "small")];
+        assert_eq!(m.value("kinference_ttft_seconds_count", &gl), Some(1.0));
+        assert_eq!(m.value("kinference_e2e_latency_seconds_count", &gl), None);
+        assert_eq!(m.value("kinference_tpot_seconds_count", &gl), None);
+        let slo = |name: &str, counter: &str| {
+            m.value(
+                counter,
+                &[("slo", name), ("tenant", "acme"), ("model", "small")],
+            )
+        };
+        let (requests, good) = ("kinference_slo_requests_total", "kinference_slo_good_total");
+        assert_eq!(slo("fast", good), Some(1.0), "its first token came in time");
+        for name in ["steady", "whole"] {
+            assert_eq!(slo(name, requests), Some(1.0), "{name}");
+            assert_eq!(slo(name, good), Some(0.0), "{name}");
+        }
+
+        // The same response completed is a sample of each.
+        account_response(&m, &served(Some(0.2), 5, 0.4));
+        assert_eq!(m.value("kinference_e2e_latency_seconds_count", &gl), Some(1.0));
+        assert_eq!(m.value("kinference_tpot_seconds_count", &gl), Some(1.0));
+        assert_eq!(slo("whole", good), Some(1.0));
+        assert_eq!(slo("steady", good), Some(1.0));
     }
 }
