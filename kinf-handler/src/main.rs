@@ -80,8 +80,14 @@ struct ServeArgs {
     #[arg(long, default_value = "600s", value_parser = parse_positive_duration)]
     upstream_timeout: Duration,
     /// Token-rate-limit store: `memory` (one replica), or Redis shared by replicas:
-    /// `redis://[USER][:PASS@]HOST[:PORT][/DB]` or `redis+unix:///PATH?db=N` (no TLS).
-    #[arg(long, default_value = "memory")]
+    /// `redis://[USER][:PASS@]HOST[:PORT][/DB]` or `redis+unix:///PATH?db=N` (no TLS). A URL
+    /// with a password is better given in `KINF_LIMITER_STORE`, which `ps` does not show.
+    #[arg(
+        long,
+        env = "KINF_LIMITER_STORE",
+        hide_env_values = true,
+        default_value = "memory"
+    )]
     limiter_store: String,
     /// When Redis is unreachable: `open` admits (and counts it), `closed` refuses with 503.
     #[arg(long, default_value = "closed", value_parser = ["open", "closed"])]

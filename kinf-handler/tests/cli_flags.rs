@@ -12,6 +12,11 @@ use support::{free_port, temp_dir, write_tiny_bundle};
 /// Runs `kinference serve ARGS…` (with `--config` on a valid bundle unless `kubernetes`) for at
 /// most 10 s: its exit code (`None`: still running, killed) and its standard error.
 fn serve(kubernetes: bool, args: &[&str]) -> (Option<i32>, String) {
+    serve_with_env(kubernetes, args, &[])
+}
+
+/// [`serve`] with environment variables set.
+fn serve_with_env(kubernetes: bool, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     let dir = temp_dir("cli");
     write_tiny_bundle(&dir, &format!("127.0.0.1:{}", free_port()), "");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kinference"));
@@ -23,6 +28,7 @@ fn serve(kubernetes: bool, args: &[&str]) -> (Option<i32>, String) {
     }
     let mut child = cmd
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -98,4 +104,37 @@ fn a_malformed_lease_namespace_or_identity_is_refused_naming_the_flag() {
             "{flag} {value:?}: {err}"
         );
     }
+}
+
+#[test]
+fn the_limiter_store_comes_from_the_environment_and_its_password_is_never_shown() {
+    // KINF_LIMITER_STORE keeps a Redis password out of the process list; a bad URL's error
+    // names the flag but not the password, whichever way the URL came.
+    let url = "valkey://kinf:s3cret-pw@cache:6379/0";
+    let (code, err) = serve_with_env(false, &[], &[("KINF_LIMITER_STORE", url)]);
+    assert_ne!(code, None, "a bad store must stop startup: {err}");
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("--limiter-store"), "{err}");
+    assert!(err.contains("valkey://***@cache:6379/0"), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+    let (code, err) = serve(false, &["--limiter-store", url]);
+    assert_ne!(code, None, "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+    // The flag wins over the environment.
+    let (code, err) = serve_with_env(
+        false,
+        &["--limiter-store", "memory", "--reload-interval", "0s"],
+        &[("KINF_LIMITER_STORE", url)],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(!err.contains("valkey"), "{err}");
+    // `--help` names the variable without its value.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kinference"))
+        .args(["serve", "--help"])
+        .env("KINF_LIMITER_STORE", url)
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("KINF_LIMITER_STORE"), "{help}");
+    assert!(!help.contains("s3cret"), "{help}");
 }

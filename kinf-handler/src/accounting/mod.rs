@@ -799,7 +799,10 @@ mod tests {
 
         // The same response completed is a sample of each.
         account_response(&m, &served(Some(0.2), 5, 0.4));
-        assert_eq!(m.value("kinference_e2e_latency_seconds_count", &gl), Some(1.0));
+        assert_eq!(
+            m.value("kinference_e2e_latency_seconds_count", &gl),
+            Some(1.0)
+        );
         assert_eq!(m.value("kinference_tpot_seconds_count", &gl), Some(1.0));
         assert_eq!(slo("whole", good), Some(1.0));
         assert_eq!(slo("steady", good), Some(1.0));

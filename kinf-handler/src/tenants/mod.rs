@@ -45,6 +45,65 @@ pub fn store_from_flags(
     }
     Err(format!(
         "--limiter-store: expected `memory`, `redis://[USER][:PASS@]HOST[:PORT][/DB]` or \
-         `redis+unix:///PATH?db=N`, got `{store}`"
+         `redis+unix:///PATH?db=N`, got `{}`",
+        redact_url(store)
     ))
+}
+
+/// `url` with the credentials between `://` and the host's `@` (and a `pass=` query
+/// parameter) replaced by `***`, for error messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let mut out = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            match rest.get(..end).and_then(|authority| authority.rfind('@')) {
+                Some(at) => format!("{scheme}://***{}", rest.get(at..).unwrap_or("")),
+                None => url.to_owned(),
+            }
+        }
+        None => url.to_owned(),
+    };
+    for key in ["pass=", "password="] {
+        let mut from = 0;
+        while let Some(i) = out.get(from..).and_then(|s| s.find(key)).map(|i| i + from) {
+            let start = i + key.len();
+            let end = out
+                .get(start..)
+                .and_then(|s| s.find('&'))
+                .map_or(out.len(), |e| start + e);
+            let starts_param = i > 0 && matches!(out.as_bytes().get(i - 1), Some(b'?' | b'&'));
+            if starts_param {
+                out.replace_range(start..end, "***");
+            }
+            from = start;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn credentials_never_reach_a_message() {
+        for (url, shown) in [
+            ("redis://:s3cret@cache:6379/0", "redis://***@cache:6379/0"),
+            ("redis://user:s3cret@cache", "redis://***@cache"),
+            ("valkey://u:s3cret@h/1", "valkey://***@h/1"),
+            (
+                "redis+unix:///run/r.sock?db=1&pass=s3cret",
+                "redis+unix:///run/r.sock?db=1&pass=***",
+            ),
+            (
+                "redis+unix:///r.sock?pass=s3cret&db=2",
+                "redis+unix:///r.sock?pass=***&db=2",
+            ),
+            ("redis://cache:6379/0", "redis://cache:6379/0"),
+            ("memroy", "memroy"),
+            ("redis://cache/0?x=a@b", "redis://cache/0?x=a@b"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
 }

@@ -202,8 +202,12 @@ impl RedisStore {
     /// A store for `config`. Connects lazily (Redis being down at startup is handled by the
     /// fail mode, like any outage); must be called inside a Tokio runtime.
     pub fn new(config: RedisConfig) -> Result<Self, String> {
-        let client = redis::Client::open(config.url.as_str())
-            .map_err(|e| format!("invalid Redis URL: {e}"))?;
+        let client = redis::Client::open(config.url.as_str()).map_err(|e| {
+            format!(
+                "invalid Redis URL `{}`: {e}",
+                super::redact_url(&config.url)
+            )
+        })?;
         let mc = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.timeout))
             .set_response_timeout(Some(config.timeout))
