@@ -36,6 +36,17 @@ async fn upstream() -> SocketAddr {
         .route(
             "/v1/completions",
             post(|| async { ([("content-type", "application/json")], CHAT) }),
+        )
+        .route(
+            "/v1/messages",
+            post(|| async {
+                axum::Json(json!({
+                    "id": "msg_1", "type": "message", "role": "assistant", "model": "tiny-llama",
+                    "content": [{"type": "text", "text": "ok"}],
+                    "stop_reason": "end_turn", "stop_sequence": null,
+                    "usage": {"input_tokens": 5, "output_tokens": 1}
+                }))
+            }),
         );
     serve(app).await
 }
@@ -289,6 +300,42 @@ async fn external_tags_drive_the_decision() {
         &[("classifier", "test/tagger/pii")],
     );
     assert_eq!(count, Some(4.0), "every call's latency is observed");
+}
+
+/// An Anthropic request: the service gets each `tool_use` block's name and `input` as a
+/// message of the assistant, after the messages (as the chat API's `tool_calls`), and each
+/// `tool_result`'s content in its user message.
+#[tokio::test]
+async fn anthropic_tool_use_input_and_tool_results_reach_the_service() {
+    let s = setup("ext-tool-use").await;
+    let body = json!({
+        "model": "tiny-llama",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": "Write to my colleague."},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "t1", "name": "send_mail",
+                 "input": {"to": "jane.doe@example.com"}}
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [
+                    {"type": "text", "text": "sent"}
+                ]}
+            ]}
+        ]
+    });
+    let r = call(s.addr, "tagger.test", "/v1/messages", &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.rule.as_deref(), Some("test/p/pii"), "{}", r.body);
+    assert_eq!(
+        s.seen.lock().last().unwrap(),
+        &json!({"messages": [
+            {"role": "user", "content": "Write to my colleague."},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": "sent"},
+            {"role": "assistant", "content": r#"send_mail {"to":"jane.doe@example.com"}"#}
+        ]})
+    );
 }
 
 #[tokio::test]

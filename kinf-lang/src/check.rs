@@ -584,6 +584,7 @@ impl<'a> Checker<'a> {
                 self.check_complexity_thresholds(g.doc, &base, c, t);
             }
         }
+        crate::classifier_fields::check(self, g.doc, &g.spec.classifiers);
         if let Some(t) = &g.spec.tenants
             && let Some(k) = &t.api_keys
             && k.secret_ref.is_some() == k.file.is_some()
@@ -1722,10 +1723,16 @@ pub fn classifier_tags(spec: &GatewayBackendSpec) -> Vec<Arc<str>> {
                     ["complexity-low", "complexity-medium", "complexity-high"].map(Arc::from),
                 );
             }
-            ClassifierType::External => tags.extend(c.tags.iter().map(|t| Arc::from(t.as_str()))),
-        }
-        if let Some(t) = &c.failure_tag {
-            tags.push(t.as_str().into());
+            ClassifierType::External => {
+                tags.extend(c.tags.iter().map(|t| Arc::from(t.as_str())));
+                // Added when the classifier fails, unless it fails open. The built-in
+                // classifiers cannot fail: their `failureTag` is never added (KINF0410).
+                if c.failure_mode != Some(kinf_policy::FailureMode::FailOpen)
+                    && let Some(t) = &c.failure_tag
+                {
+                    tags.push(t.as_str().into());
+                }
+            }
         }
     }
     tags.sort();

@@ -81,6 +81,7 @@ codes! {
     EmptySelector = "KINF0411", Warning, "a worker-set selector that selects every pod of its namespace";
     ConstantCondition = "KINF0412", Warning, "a `when:` that never changes: a `drop` of every candidate or of none, a condition that never holds";
     IgnoredTargetGroup = "KINF0413", Warning, "a `targetRefs` group other than `kinference.buoyant.io`, which is ignored";
+    NonUsdCurrency = "KINF0414", Warning, "a `cost.currency` other than `USD`: prices are not converted, costs are counted in US dollars";
     ShadowedRule = "KINF0501", Warning, "a rule that an earlier rule always matches first";
     UnknownTag = "KINF0502", Warning, "a tag that no configured classifier produces";
     UnreachableTier = "KINF0503", Warning, "a select tier that can never have a candidate";

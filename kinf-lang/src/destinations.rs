@@ -21,6 +21,35 @@ fn cost(c: Option<&Cost>) -> CostInfo {
     .unwrap_or_default()
 }
 
+/// Reports a `cost.currency` other than `USD` (KINF0414): prices are used as given and every
+/// cost (`kinference_tenant_cost_usd_total`, `minimize: Cost`) is counted in US dollars, so a
+/// price in another currency is silently taken for dollars. `kind` and `name` name the
+/// destination (`worker set`, `w`).
+fn check_currency(ck: &mut Checker<'_>, doc: usize, kind: &str, name: &str, c: Option<&Cost>) {
+    let Some(currency) = c.and_then(|c| c.currency.as_deref()) else {
+        return;
+    };
+    if currency.trim().eq_ignore_ascii_case("USD") {
+        return;
+    }
+    ck.report(
+        doc,
+        &fpath!["spec", "cost", "currency"],
+        Code::NonUsdCurrency,
+        format!(
+            "currency `{currency}` of {kind} `{name}` is not converted: its prices are counted \
+             as US dollars"
+        ),
+        "not converted",
+        Some(
+            "costs are always accounted in USD (`kinference_tenant_cost_usd_total`, \
+             `minimize: Cost`): give the prices in US dollars and remove `currency` (or set \
+             `currency: USD`)"
+                .into(),
+        ),
+    );
+}
+
 fn port(p: u32) -> u16 {
     u16::try_from(p).unwrap_or(u16::MAX)
 }
@@ -220,6 +249,7 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                 Some(help.into()),
             );
         }
+        check_currency(ck, doc, "worker set", &w.name, s.cost.as_ref());
         check_model_names(
             ck,
             doc,
@@ -335,6 +365,7 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                 )),
             );
         }
+        check_currency(ck, doc, "provider", &p.name, s.cost.as_ref());
         check_model_names(
             ck,
             doc,

@@ -20,6 +20,7 @@
 pub mod analysis;
 pub mod bundle;
 pub mod check;
+mod classifier_fields;
 pub mod codes;
 pub mod compiled;
 mod constant_when;

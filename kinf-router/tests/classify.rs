@@ -503,3 +503,97 @@ fn request_files_are_read_as_the_gateway_reads_them() {
     assert!(read(serde_json::json!({"prompt": [1, 2, 3]})).is_empty());
     assert!(messages_from_json(&serde_json::json!({"model": "m"})).is_err());
 }
+
+/// A tool call's name and arguments, read as a message of its own (`Message::also_seen`), is
+/// text of the message that made the call, not a conversation turn: an assistant message with
+/// three parallel tool calls is one turn, not four. Tool results are messages, and count.
+#[test]
+fn tool_calls_are_no_turns_of_their_own() {
+    let c = Complexity::new(ComplexityConfig::default());
+    let call = r#"lookup {"id": 1}"#;
+    let mut msgs = vec![
+        Message::new("system", "be brief"),
+        Message::new("user", "look these up"),
+        Message::new("assistant", ""),
+        Message::new("tool", "a"),
+        Message::new("tool", "b"),
+        Message::new("tool", "c"),
+        Message::new("user", "thanks"),
+    ];
+    assert_eq!(c.features(&msgs).turns, 6);
+    let tokens = c.features(&msgs).tokens;
+    msgs.extend([Message::also_seen("assistant", call); 3]);
+    let f = c.features(&msgs);
+    assert_eq!(f.turns, 6, "the calls' text is no turn");
+    // ...but it is read: its bytes count, as every other feature does.
+    assert_eq!(f.tokens, tokens + 3 * call.len() / 4);
+    assert!(Message::also_seen("assistant", "x").also_seen);
+    assert!(!Message::new("assistant", "x").also_seen);
+}
+
+/// `kinfctl classify --file` reads an Anthropic `tool_use` block's `name` and `input` as the
+/// gateway does, after the messages, like an OpenAI tool call; `tool_result` content is part
+/// of its message. Tool calls and later batch prompts are marked `also_seen` (no turns).
+#[test]
+fn request_files_read_anthropic_tool_use_blocks() {
+    use kinf_router::classify::eval::messages_from_json;
+    let anthropic = serde_json::json!({
+        "model": "claude",
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "What is on my card?"},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "t1", "name": "lookup",
+                 "input": {"card": "4111 1111 1111 1111"}}
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "holder jane@example.com"}
+            ]}
+        ]
+    });
+    let msgs = messages_from_json(&anthropic).unwrap();
+    let read: Vec<(&str, &str, bool)> = msgs
+        .iter()
+        .map(|m| (m.role.as_str(), m.content.as_str(), m.also_seen))
+        .collect();
+    assert_eq!(
+        read,
+        [
+            ("user", "What is on my card?", false),
+            ("assistant", "Let me look.", false),
+            ("user", "holder jane@example.com", false),
+            (
+                "assistant",
+                r#"lookup {"card":"4111 1111 1111 1111"}"#,
+                true
+            ),
+        ]
+    );
+    let borrowed: Vec<Message<'_>> = msgs.iter().map(|m| m.as_message()).collect();
+    let out = Classifiers::default().classify(&borrowed);
+    let found: Vec<(usize, &str)> = out
+        .matches
+        .iter()
+        .map(|m| (m.message_index, &*m.tag))
+        .collect();
+    assert_eq!(found, [(2, "pii-email"), (3, "pii-credit-card")]);
+    let c = Complexity::new(ComplexityConfig::default());
+    assert_eq!(c.features(&borrowed).turns, 3);
+
+    let openai = serde_json::json!({"messages": [
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ]}
+    ]});
+    let msgs = messages_from_json(&openai).unwrap();
+    assert_eq!(
+        msgs.iter().map(|m| m.also_seen).collect::<Vec<_>>(),
+        [false, true]
+    );
+    let batch = messages_from_json(&serde_json::json!({"prompt": ["a", "b", "c"]})).unwrap();
+    assert_eq!(
+        batch.iter().map(|m| m.also_seen).collect::<Vec<_>>(),
+        [false, true, true]
+    );
+}

@@ -41,10 +41,7 @@ pub fn run(
     };
     match input {
         Input::Text(t) => {
-            let msgs = vec![OwnedMessage {
-                role: "user".into(),
-                content: t.to_string(),
-            }];
+            let msgs = vec![OwnedMessage::new("user", t.to_string())];
             print_one(&classifiers, &msgs, format, out)
         }
         Input::File(p) => {
@@ -63,10 +60,7 @@ pub fn run(
                         return report::errors(json, out, err, &[e], EXIT_USAGE);
                     }
                 },
-                _ => vec![OwnedMessage {
-                    role: "user".into(),
-                    content: text,
-                }],
+                _ => vec![OwnedMessage::new("user", text)],
             };
             print_one(&classifiers, &msgs, format, out)
         }
@@ -267,6 +261,31 @@ mod tests {
         let (code, _) = run_json(Input::File(&f), None);
         assert_eq!(code, EXIT_USAGE);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An Anthropic `tool_use` block's `input` is read, after the messages, as the gateway
+    /// reads it.
+    #[test]
+    fn anthropic_file_reads_tool_use_input() {
+        let dir = std::env::temp_dir().join(format!("kinfctl-tool-use-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("anthropic.json");
+        let body = serde_json::json!({
+            "model": "claude", "max_tokens": 16,
+            "messages": [
+                {"role": "user", "content": "Refund my last order."},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t", "name": "refund",
+                     "input": {"iban": "DE89 3704 0044 0532 0130 00"}}
+                ]}
+            ]
+        });
+        std::fs::write(&f, body.to_string()).unwrap();
+        let (code, v) = run_json(Input::File(&f), None);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(code, EXIT_OK);
+        assert_eq!(v["matches"][0]["tag"], "pii-iban");
+        assert_eq!(v["matches"][0]["message_index"], 2);
     }
 
     #[test]

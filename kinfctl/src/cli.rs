@@ -125,11 +125,13 @@ pub enum Command {
         /// The prompt text (one user message).
         #[arg(long, conflicts_with_all = ["file", "eval"])]
         text: Option<String>,
-        /// Plain text, or a JSON chat request `{"messages": [...]}` whose messages are all read.
+        /// A request body, read as the gateway reads it: OpenAI chat or Anthropic messages
+        /// (`system`, every message, tool calls and results), a completions `prompt`, or
+        /// `{"text": ...}`. A file that is not a JSON object is one user message.
         #[arg(long, conflicts_with = "eval")]
         file: Option<PathBuf>,
-        /// A labelled JSONL file: one `{"text"|"messages", "tags"}` object per line; prints
-        /// per-tag precision and recall.
+        /// A labelled JSONL file: one request per line, read as `--file` reads one, with its
+        /// expected `tags`; prints per-tag precision and recall.
         #[arg(long)]
         eval: Option<PathBuf>,
         /// A bundle directory: use the classifiers of its first GatewayBackend. Absent: PII

@@ -153,7 +153,10 @@ fn client() -> Option<&'static HttpsClient> {
 pub fn query_body(parsed: &Parsed) -> Bytes {
     let messages: Vec<Msg<'_>> = parsed
         .classified_messages()
-        .map(|(role, content)| Msg { role, content })
+        .map(|m| Msg {
+            role: m.role,
+            content: m.content,
+        })
         .collect();
     Bytes::from(serde_json::to_vec(&Query { messages }).unwrap_or_default())
 }

@@ -594,10 +594,7 @@ pub fn complete(
     let messages: Vec<Message<'_>> = if door.classifiers.is_empty() {
         Vec::new()
     } else {
-        parsed
-            .classified_messages()
-            .map(|(role, text)| Message::new(role, text))
-            .collect()
+        parsed.classified_messages().collect()
     };
     let mut tags = if messages.is_empty() {
         Vec::new()

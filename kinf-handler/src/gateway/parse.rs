@@ -6,6 +6,8 @@
 use serde_json::{Map, Value};
 
 use super::errors::{Api, ApiError};
+use kinf_router::classify::Message;
+use kinf_router::classify::eval::{is_tool_use, tool_call_text};
 use kinf_router::tokenize::ChatMessage;
 
 /// Default output budget assumed for estimates when the request sets none.
@@ -40,8 +42,9 @@ pub struct Parsed {
     /// The prompt.
     pub prompt: Prompt,
     /// Text the model also reads that `prompt` leaves out, for the classifiers only (it is not
-    /// tokenized for placement): the function names and arguments of `tool_calls`, and the
-    /// prompts of a completions batch after the first.
+    /// tokenized for placement): the names and arguments of tool calls (chat `tool_calls`,
+    /// Anthropic `tool_use` blocks' `input`), and the prompts of a completions batch after the
+    /// first.
     pub also_seen: Vec<ChatMessage>,
 }
 
@@ -54,21 +57,22 @@ impl Parsed {
         }
     }
 
-    /// Every message the classifiers read, as `(role, text)`: the prompt's (a completions prompt
-    /// as one user message; token ids carry no text), then [`also_seen`](Self::also_seen).
-    pub fn classified_messages(&self) -> impl Iterator<Item = (&str, &str)> {
-        let prompt: Vec<(&str, &str)> = match &self.prompt {
+    /// Every message the classifiers read: the prompt's (a completions prompt as one user
+    /// message; token ids carry no text), then [`also_seen`](Self::also_seen), marked so
+    /// (text of another message, not a turn of its own).
+    pub fn classified_messages(&self) -> impl Iterator<Item = Message<'_>> {
+        let prompt: Vec<Message<'_>> = match &self.prompt {
             Prompt::Chat(msgs) => msgs
                 .iter()
-                .map(|m| (m.role.as_str(), m.content.as_str()))
+                .map(|m| Message::new(&m.role, &m.content))
                 .collect(),
-            Prompt::Text(t) => vec![("user", t.as_str())],
+            Prompt::Text(t) => vec![Message::new("user", t)],
             Prompt::Tokens(_) => Vec::new(),
         };
         prompt.into_iter().chain(
             self.also_seen
                 .iter()
-                .map(|m| (m.role.as_str(), m.content.as_str())),
+                .map(|m| Message::also_seen(&m.role, &m.content)),
         )
     }
 
@@ -129,7 +133,7 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<Parsed, ApiError> {
     let also_seen = match api {
         Api::Chat => tool_call_texts(&body),
         Api::Completions => later_batch_prompts(&body),
-        Api::Messages => Vec::new(),
+        Api::Messages => tool_use_texts(&body),
     };
     Ok(Parsed {
         api,
@@ -403,13 +407,28 @@ fn tool_call_texts(body: &Map<String, Value>) -> Vec<ChatMessage> {
             continue;
         };
         for f in calls.iter().filter_map(|c| c.get("function")) {
-            let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
-            let args = match f.get("arguments") {
-                Some(Value::String(s)) => s.clone(),
-                Some(v) if !v.is_null() => v.to_string(),
-                _ => String::new(),
-            };
-            out.push(ChatMessage::new(role, format!("{name} {args}")));
+            out.push(ChatMessage::new(role, tool_call_text(f, "arguments")));
+        }
+    }
+    out
+}
+
+/// The names and inputs of the `tool_use` blocks (and `server_tool_use`, `mcp_tool_use`) of an
+/// Anthropic request's messages, as the messages' roles said them, read like the chat API's
+/// `tool_calls`: `name input`, the input as compact JSON. (`tool_result` blocks need nothing
+/// here: their `content` is part of their message's text.)
+fn tool_use_texts(body: &Map<String, Value>) -> Vec<ChatMessage> {
+    let Some(Value::Array(msgs)) = body.get("messages") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for m in msgs {
+        let Some(Value::Array(blocks)) = m.get("content") else {
+            continue;
+        };
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("assistant");
+        for b in blocks.iter().filter(|b| is_tool_use(b)) {
+            out.push(ChatMessage::new(role, tool_call_text(b, "input")));
         }
     }
     out
@@ -656,6 +675,78 @@ mod tests {
             ])
         );
         assert_eq!(p.max_tokens, Some(5));
+    }
+
+    /// What the classifiers read of a request: `(role, text, also_seen)`.
+    fn classified(api: Api, body: &str) -> Vec<(String, String, bool)> {
+        parse(api, body.as_bytes())
+            .unwrap_or_else(|e| panic!("{e:?}"))
+            .classified_messages()
+            .map(|m| (m.role.to_owned(), m.content.to_owned(), m.also_seen))
+            .collect()
+    }
+
+    fn read(role: &str, text: &str, also_seen: bool) -> (String, String, bool) {
+        (role.to_owned(), text.to_owned(), also_seen)
+    }
+
+    /// Anthropic `tool_use` blocks' `name` and `input` are read after the messages, as the
+    /// chat API's `tool_calls` are (`name arguments`), and `tool_result` content is part of its
+    /// message; neither is tokenized for placement.
+    #[test]
+    fn anthropic_tool_use_and_tool_result_reach_the_classifiers() {
+        let body = r#"{"model":"m","max_tokens":5,"system":"be brief","messages":[
+            {"role":"user","content":"Charge my card."},
+            {"role":"assistant","content":[
+                {"type":"text","text":"Charging."},
+                {"type":"tool_use","id":"t1","name":"charge","input":{"card":"4111 1111 1111 1111","cvv":123}},
+                {"type":"server_tool_use","id":"s1","name":"web_search","input":{"query":"jane@example.com"}}
+            ]},
+            {"role":"user","content":[
+                {"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"SSN 123-45-6789"}]},
+                {"type":"tool_result","tool_use_id":"s1","content":"done"}
+            ]}
+        ]}"#;
+        assert_eq!(
+            classified(Api::Messages, body),
+            [
+                read("system", "be brief", false),
+                read("user", "Charge my card.", false),
+                read("assistant", "Charging.", false),
+                read("user", "SSN 123-45-6789\ndone", false),
+                read(
+                    "assistant",
+                    r#"charge {"card":"4111 1111 1111 1111","cvv":123}"#,
+                    true
+                ),
+                read(
+                    "assistant",
+                    r#"web_search {"query":"jane@example.com"}"#,
+                    true
+                ),
+            ]
+        );
+        // The prompt itself (what is tokenized) is unchanged: the calls are not in it.
+        let p = parse(Api::Messages, body.as_bytes()).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(p.message_count(), 4);
+        // The chat API reads `tool_calls` the same way.
+        let chat = r#"{"model":"m","messages":[
+            {"role":"assistant","content":null,"tool_calls":[
+                {"id":"c1","type":"function","function":{"name":"charge","arguments":"{\"card\": 1}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"ok"}]}"#;
+        assert_eq!(
+            classified(Api::Chat, chat),
+            [
+                read("assistant", "", false),
+                read("tool", "ok", false),
+                read("assistant", r#"charge {"card": 1}"#, true),
+            ]
+        );
+        // A later prompt of a completions batch is read, but is no message of the prompt.
+        assert_eq!(
+            classified(Api::Completions, r#"{"model":"m","prompt":["a","b"]}"#),
+            [read("user", "a", false), read("user", "b", true)]
+        );
     }
 
     #[test]

@@ -35,7 +35,7 @@ impl ComplexityLevel {
 pub struct ComplexityConfig {
     /// Estimated prompt tokens (bytes of content / 4): 1 point at 256, 2 at 1024, 3 at 4096.
     pub tokens: [usize; 3],
-    /// Conversation turns (non-system messages).
+    /// Conversation turns (non-system messages; text [`Message`] marks `also_seen` is no turn).
     pub turns: [usize; 2],
     /// Code: fenced blocks count 5 lines each, plus code-like lines.
     pub code_lines: [usize; 2],
@@ -71,7 +71,7 @@ impl Default for ComplexityConfig {
 pub struct Features {
     /// Bytes of content / 4 over all messages.
     pub tokens: usize,
-    /// Non-system messages.
+    /// Non-system messages; text [`Message`] marks `also_seen` is not counted.
     pub turns: usize,
     /// Code-like lines plus 5 per fenced block.
     pub code_lines: usize,
@@ -162,7 +162,8 @@ impl Complexity {
         let mut bytes = 0usize;
         for m in messages {
             bytes += m.content.len();
-            if m.role != "system" {
+            // A tool call's arguments or a later batch prompt is part of a message, not a turn.
+            if m.role != "system" && !m.also_seen {
                 f.turns += 1;
             }
             scan(m.content, &mut f);

@@ -13,18 +13,34 @@ pub struct OwnedMessage {
     pub role: String,
     /// Text; array contents are read as [`messages_from_json`] says.
     pub content: String,
+    /// Text the model also reads that is no message of its own (a tool call, a later prompt
+    /// of a batch): not a conversation turn (see [`Message`]).
+    pub also_seen: bool,
 }
 
 impl OwnedMessage {
     /// The borrowed form.
     pub fn as_message(&self) -> Message<'_> {
-        Message::new(&self.role, &self.content)
+        if self.also_seen {
+            Message::also_seen(&self.role, &self.content)
+        } else {
+            Message::new(&self.role, &self.content)
+        }
     }
 
-    fn new(role: &str, content: String) -> Self {
+    /// A message.
+    pub fn new(role: &str, content: String) -> Self {
         OwnedMessage {
             role: role.to_string(),
             content,
+            also_seen: false,
+        }
+    }
+
+    fn extra(role: &str, content: String) -> Self {
+        OwnedMessage {
+            also_seen: true,
+            ..OwnedMessage::new(role, content)
         }
     }
 }
@@ -34,10 +50,11 @@ impl OwnedMessage {
 /// - `{"text": "..."}`: one user message;
 /// - a chat request, OpenAI or Anthropic: Anthropic's top-level `system` (when not empty)
 ///   first, then every message of `messages` (a missing `role` is `user`), then, for each
-///   entry of a message's `tool_calls`, a message of that role holding the function's name
-///   and arguments (`name arguments`);
+///   tool call of a message, an entry of its `tool_calls` (OpenAI) or a `tool_use` block of
+///   its `content` (Anthropic), a message of that role holding the tool's name and arguments
+///   (`name arguments`, `name input`), marked `also_seen`;
 /// - a completions request: each string of `prompt` (a string or an array of strings; token
-///   ids carry no text) as a user message.
+///   ids carry no text) as a user message, those after the first marked `also_seen`.
 ///
 /// A `content` is a string, `null`, or an array of parts whose `text` strings (for a part
 /// without one, such as a `tool_result` block, its `content` read the same way) are joined by
@@ -52,7 +69,11 @@ pub fn messages_from_json(v: &Value) -> Result<Vec<OwnedMessage>, String> {
             Value::Array(items) => Ok(items
                 .iter()
                 .filter_map(Value::as_str)
-                .map(|s| OwnedMessage::new("user", s.to_string()))
+                .enumerate()
+                .map(|(i, s)| match i {
+                    0 => OwnedMessage::new("user", s.to_string()),
+                    _ => OwnedMessage::extra("user", s.to_string()),
+                })
                 .collect()),
             _ => Err("`prompt`: expected a string or an array".into()),
         };
@@ -80,18 +101,40 @@ pub fn messages_from_json(v: &Value) -> Result<Vec<OwnedMessage>, String> {
         out.push(OwnedMessage::new(role, content));
         if let Some(Value::Array(tool_calls)) = m.get("tool_calls") {
             for f in tool_calls.iter().filter_map(|c| c.get("function")) {
-                let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
-                let args = match f.get("arguments") {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(v) if !v.is_null() => v.to_string(),
-                    _ => String::new(),
-                };
-                calls.push(OwnedMessage::new(role, format!("{name} {args}")));
+                let text = tool_call_text(f, "arguments");
+                calls.push(OwnedMessage::extra(role, text));
+            }
+        }
+        if let Some(Value::Array(blocks)) = m.get("content") {
+            for b in blocks.iter().filter(|b| is_tool_use(b)) {
+                calls.push(OwnedMessage::extra(role, tool_call_text(b, "input")));
             }
         }
     }
     out.extend(calls);
     Ok(out)
+}
+
+/// Whether a content block is an Anthropic tool call (`tool_use`, and the `server_tool_use` and
+/// `mcp_tool_use` blocks of server and MCP tools): its `name` and `input` are read.
+pub fn is_tool_use(block: &Value) -> bool {
+    matches!(
+        block.get("type").and_then(Value::as_str),
+        Some("tool_use" | "server_tool_use" | "mcp_tool_use")
+    )
+}
+
+/// `name arguments` of a tool call: its `name` and its `args` member (`arguments`, a JSON
+/// string, for OpenAI; `input`, an object, for Anthropic), a string as it is and any other
+/// value as compact JSON.
+pub fn tool_call_text(call: &Value, args: &str) -> String {
+    let name = call.get("name").and_then(Value::as_str).unwrap_or_default();
+    let args = match call.get(args) {
+        Some(Value::String(s)) => s.clone(),
+        Some(v) if !v.is_null() => v.to_string(),
+        _ => String::new(),
+    };
+    format!("{name} {args}")
 }
 
 /// The text of a `content` value (see [`messages_from_json`]).
@@ -128,7 +171,8 @@ pub struct Example {
     pub tags: Vec<String>,
 }
 
-/// Parses a labelled JSONL file: one object per line, `text` or `messages`, plus `tags`.
+/// Parses a labelled JSONL file: one request object per line, read by [`messages_from_json`],
+/// plus its expected `tags`.
 /// Blank lines are skipped.
 pub fn parse_jsonl(text: &str) -> Result<Vec<Example>, String> {
     let mut out = Vec::new();

@@ -25,12 +25,29 @@ pub struct Message<'a> {
     pub role: &'a str,
     /// The text content (parts already concatenated).
     pub content: &'a str,
+    /// Text the model also reads that is not a message of its own: the name and arguments of
+    /// a tool call (OpenAI `tool_calls`, Anthropic `tool_use` blocks) or a later prompt of a
+    /// completions batch. Read like any message, but not counted as a conversation turn.
+    pub also_seen: bool,
 }
 
 impl<'a> Message<'a> {
     /// A message.
     pub fn new(role: &'a str, content: &'a str) -> Self {
-        Message { role, content }
+        Message {
+            role,
+            content,
+            also_seen: false,
+        }
+    }
+
+    /// Text the model also reads, of a message of `role` (see the field `also_seen`).
+    pub fn also_seen(role: &'a str, content: &'a str) -> Self {
+        Message {
+            role,
+            content,
+            also_seen: true,
+        }
     }
 }
 
