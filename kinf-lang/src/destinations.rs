@@ -366,6 +366,31 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
             );
         }
         check_currency(ck, doc, "provider", &p.name, s.cost.as_ref());
+        if let Some(field) = s.max_tokens_field
+            && s.type_ != kinf_policy::ProviderType::OpenAI
+        {
+            ck.report_key(
+                doc,
+                &fpath!["spec", "maxTokensField"],
+                Code::IgnoredField,
+                format!(
+                    "`maxTokensField` of provider `{}` is not read: it names a field of \
+                     OpenAI-shaped requests, and this provider is `{:?}`",
+                    p.name, s.type_
+                ),
+                "not read",
+                Some(format!(
+                    "remove `maxTokensField: {}`: the gateway always sends {:?} the limit in \
+                     `{}`",
+                    field.as_str(),
+                    s.type_,
+                    match s.type_ {
+                        kinf_policy::ProviderType::Bedrock => "inferenceConfig.maxTokens",
+                        _ => "max_tokens",
+                    }
+                )),
+            );
+        }
         check_model_names(
             ck,
             doc,
