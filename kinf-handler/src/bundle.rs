@@ -216,27 +216,43 @@ pub async fn apply_loop(
     }
 }
 
-/// A hash of the sources' names and texts (what directory polling compares).
+/// A hash of the sources' names and texts (what directory polling compares, with the API key
+/// files they name: [`crate::config_dir::Watch`]).
 pub fn sources_hash(sources: &Sources) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = FNV_OFFSET;
     for (_, f) in sources.iter() {
-        for b in f.name.bytes().chain([0]).chain(f.text.bytes()).chain([0]) {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
+        h = fnv(h, f.name.as_bytes());
+        h = fnv(h, &[0]);
+        h = fnv(h, f.text.as_bytes());
+        h = fnv(h, &[0]);
     }
     h
 }
 
+/// FNV-1a's offset basis (the hash of nothing).
+pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a over `bytes`, continuing from `h`.
+pub(crate) fn fnv(h: u64, bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// Directory mode as a [`ConfigSource`]: every `every`, the directory is read
-/// ([`crate::config_dir::read_dir`]) and published when its content changed since `last`. A
-/// directory that cannot be read publishes nothing (the last good policy stays in force).
+/// ([`crate::config_dir::Watch`]) and published when its content changed since `last`: the
+/// content of its YAML files and of every API key file they name (`apiKeys.file`, in the
+/// directory or not), so that an edit of a key file alone is applied like an edit of the YAML
+/// ([`crate::gateway::Gateway::apply_bundle`] reads and checks the key files before anything
+/// is applied). A directory that cannot be read publishes nothing (the last good policy stays
+/// in force).
 #[derive(Clone, Debug)]
 pub struct DirSource {
     /// The directory (or one file).
     pub dir: std::path::PathBuf,
     /// Polling interval.
     pub every: std::time::Duration,
-    /// Hash ([`sources_hash`]) of the content already applied, if any.
+    /// Hash ([`crate::config_dir::Watch::read`]) of the content already applied, if any.
     pub last: Option<u64>,
 }
 
@@ -253,20 +269,19 @@ impl ConfigSource for DirSource {
             } = *self;
             let mut tick = tokio::time::interval(every);
             tick.tick().await;
+            let watch = Arc::new(parking_lot::Mutex::new(crate::config_dir::Watch::new(&dir)));
             loop {
                 tick.tick().await;
-                let d = dir.clone();
-                let read =
-                    tokio::task::spawn_blocking(move || crate::config_dir::read_dir(&d)).await;
-                let sources = match read {
-                    Ok(Ok(s)) => s,
+                let w = watch.clone();
+                let read = tokio::task::spawn_blocking(move || w.lock().read()).await;
+                let (sources, h) = match read {
+                    Ok(Ok(read)) => read,
                     Ok(Err(e)) => {
                         tracing::error!(error = %e, "cannot read the configuration; the last good policy stays in force");
                         continue;
                     }
                     Err(_) => continue,
                 };
-                let h = sources_hash(&sources);
                 if last == Some(h) {
                     continue;
                 }

@@ -1,5 +1,7 @@
 //! Standalone configuration: every `*.yaml`/`*.yml` file under a directory, recursively, in
-//! path order, is one bundle.
+//! path order, is one bundle. The API key files its front doors name (`GatewayBackend`
+//! `spec.tenants.apiKeys.file`) belong to it too: [`Watch`] counts an edit of one as a change
+//! of the configuration.
 
 use std::path::{Path, PathBuf};
 
@@ -33,6 +35,74 @@ pub fn read_dir(dir: &Path) -> Result<Sources, ConfigDirError> {
     Ok(sources)
 }
 
+/// The directory that relative paths of a configuration (API key files, tokenizers, credential
+/// files) are resolved against: `config` itself when it is a directory, else the directory of
+/// the file.
+pub fn base_dir(config: &Path) -> PathBuf {
+    if config.is_dir() {
+        config.to_path_buf()
+    } else {
+        config
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    }
+}
+
+/// The API key files (`GatewayBackend` `spec.tenants.apiKeys.file`) that the resources of
+/// `sources` name, as written (a relative path is relative to [`base_dir`]), sorted, without
+/// repeats. The resources are only loaded, not checked; a front door that does not load names
+/// none (its bundle is refused for it anyway).
+pub fn key_files(sources: &Sources) -> Vec<String> {
+    let mut diagnostics = Vec::new();
+    let bundle = kinf_lang::bundle::load(sources, &mut diagnostics);
+    crate::tenants::identity::key_files_named(bundle.gateways.iter().map(|g| &g.spec))
+}
+
+/// A configuration polled for changes (directory mode's reloads): what [`Watch::read`] hashes
+/// is the YAML and the content of every API key file the YAML names, wherever it lies.
+#[derive(Debug)]
+pub struct Watch {
+    config: PathBuf,
+    base: PathBuf,
+    /// The key files named by the YAML whose [`crate::bundle::sources_hash`] is the first
+    /// value: the YAML is loaded again only when it changed.
+    named: Option<(u64, Vec<String>)>,
+}
+
+impl Watch {
+    /// Watches the configuration directory (or one file) `config`.
+    pub fn new(config: &Path) -> Self {
+        Watch {
+            config: config.to_path_buf(),
+            base: base_dir(config),
+            named: None,
+        }
+    }
+
+    /// Reads the YAML ([`read_dir`]) and returns it with a hash of its content and of the
+    /// content of every API key file it names: an edit of a key file alone changes the hash.
+    /// A key file that cannot be read hashes as such (the apply refuses the bundle for it,
+    /// [`crate::gateway::Gateway::apply`]); the YAML cannot be read: an error. Without key
+    /// files the hash is [`crate::bundle::sources_hash`].
+    pub fn read(&mut self) -> Result<(Sources, u64), ConfigDirError> {
+        let sources = read_dir(&self.config)?;
+        let yaml = crate::bundle::sources_hash(&sources);
+        let named = match &mut self.named {
+            Some((h, named)) if *h == yaml => named,
+            slot => &mut slot.insert((yaml, key_files(&sources))).1,
+        };
+        let mut h = yaml;
+        for name in named.iter() {
+            h = crate::bundle::fnv(h, name.as_bytes());
+            h = match std::fs::read(self.base.join(name)) {
+                Ok(bytes) => crate::bundle::fnv(crate::bundle::fnv(h, b"\0ok\0"), &bytes),
+                Err(e) => crate::bundle::fnv(h, format!("\0err\0{}", e.kind()).as_bytes()),
+            };
+        }
+        Ok((sources, h))
+    }
+}
+
 fn collect(p: &Path, out: &mut Vec<PathBuf>, explicit: bool) -> Result<(), ConfigDirError> {
     let read_err = |source| ConfigDirError::Read {
         path: p.to_path_buf(),
@@ -59,4 +129,50 @@ fn collect(p: &Path, out: &mut Vec<PathBuf>, explicit: bool) -> Result<(), Confi
         out.push(p.to_path_buf());
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const DOOR: &str = "apiVersion: kinference.buoyant.io/v1alpha1
+kind: GatewayBackend
+metadata: { name: gw, namespace: t }
+spec:
+  pool: pool
+  tenants: { apiKeys: { file: KEYS } }
+";
+
+    #[test]
+    fn the_hash_covers_the_key_files_the_yaml_names_wherever_they_lie() {
+        let root = std::env::temp_dir().join(format!("kinf-watch-{}", std::process::id()));
+        let (config, outside) = (root.join("config"), root.join("outside"));
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let keys = outside.join("keys.txt");
+        std::fs::write(&keys, "team-a: sk-1\n").unwrap();
+        std::fs::write(
+            config.join("door.yaml"),
+            DOOR.replace("KEYS", &format!("\"{}\"", keys.display())),
+        )
+        .unwrap();
+        let mut watch = Watch::new(&config);
+        let (sources, first) = watch.read().unwrap();
+        assert_eq!(key_files(&sources), [keys.display().to_string()]);
+        assert_ne!(first, crate::bundle::sources_hash(&sources));
+        assert_eq!(watch.read().unwrap().1, first, "nothing changed");
+        // The key file alone: revoked, then gone.
+        std::fs::write(&keys, "").unwrap();
+        let revoked = watch.read().unwrap().1;
+        assert_ne!(revoked, first);
+        std::fs::remove_file(&keys).unwrap();
+        let gone = watch.read().unwrap().1;
+        assert!(gone != revoked && gone != first);
+        // No key file named: the YAML's hash alone.
+        std::fs::write(config.join("door.yaml"), "# nothing\n").unwrap();
+        let (sources, h) = watch.read().unwrap();
+        assert_eq!(h, crate::bundle::sources_hash(&sources));
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

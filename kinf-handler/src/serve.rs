@@ -54,22 +54,21 @@ pub struct ServeOptions {
 /// Called with each newly applied policy (starts and stops live-state ingestion).
 pub type OnApplied = Arc<dyn Fn(&Arc<Gateway>, &Arc<CompiledPolicy>) + Send + Sync>;
 
-/// Reads the configuration and applies it when it changed since `last`. Returns the new
-/// content hash.
+/// Reads the configuration and applies it when it changed since `last`: its YAML, or an API
+/// key file the YAML names ([`config_dir::Watch`]). Returns the new content hash.
 pub fn reload(
     gw: &Arc<Gateway>,
     dir: &Path,
     last: Option<u64>,
     on_applied: &OnApplied,
 ) -> Option<u64> {
-    let sources = match config_dir::read_dir(dir) {
-        Ok(s) => s,
+    let (sources, h) = match config_dir::Watch::new(dir).read() {
+        Ok(read) => read,
         Err(e) => {
             tracing::error!(error = %e, "cannot read the configuration; the last good policy stays in force");
             return last;
         }
     };
-    let h = crate::bundle::sources_hash(&sources);
     if last == Some(h) {
         return last;
     }
@@ -81,15 +80,31 @@ pub fn reload(
     Some(h)
 }
 
+/// Directory mode's reloads: polls the configuration `dir` every `every` (a
+/// [`crate::bundle::DirSource`]: its YAML and the API key files the YAML names) and applies
+/// each change ([`crate::bundle::apply_loop`]) until the task is aborted. `last`: the hash
+/// [`reload`] returned for what is in force.
+pub fn watch_directory(
+    gw: Arc<Gateway>,
+    dir: PathBuf,
+    every: Duration,
+    last: Option<u64>,
+    on_applied: OnApplied,
+) -> tokio::task::JoinHandle<()> {
+    let source: Box<dyn crate::bundle::ConfigSource> =
+        Box::new(crate::bundle::DirSource { dir, every, last });
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    tokio::spawn(async move {
+        tokio::join!(
+            source.run(tx),
+            crate::bundle::apply_loop(gw, rx, on_applied, None)
+        );
+    })
+}
+
 /// Runs the server until SIGINT/SIGTERM.
 pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result<()> {
-    let base_dir = if opts.config.is_dir() {
-        opts.config.clone()
-    } else {
-        opts.config
-            .parent()
-            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
-    };
+    let base_dir = config_dir::base_dir(&opts.config);
     let limit_store = crate::tenants::store_from_flags(
         &opts.limiter_store,
         opts.limiter_fail_mode,
@@ -171,14 +186,19 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             let addr = l.local_addr()?;
             let gw = gw.clone();
             let tls = grpc_tls.clone();
+            let head_timeout = limits.header_read_timeout;
             let shutdown = async move {
                 let mut stop = stop;
                 let _ = stop.wait_for(|s| *s).await;
             };
             grpc_task = Some(tokio::spawn(async move {
                 let served = match tls {
-                    Some(tls) => crate::grpc::tls::serve_grpc_tls(gw, l, tls, shutdown).await,
-                    None => crate::grpc::serve_grpc_with_shutdown(gw, l, shutdown).await,
+                    Some(tls) => {
+                        crate::grpc::tls::serve_grpc_tls(gw, l, tls, head_timeout, shutdown).await
+                    }
+                    None => {
+                        crate::grpc::serve_grpc_with_shutdown(gw, l, head_timeout, shutdown).await
+                    }
                 };
                 if let Err(e) = served {
                     tracing::error!(error = %e, "gRPC listener failed");
@@ -199,28 +219,17 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
         })
     );
     tracing::info!(%local, admin = %admin_addr, "kinference listening");
-    let watcher = {
-        // Directory mode: the directory is a `ConfigSource` polled every `reload_interval`,
-        // applied by the same loop as Kubernetes mode's bundles.
-        let directory = opts.kubernetes.is_none();
-        let source = crate::bundle::DirSource {
-            dir: opts.config.clone(),
-            every: opts.reload_interval,
+    // Directory mode: the directory is a `ConfigSource` polled every `reload_interval`,
+    // applied by the same loop as Kubernetes mode's bundles.
+    let watcher = opts.kubernetes.is_none().then(|| {
+        watch_directory(
+            gw.clone(),
+            opts.config.clone(),
+            opts.reload_interval,
             last,
-        };
-        let (tx, rx) = tokio::sync::watch::channel(None);
-        let gw = gw.clone();
-        tokio::spawn(async move {
-            if !directory {
-                return;
-            }
-            let source: Box<dyn crate::bundle::ConfigSource> = Box::new(source);
-            tokio::join!(
-                source.run(tx),
-                crate::bundle::apply_loop(gw, rx, on_applied, None)
-            );
-        })
-    };
+            on_applied,
+        )
+    });
     // On a signal: fail `/readyz` and give up the Lease at once (another replica takes over
     // status within seconds), keep accepting for `shutdown_delay` while load balancers catch
     // up, then close the listener and let open requests finish.
@@ -245,7 +254,9 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
     {
         tracing::warn!("gRPC streams still open after the shutdown grace period");
     }
-    watcher.abort();
+    if let Some(w) = watcher {
+        w.abort();
+    }
     result
 }
 

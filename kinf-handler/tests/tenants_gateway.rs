@@ -1,11 +1,14 @@
 //! Tenants through the gateway: API keys mapped to tenants (held as hashes), spoofing refused,
 //! a tenant over its token budget gets 429 with OpenAI-style rate-limit headers while the other
-//! is unaffected, and every request is accounted to the right tenant.
+//! is unaffected, and every request is accounted to the right tenant. Editing only the key file
+//! revokes or adds keys at the next reloads; a broken key file keeps the last good keys.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
 use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
 
 use serde_json::json;
 use support::post_json as post;
@@ -245,4 +248,284 @@ spec:
     );
     let last = served_by.last().unwrap();
     assert_eq!(last, "tiny-small", "{served_by:?}");
+}
+
+/// How often the key-file tests' directory is polled (`--reload-interval`).
+const RELOAD: Duration = Duration::from_millis(100);
+
+/// Starts the gateway on `dir` as `kinference serve` does in directory mode: the configuration
+/// applied once, then polled every [`RELOAD`].
+async fn watched_gateway(
+    dir: &Path,
+) -> (
+    std::sync::Arc<kinf_handler::gateway::Gateway>,
+    SocketAddr,
+    tokio::task::JoinHandle<()>,
+) {
+    let (gw, addr) = gateway(dir).await;
+    // What `serve` hands the poller: the hash of what is in force.
+    let last = kinf_handler::serve::reload(&gw, dir, None, &kinf_handler::live_hook());
+    assert!(last.is_some());
+    let watcher = kinf_handler::serve::watch_directory(
+        gw.clone(),
+        dir.to_path_buf(),
+        RELOAD,
+        last,
+        kinf_handler::live_hook(),
+    );
+    (gw, addr, watcher)
+}
+
+/// The status of a chat completion presenting `key`.
+async fn status_with_key(addr: SocketAddr, key: &str) -> (u16, serde_json::Value) {
+    let chat = json!({"model": "tiny", "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let (s, _, v) = post(
+        addr,
+        "/v1/chat/completions",
+        &chat,
+        &[("authorization", &format!("Bearer {key}"))],
+    )
+    .await;
+    (s, v)
+}
+
+/// Polls until a request with `key` gets `want`; false when `within` passed first.
+async fn until_status(addr: SocketAddr, key: &str, want: u16, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if status_with_key(addr, key).await.0 == want {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// `/readyz`: its status and body.
+async fn readyz(addr: SocketAddr) -> (u16, serde_json::Value) {
+    let (s, body) = get_text(addr, "/readyz").await;
+    (s, serde_json::from_str(&body).unwrap())
+}
+
+/// Revoking or adding a key by editing only the key file (no YAML change) takes effect at the
+/// next reloads; the other keys keep working and the policy's YAML is not applied again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_only_the_key_file_revokes_and_adds_keys_within_a_few_reload_intervals() {
+    let worker = tiny_sim("50", &[]).await;
+    let dir = temp_dir("key-reload");
+    std::fs::write(
+        dir.join("keys.txt"),
+        "team-a: sk-team-a-1\nteam-b: sk-team-b-1\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("c.yaml"), config(worker.http)).unwrap();
+    let (gw, addr, watcher) = watched_gateway(&dir).await;
+    let generation = gw.store.current().unwrap().generation;
+    for key in ["sk-team-a-1", "sk-team-b-1"] {
+        let (s, v) = status_with_key(addr, key).await;
+        assert_eq!(s, 200, "{key}: {v}");
+    }
+    assert_eq!(status_with_key(addr, "sk-team-c-1").await.0, 401);
+
+    // Revoke team-b's key: its line removed from the key file, nothing else touched.
+    std::fs::write(dir.join("keys.txt"), "team-a: sk-team-a-1\n").unwrap();
+    assert!(
+        until_status(addr, "sk-team-b-1", 401, RELOAD * 30).await,
+        "the revoked key still works {:?} after the edit",
+        RELOAD * 30
+    );
+    let (s, v) = status_with_key(addr, "sk-team-b-1").await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (401, Some("invalid_api_key")),
+        "{v}"
+    );
+    let (s, v) = status_with_key(addr, "sk-team-a-1").await;
+    assert_eq!(s, 200, "the remaining key: {v}");
+
+    // Add a key the same way.
+    std::fs::write(
+        dir.join("keys.txt"),
+        "team-a: sk-team-a-1\nteam-c: sk-team-c-1\n",
+    )
+    .unwrap();
+    assert!(
+        until_status(addr, "sk-team-c-1", 200, RELOAD * 30).await,
+        "the added key is still refused"
+    );
+    assert_eq!(status_with_key(addr, "sk-team-a-1").await.0, 200);
+    assert_eq!(status_with_key(addr, "sk-team-b-1").await.0, 401);
+    // The YAML did not change: the same policy, only its keys are new; nothing was refused.
+    assert_eq!(gw.store.current().unwrap().generation, generation);
+    assert!(gw.last_rejected().is_none());
+    watcher.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A key file outside the configuration directory (absolute path) that becomes invalid or
+/// unreadable is refused like an invalid YAML edit: the last good keys keep working, `/readyz`
+/// stays ready and names the file and line (never a key) under `lastRefused`, and
+/// `kinference_policy_refused` is 1. Fixed, it is applied and the refusal cleared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_or_missing_key_file_keeps_the_last_good_keys() {
+    let worker = tiny_sim("50", &[]).await;
+    let dir = temp_dir("key-corrupt");
+    let outside = temp_dir("key-corrupt-keys");
+    let keys = outside.join("keys.txt");
+    std::fs::write(&keys, "team-a: sk-team-a-1\nteam-b: sk-team-b-1\n").unwrap();
+    std::fs::write(
+        dir.join("c.yaml"),
+        config(worker.http).replace("file: keys.txt", &format!("file: \"{}\"", keys.display())),
+    )
+    .unwrap();
+    let (gw, addr, watcher) = watched_gateway(&dir).await;
+    assert!(gw.last_rejected().is_none(), "{:?}", gw.last_rejected());
+    for key in ["sk-team-a-1", "sk-team-b-1"] {
+        assert_eq!(status_with_key(addr, key).await.0, 200, "{key}");
+    }
+
+    // Corrupted: team-b's line removed, and line 2 is not `tenant: key`.
+    std::fs::write(&keys, "team-a: sk-team-a-1\nsk-team-c-1\n").unwrap();
+    assert!(
+        eventually(RELOAD * 30, || gw.last_rejected().is_some()).await,
+        "the corrupted key file was not refused"
+    );
+    let (s, body) = readyz(addr).await;
+    assert_eq!(s, 200, "the last good policy stays in force: {body}");
+    let errors = body["lastRefused"]["errors"].to_string();
+    assert!(
+        errors.contains(&keys.display().to_string()) && errors.contains("line 2"),
+        "names the file and the line: {body}"
+    );
+    assert!(!errors.contains("sk-team"), "never a key: {body}");
+    assert_eq!(
+        gw.metrics.value("kinference_policy_refused", &[]),
+        Some(1.0)
+    );
+    // Nothing of the broken file is applied: every last good key still works.
+    for key in ["sk-team-a-1", "sk-team-b-1"] {
+        let (s, v) = status_with_key(addr, key).await;
+        assert_eq!(s, 200, "{key}: {v}");
+    }
+    assert_eq!(status_with_key(addr, "sk-team-c-1").await.0, 401);
+
+    // Unreadable (gone): the same.
+    std::fs::remove_file(&keys).unwrap();
+    assert!(
+        eventually(RELOAD * 30, || gw.last_rejected().is_some_and(|r| r
+            .errors
+            .iter()
+            .any(|e| e.contains("cannot read API key file"))))
+        .await,
+        "the missing key file was not refused: {:?}",
+        gw.last_rejected()
+    );
+    for key in ["sk-team-a-1", "sk-team-b-1"] {
+        assert_eq!(status_with_key(addr, key).await.0, 200, "{key}");
+    }
+
+    // Fixed (team-b revoked): applied, the refusal cleared.
+    std::fs::write(&keys, "team-a: sk-team-a-1\n").unwrap();
+    assert!(
+        until_status(addr, "sk-team-b-1", 401, RELOAD * 30).await,
+        "the fixed key file was not applied"
+    );
+    assert_eq!(status_with_key(addr, "sk-team-a-1").await.0, 200);
+    let (s, body) = readyz(addr).await;
+    assert_eq!((s, &body["lastRefused"]), (200, &serde_json::Value::Null));
+    assert_eq!(
+        gw.metrics.value("kinference_policy_refused", &[]),
+        Some(0.0)
+    );
+    watcher.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&outside);
+}
+
+/// While an unrelated YAML edit is refused, a key revoked in the key file is revoked all the
+/// same (the policy in force is rebuilt with its key file's new content).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_yaml_edit_does_not_hold_back_a_revocation() {
+    let worker = tiny_sim("50", &[]).await;
+    let dir = temp_dir("key-refused-yaml");
+    std::fs::write(
+        dir.join("keys.txt"),
+        "team-a: sk-team-a-1\nteam-b: sk-team-b-1\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("c.yaml"), config(worker.http)).unwrap();
+    let (gw, addr, watcher) = watched_gateway(&dir).await;
+    let generation = gw.store.current().unwrap().generation;
+    assert_eq!(status_with_key(addr, "sk-team-b-1").await.0, 200);
+
+    std::fs::write(
+        dir.join("c.yaml"),
+        config(worker.http).replace("tokensPerMinute: 200", "tokensPerMinut: 200"),
+    )
+    .unwrap();
+    assert!(
+        eventually(RELOAD * 30, || gw.last_rejected().is_some()).await,
+        "the broken YAML was not refused"
+    );
+    std::fs::write(dir.join("keys.txt"), "team-a: sk-team-a-1\n").unwrap();
+    assert!(
+        until_status(addr, "sk-team-b-1", 401, RELOAD * 30).await,
+        "the revocation waits for the YAML"
+    );
+    assert_eq!(status_with_key(addr, "sk-team-a-1").await.0, 200);
+    assert_eq!(gw.store.current().unwrap().generation, generation);
+    let (s, body) = readyz(addr).await;
+    assert_eq!(s, 200);
+    assert!(
+        body["lastRefused"]["errors"].to_string().contains("c.yaml"),
+        "the YAML's refusal is still shown: {body}"
+    );
+    watcher.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// At startup, a key file that cannot be loaded refuses the bundle: nothing is in force, so the
+/// gateway is not ready, and `/readyz` names the file. Created, it is applied at the next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_key_file_at_startup_is_refused_until_it_appears() {
+    let worker = tiny_sim("50", &[]).await;
+    let dir = temp_dir("key-startup");
+    std::fs::write(dir.join("c.yaml"), config(worker.http)).unwrap();
+    let gw = kinf_handler::gateway::Gateway::new(kinf_handler::gateway::GatewayOptions {
+        base_dir: dir.clone(),
+        ..Default::default()
+    });
+    let last = kinf_handler::serve::reload(&gw, &dir, None, &kinf_handler::live_hook());
+    assert!(!gw.store.is_ready());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let app = gw.router_with_admin();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    let (s, body) = readyz(addr).await;
+    assert_eq!(s, 503, "{body}");
+    assert!(
+        body["lastRefused"]["errors"]
+            .to_string()
+            .contains("cannot read API key file"),
+        "{body}"
+    );
+    let watcher = kinf_handler::serve::watch_directory(
+        gw.clone(),
+        dir.clone(),
+        RELOAD,
+        last,
+        kinf_handler::live_hook(),
+    );
+    std::fs::write(dir.join("keys.txt"), "team-a: sk-team-a-1\n").unwrap();
+    assert!(
+        until_status(addr, "sk-team-a-1", 200, RELOAD * 30).await,
+        "the key file that appeared was not applied"
+    );
+    let (s, body) = readyz(addr).await;
+    assert_eq!((s, &body["lastRefused"]), (200, &serde_json::Value::Null));
+    watcher.abort();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -92,6 +92,9 @@ pub struct Runtime {
     pub problems: Vec<String>,
     /// Where requests for a host no door answers go (a gateway option, not the policy's).
     pub unknown_hosts: UnknownHosts,
+    /// [`KeyFiles::fingerprint`](crate::tenants::identity::KeyFiles::fingerprint) of the API
+    /// key files read ahead for it (directory mode); 0 when none were.
+    pub key_files: u64,
 }
 
 /// Loaded tokenizers by resolved directory, kept across policy generations.
@@ -163,6 +166,20 @@ impl Runtime {
         limit_store: &Arc<dyn crate::tenants::LimitStore>,
         secrets: &crate::bundle::SecretValues,
     ) -> Self {
+        Self::build_with_key_files(applied, base_dir, cache, limit_store, secrets, None)
+    }
+
+    /// Like [`Runtime::build_with_secrets`]; `tenants.apiKeys.file` is taken from `key_files`
+    /// when they hold it (directory mode reads and checks them before a bundle is applied, so
+    /// that the keys checked are the keys used), else read from `base_dir`.
+    pub fn build_with_key_files(
+        applied: Arc<Applied>,
+        base_dir: &Path,
+        cache: &mut TokenizerCache,
+        limit_store: &Arc<dyn crate::tenants::LimitStore>,
+        secrets: &crate::bundle::SecretValues,
+        key_files: Option<&crate::tenants::identity::KeyFiles>,
+    ) -> Self {
         let policy: &CompiledPolicy = &applied.policy;
         let mut problems = Vec::new();
         let mut tokenizers = AHashMap::new();
@@ -207,7 +224,9 @@ impl Runtime {
                                         .collect(),
                                 )
                             }),
-                        None => crate::tenants::TenantResolver::from_spec(t, base_dir),
+                        None => crate::tenants::TenantResolver::from_spec_with_files(
+                            t, base_dir, key_files,
+                        ),
                     })
                     .map_err(|e| {
                         format!(
@@ -295,6 +314,7 @@ impl Runtime {
             doors,
             problems,
             unknown_hosts: UnknownHosts::default(),
+            key_files: key_files.map_or(0, crate::tenants::identity::KeyFiles::fingerprint),
         }
     }
 

@@ -11,6 +11,7 @@
 
 pub mod codec;
 pub mod ext_proc;
+pub mod first_request;
 pub mod handler;
 pub mod pending;
 pub mod tls;
@@ -193,23 +194,38 @@ impl<S: NamedService> NamedService for DecodeLimited<S> {
 }
 
 /// Serves [`services`] on `listener` (HTTP/2, plaintext) until the task is dropped or the
-/// listener fails.
+/// listener fails; a connection's first request must arrive within the default
+/// `--header-read-timeout`.
 pub async fn serve_grpc(
     gw: Arc<Gateway>,
     listener: tokio::net::TcpListener,
 ) -> Result<(), tonic::transport::Error> {
-    serve_grpc_with_shutdown(gw, listener, std::future::pending()).await
+    serve_grpc_with_shutdown(
+        gw,
+        listener,
+        crate::listen::DEFAULT_HEADER_READ_TIMEOUT,
+        std::future::pending(),
+    )
+    .await
 }
 
-/// [`serve_grpc`], stopping gracefully when `shutdown` completes.
+/// [`serve_grpc`] with the first request's deadline `head_timeout`
+/// ([`first_request`]), stopping gracefully when `shutdown` completes.
 pub async fn serve_grpc_with_shutdown(
     gw: Arc<Gateway>,
     listener: tokio::net::TcpListener,
+    head_timeout: std::time::Duration,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    use tokio_stream::StreamExt as _;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |conn| {
+        conn.map(|tcp| {
+            let _ = tcp.set_nodelay(true);
+            first_request::FirstRequestDeadline::new(tcp, head_timeout)
+        })
+    });
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
+        .layer(first_request::MarkFirstRequest)
         .add_routes(services(gw))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

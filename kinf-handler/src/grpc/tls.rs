@@ -1,6 +1,7 @@
 //! gRPC over TLS: the same services as [`super::serve_grpc`] on connections that complete a
 //! rustls handshake (ALPN `h2`). Handshakes run in their own tasks, so a slow client holds up
-//! no one else; one not done within [`crate::listen::TLS_HANDSHAKE_TIMEOUT`] is dropped.
+//! no one else; one not done within [`crate::listen::TLS_HANDSHAKE_TIMEOUT`] is dropped, and
+//! then the first request must arrive within the head timeout ([`super::first_request`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use super::first_request::{FirstRequestDeadline, MarkFirstRequest};
 use crate::gateway::Gateway;
 
 /// A server-side TLS connection that tonic can serve.
@@ -71,14 +73,17 @@ pub fn grpc_tls_config(
     crate::listen::tls_config(files, &[b"h2"])
 }
 
-/// Serves [`super::services`] over TLS on `listener` until `shutdown` completes.
+/// Serves [`super::services`] over TLS on `listener` until `shutdown` completes; a
+/// connection's first request must arrive within `head_timeout` of its handshake.
 pub async fn serve_grpc_tls(
     gw: Arc<Gateway>,
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    head_timeout: std::time::Duration,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<TlsConn, std::io::Error>>(64);
+    type Conn = FirstRequestDeadline<TlsConn>;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Conn, std::io::Error>>(64);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let accept = tokio::spawn(async move {
         loop {
@@ -103,7 +108,8 @@ pub async fn serve_grpc_tls(
                 .await
                 {
                     Ok(Ok(s)) => {
-                        let _ = tx.send(Ok(TlsConn(s))).await;
+                        let conn = FirstRequestDeadline::new(TlsConn(s), head_timeout);
+                        let _ = tx.send(Ok(conn)).await;
                     }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "gRPC TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "gRPC TLS handshake timed out"),
@@ -112,6 +118,7 @@ pub async fn serve_grpc_tls(
         }
     });
     let result = tonic::transport::Server::builder()
+        .layer(MarkFirstRequest)
         .add_routes(super::services(gw))
         .serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(rx), shutdown)
         .await;

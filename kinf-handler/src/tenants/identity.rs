@@ -4,8 +4,9 @@
 //! (no early exit), so neither the key table nor the timing of a lookup reveals a key. Errors
 //! never repeat the presented key.
 
+use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName};
@@ -96,13 +97,22 @@ impl TenantResolver {
     /// `apiKeys.secretRef` is not read here: a caller that reads the Secret passes its entries
     /// to [`TenantResolver::from_spec_with_keys`].
     pub fn from_spec(spec: &TenantIdentity, base_dir: &Path) -> Result<Self, String> {
+        Self::from_spec_with_files(spec, base_dir, None)
+    }
+
+    /// Like [`TenantResolver::from_spec`], taking `apiKeys.file` from `files` when they hold it
+    /// (read ahead, so that the content checked before a bundle is applied is the content
+    /// used), else reading it.
+    pub fn from_spec_with_files(
+        spec: &TenantIdentity,
+        base_dir: &Path,
+        files: Option<&KeyFiles>,
+    ) -> Result<Self, String> {
         let keys = match spec.api_keys.as_ref().and_then(|k| k.file.as_deref()) {
-            Some(file) => {
-                let path = base_dir.join(file);
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("cannot read API key file {}: {e}", path.display()))?;
-                parse_key_file(&text).map_err(|e| format!("{}: {e}", path.display()))?
-            }
+            Some(file) => match files.and_then(|f| f.entries(file)) {
+                Some(entries) => entries?,
+                None => KeyFile::read(base_dir, file).entries()?,
+            },
             None => Vec::new(),
         };
         Self::from_spec_with_keys(spec, keys)
@@ -336,6 +346,117 @@ pub fn hash_for_file(key: &str) -> String {
         s.push_str(&format!("{b:02x}"));
     }
     s
+}
+
+/// The API key files that front doors with these specs name (`spec.tenants.apiKeys.file`), as
+/// written, sorted, without repeats.
+pub fn key_files_named<'a>(
+    specs: impl IntoIterator<Item = &'a kinf_policy::GatewayBackendSpec>,
+) -> Vec<String> {
+    let mut names: Vec<String> = specs
+        .into_iter()
+        .filter_map(|s| s.tenants.as_ref()?.api_keys.as_ref()?.file.clone())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// One API key file as read: its path, and its text or why it could not be read.
+#[derive(Clone)]
+struct KeyFile {
+    path: PathBuf,
+    text: Result<String, String>,
+}
+
+impl KeyFile {
+    /// Reads the file named `name` (as written; a relative one relative to `base_dir`).
+    fn read(base_dir: &Path, name: &str) -> Self {
+        let path = base_dir.join(name);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read API key file {}: {e}", path.display()));
+        KeyFile { path, text }
+    }
+
+    /// Its `(tenant, key)` entries, or what is wrong with it (naming the path and the line,
+    /// never a key).
+    fn entries(&self) -> Result<Vec<(String, String)>, String> {
+        let text = self.text.as_deref().map_err(Clone::clone)?;
+        parse_key_file(text).map_err(|e| format!("{}: {e}", self.path.display()))
+    }
+}
+
+/// API key files read ahead of building a runtime (directory mode): each file that front doors
+/// name in `apiKeys.file`, by the name as written, with its text or why it could not be read.
+/// `Debug` shows the names only, never the text.
+#[derive(Clone, Default)]
+pub struct KeyFiles {
+    files: BTreeMap<String, KeyFile>,
+}
+
+impl fmt::Debug for KeyFiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.files.keys()).finish()
+    }
+}
+
+impl KeyFiles {
+    /// Reads every file of `names` (as written in `apiKeys.file`; a relative one relative to
+    /// `base_dir`). A file that cannot be read is recorded as such ([`KeyFiles::errors`]).
+    pub fn read(base_dir: &Path, names: impl IntoIterator<Item = String>) -> Self {
+        KeyFiles {
+            files: names
+                .into_iter()
+                .map(|n| {
+                    let f = KeyFile::read(base_dir, &n);
+                    (n, f)
+                })
+                .collect(),
+        }
+    }
+
+    /// The `(tenant, key)` entries of the file named `name` (as written), or what is wrong with
+    /// it; `None` when it was not read.
+    pub fn entries(&self, name: &str) -> Option<Result<Vec<(String, String)>, String>> {
+        self.files.get(name).map(KeyFile::entries)
+    }
+
+    /// What is wrong with each file that cannot be read or parsed (naming its path and line,
+    /// never a key); empty when every file loads.
+    pub fn errors(&self) -> Vec<String> {
+        self.files
+            .values()
+            .filter_map(|f| f.entries().err())
+            .collect()
+    }
+
+    /// Number of files.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether no file was read.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// A hash of the files' names and contents (0 for none), telling whether a runtime was
+    /// built with the same keys. Not a secret's digest: never shown.
+    pub fn fingerprint(&self) -> u64 {
+        use crate::bundle::fnv;
+        if self.files.is_empty() {
+            return 0;
+        }
+        let mut h = crate::bundle::FNV_OFFSET;
+        for (name, f) in &self.files {
+            h = fnv(h, name.as_bytes());
+            h = match &f.text {
+                Ok(t) => fnv(fnv(h, b"\0ok\0"), t.as_bytes()),
+                Err(e) => fnv(fnv(h, b"\0err\0"), e.as_bytes()),
+            };
+        }
+        h
+    }
 }
 
 /// Parses a key file: one `tenant: key` per line, split at the first `:`; the key is plain or
