@@ -801,3 +801,109 @@ async fn active_probes_make_a_failing_provider_not_ready() {
         "probes are read-only GETs, not inference"
     );
 }
+
+/// `"max_completion_tokens": null` sets no limit: the request's `max_tokens` (the limit the
+/// gateway admitted it with) is the one a translated request carries, not Anthropic's
+/// default of 4096 or Bedrock's model maximum.
+#[tokio::test]
+async fn a_null_max_completion_tokens_does_not_hide_max_tokens() {
+    let fake = Fake::start().await;
+    let t = Duration::from_secs(5);
+    let pool = pool_of(
+        vec![
+            ("anthropic", info(&fake, ProviderType::Anthropic, t, None)),
+            ("bedrock", info(&fake, ProviderType::Bedrock, t, None)),
+        ],
+        PoolOptions::default(),
+    );
+    for (provider, pointer) in [
+        ("anthropic", "/max_tokens"),
+        ("bedrock", "/inferenceConfig/maxTokens"),
+    ] {
+        let mut body = client_body(Api::Chat, false, false);
+        body.insert("max_completion_tokens".into(), Value::Null);
+        let r = pool
+            .forward(
+                &format!("ns/{provider}"),
+                Api::Chat,
+                body,
+                "m",
+                false,
+                false,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{provider}: {e}"));
+        let (out, _) = read_all(r).await;
+        assert_eq!(text_of(Api::Chat, &out, false), "Hello world", "{out}");
+        let got = fake.last().body;
+        assert_eq!(got.pointer(pointer), Some(&json!(50)), "{provider}: {got}");
+    }
+}
+
+/// An empty tool list and a `tool_choice` that calls no tool make a plain text request,
+/// translated like one; a request that may call a tool is refused before sending, with a 400
+/// in the client's shape naming the field.
+#[tokio::test]
+async fn no_tools_is_a_plain_request_and_tool_calling_is_refused_naming_the_field() {
+    let fake = Fake::start().await;
+    let t = Duration::from_secs(5);
+    let pool = pool_of(
+        vec![
+            ("openai", info(&fake, ProviderType::OpenAI, t, None)),
+            ("bedrock", info(&fake, ProviderType::Bedrock, t, None)),
+        ],
+        PoolOptions::default(),
+    );
+    for provider in ["openai", "bedrock"] {
+        let mut body = client_body(Api::Messages, false, false);
+        body.insert("tools".into(), json!([]));
+        body.insert("tool_choice".into(), json!({"type": "none"}));
+        let r = pool
+            .forward(
+                &format!("ns/{provider}"),
+                Api::Messages,
+                body,
+                "m",
+                false,
+                false,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{provider}: {e}"));
+        let (out, _) = read_all(r).await;
+        assert_eq!(text_of(Api::Messages, &out, false), "Hello world", "{out}");
+        let got = fake.last().body;
+        assert!(
+            got.get("tools").is_none() && got.get("toolConfig").is_none(),
+            "{provider}: {got}"
+        );
+    }
+    let sent = fake.requests.lock().len();
+    let mut body = client_body(Api::Messages, false, false);
+    body.insert("tool_choice".into(), json!({"type": "any"}));
+    let e = pool
+        .forward("ns/openai", Api::Messages, body, "m", false, false)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Untranslatable);
+    let shown = e.to_api_error();
+    assert_eq!(shown.status.as_u16(), 400);
+    let b = shown.body(Api::Messages);
+    assert_eq!(b["error"]["type"], "invalid_request_error", "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("tool_choice")),
+        "{b}"
+    );
+    let mut body = client_body(Api::Chat, false, false);
+    body.insert("tool_choice".into(), json!("required"));
+    let e = pool
+        .forward("ns/bedrock", Api::Chat, body, "m", false, false)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_api_error().body(Api::Chat)["error"]["param"],
+        "tool_choice"
+    );
+    assert_eq!(fake.requests.lock().len(), sent, "nothing was sent");
+}

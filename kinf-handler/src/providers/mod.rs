@@ -600,14 +600,15 @@ fn join_url(base: &str, path: &str) -> String {
     format!("{}{}", base.trim_end_matches('/'), path)
 }
 
-/// The URL and body for the provider.
+/// The URL and body for the provider, and the stop sequences a translated body carries (see
+/// [`translate::matched_stop`]; none for a pass-through).
 fn provider_request(
     p: &Provider,
     client_api: Api,
     mut body: Map<String, Value>,
     model: &str,
     stream: bool,
-) -> Result<(String, Vec<u8>), ProviderError> {
+) -> Result<(String, Vec<u8>, Vec<String>), ProviderError> {
     let url = p.info.url.trim_end_matches('/');
     let has_path = url
         .split_once("://")
@@ -623,6 +624,7 @@ fn provider_request(
             true,
         )
     };
+    let mut stops = Vec::new();
     let (path, body) = match (p.info.protocol, client_api) {
         (ProviderType::OpenAI, Api::Chat | Api::Completions) => {
             body.insert("model".into(), model.into());
@@ -659,6 +661,7 @@ fn provider_request(
         }
         (ProviderType::OpenAI, Api::Messages) => {
             let r = translate::parse_client(client_api, &body).map_err(untrans)?;
+            stops = translate::sent_stops(&r, p.info.protocol);
             let prefix = if has_path { "" } else { "/v1" };
             (
                 format!("{prefix}/chat/completions"),
@@ -672,6 +675,7 @@ fn provider_request(
         }
         (ProviderType::Anthropic, _) => {
             let r = translate::parse_client(client_api, &body).map_err(untrans)?;
+            stops = translate::sent_stops(&r, p.info.protocol);
             (
                 anthropic_path(url),
                 translate::to_anthropic(&r, model, stream),
@@ -679,6 +683,7 @@ fn provider_request(
         }
         (ProviderType::Bedrock, _) => {
             let r = translate::parse_client(client_api, &body).map_err(untrans)?;
+            stops = translate::sent_stops(&r, p.info.protocol);
             (
                 bedrock::converse_path(model, stream),
                 translate::to_bedrock(&r),
@@ -694,7 +699,7 @@ fn provider_request(
             true,
         )
     })?;
-    Ok((join_url(url, &path), bytes))
+    Ok((join_url(url, &path), bytes, stops))
 }
 
 fn anthropic_path(url: &str) -> String {
@@ -811,7 +816,7 @@ async fn forward_to(
             true,
         ));
     };
-    let (url, req_body) = provider_request(&p, client_api, body, model, stream)?;
+    let (url, req_body, sent_stops) = provider_request(&p, client_api, body, model, stream)?;
     let permit = match &p.limit {
         None => None,
         Some(s) => Some(s.clone().try_acquire_owned().map_err(|_| {
@@ -997,13 +1002,15 @@ async fn forward_to(
             let parsed = serde_json::from_slice::<Value>(&bytes)
                 .ok()
                 .and_then(|v| translate::parse_provider_response(protocol, &v));
-            let Some(r) = parsed else {
+            let Some(mut r) = parsed else {
                 guard.verdict = Verdict::Failure;
                 return Err(failed(format!(
                     "provider `{key}` sent a response that could not be read"
                 )));
             };
             guard.usage = r.usage_reported.then_some(r.usage);
+            r.stop_sequence =
+                translate::matched_stop(&r.finish, r.stop_sequence.take(), &sent_stops);
             Bytes::from(translate::client_response(client_api, &r, model).to_string())
         };
         guard.verdict = Verdict::Success;
@@ -1058,7 +1065,7 @@ async fn forward_to(
     } else {
         Mode::Translate(
             ProviderDecoder::new(protocol),
-            ClientEncoder::new(client_api, model, usage_requested),
+            ClientEncoder::new(client_api, model, usage_requested).with_sent_stops(sent_stops),
         )
     };
     let st = StreamState {

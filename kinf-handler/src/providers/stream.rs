@@ -7,8 +7,8 @@ use kinf_router::usage::TokenUsage;
 use serde_json::{Value, json};
 
 use super::translate::{
-    Finish, anthropic_usage_json, fresh_id, merge_anthropic_usage, now_epoch, openai_usage_json,
-    usage_anthropic, usage_bedrock, usage_openai,
+    Finish, anthropic_usage_json, fresh_id, matched_stop, merge_anthropic_usage, now_epoch,
+    openai_usage_json, usage_anthropic, usage_bedrock, usage_openai,
 };
 use crate::gateway::errors::Api;
 use crate::gateway::sse_tap::find_event_end;
@@ -20,6 +20,8 @@ pub enum Ev {
     Text(String),
     /// Why generation ended.
     Finish(Finish),
+    /// The stop sequence that ended it, when the provider names it.
+    StopSequence(String),
     /// Token usage (the whole request's).
     Usage(TokenUsage),
     /// The provider ended the stream properly.
@@ -122,6 +124,9 @@ impl ProviderDecoder {
                 }
             }
             "message_delta" => {
+                if let Some(s) = v.pointer("/delta/stop_sequence").and_then(Value::as_str) {
+                    out.push(Ev::StopSequence(s.to_string()));
+                }
                 if let Some(s) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
                     out.push(Ev::Finish(Finish::from_anthropic(s)));
                 }
@@ -195,8 +200,11 @@ fn openai_event(data: &str, out: &mut Vec<Ev>) {
         if let Some(t) = text.filter(|t| !t.is_empty()) {
             out.push(Ev::Text(t.to_string()));
         }
-        if let Some(f) = c.get("finish_reason").and_then(Value::as_str) {
-            out.push(Ev::Finish(Finish::from_openai(f)));
+        if let Some((f, matched)) = Finish::from_openai_choice(c) {
+            if let Some(s) = matched {
+                out.push(Ev::StopSequence(s));
+            }
+            out.push(Ev::Finish(f));
         }
     }
     if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
@@ -232,6 +240,12 @@ fn bedrock_message(msg: &aws_smithy_types::event_stream::Message, out: &mut Vec<
             }
         }
         "messageStop" => {
+            if let Some(s) = payload
+                .pointer("/additionalModelResponseFields/stop_sequence")
+                .and_then(Value::as_str)
+            {
+                out.push(Ev::StopSequence(s.to_string()));
+            }
             if let Some(s) = payload.get("stopReason").and_then(Value::as_str) {
                 out.push(Ev::Finish(Finish::from_bedrock(s)));
             }
@@ -256,6 +270,10 @@ pub struct ClientEncoder {
     started: bool,
     block_open: bool,
     finish: Option<Finish>,
+    stop_sequence: Option<String>,
+    /// The stop sequences the request sent (to name the one that matched when the provider
+    /// does not).
+    sent_stops: Vec<String>,
     usage: Option<TokenUsage>,
     send_usage: bool,
     /// The stream was ended properly.
@@ -278,10 +296,20 @@ impl ClientEncoder {
             started: false,
             block_open: false,
             finish: None,
+            stop_sequence: None,
+            sent_stops: Vec::new(),
             usage: None,
             send_usage,
             done: false,
         }
+    }
+
+    /// The stop sequences the provider request carried: when the stream ends on a stop
+    /// sequence the provider does not name, and it was the only one, an Anthropic client is
+    /// told it in `stop_sequence`.
+    pub fn with_sent_stops(mut self, stops: Vec<String>) -> Self {
+        self.sent_stops = stops;
+        self
     }
 
     /// The usage seen so far.
@@ -375,6 +403,7 @@ impl ClientEncoder {
                 }
             }
             Ev::Finish(f) => self.finish = Some(f.clone()),
+            Ev::StopSequence(s) => self.stop_sequence = Some(s.clone()),
             Ev::Usage(u) => self.usage = Some(*u),
             Ev::Done => self.end(out),
             Ev::Error(_) => {}
@@ -411,11 +440,13 @@ impl ClientEncoder {
                         &json!({"type": "content_block_stop", "index": 0}),
                     );
                 }
+                let stop_sequence =
+                    matched_stop(&finish, self.stop_sequence.take(), &self.sent_stops);
                 Self::event(
                     out,
                     "message_delta",
                     &json!({"type": "message_delta",
-                        "delta": {"stop_reason": finish.anthropic(), "stop_sequence": null},
+                        "delta": {"stop_reason": finish.anthropic(), "stop_sequence": stop_sequence},
                         "usage": anthropic_usage_json(&usage)}),
                 );
                 Self::event(out, "message_stop", &json!({"type": "message_stop"}));
@@ -441,6 +472,85 @@ mod tests {
     fn decode(protocol: ProviderType, src: &str) -> Vec<Ev> {
         let mut d = ProviderDecoder::new(protocol);
         d.feed(src.as_bytes())
+    }
+
+    /// One AWS event-stream frame of `event_type`.
+    fn frame(event_type: &str, payload: &Value) -> Vec<u8> {
+        use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
+        let msg = Message::new(Bytes::from(payload.to_string()))
+            .add_header(Header::new(
+                ":message-type",
+                HeaderValue::String("event".into()),
+            ))
+            .add_header(Header::new(
+                ":event-type",
+                HeaderValue::String(event_type.to_string().into()),
+            ));
+        let mut buf = Vec::new();
+        let _ = aws_smithy_eventstream::frame::write_message_to(&msg, &mut buf);
+        buf
+    }
+
+    /// The `message_delta` an Anthropic client gets for `src`.
+    fn anthropic_message_delta(protocol: ProviderType, src: &[u8], sent: &[&str]) -> Value {
+        let mut d = ProviderDecoder::new(protocol);
+        let mut enc = ClientEncoder::new(Api::Messages, "m", false)
+            .with_sent_stops(sent.iter().map(|s| s.to_string()).collect());
+        let mut out = BytesMut::new();
+        for e in d.feed(src) {
+            enc.encode(&e, &mut out);
+        }
+        assert!(enc.done, "{}", String::from_utf8_lossy(&out));
+        String::from_utf8_lossy(&out)
+            .split("\n\n")
+            .filter_map(|ev| ev.strip_prefix("event: message_delta\ndata: "))
+            .find_map(|d| serde_json::from_str(d).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    /// A stream that ended on a stop sequence names it to an Anthropic client
+    /// (`message_delta.delta.stop_sequence`): the one the provider named, else the only one
+    /// the request sent.
+    #[test]
+    fn a_streamed_stop_sequence_is_named_to_anthropic_clients() {
+        let vllm = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":\"###\"}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let d = anthropic_message_delta(ProviderType::OpenAI, vllm.as_bytes(), &["###", "END"]);
+        assert_eq!(d["delta"]["stop_reason"], "stop_sequence", "{d}");
+        assert_eq!(d["delta"]["stop_sequence"], "###", "{d}");
+
+        let bedrock = |stop: Value| {
+            let mut b = frame(
+                "contentBlockDelta",
+                &json!({"contentBlockIndex": 0, "delta": {"text": "a"}}),
+            );
+            b.extend(frame("messageStop", &stop));
+            b.extend(frame(
+                "metadata",
+                &json!({"usage": {"inputTokens": 3, "outputTokens": 1}}),
+            ));
+            b
+        };
+        let plain = bedrock(json!({"stopReason": "stop_sequence"}));
+        let d = anthropic_message_delta(ProviderType::Bedrock, &plain, &["END"]);
+        assert_eq!(d["delta"]["stop_reason"], "stop_sequence", "{d}");
+        assert_eq!(d["delta"]["stop_sequence"], "END", "{d}");
+        let d = anthropic_message_delta(ProviderType::Bedrock, &plain, &["END", "STOP"]);
+        assert_eq!(d["delta"]["stop_sequence"], Value::Null, "ambiguous: {d}");
+        let named = bedrock(json!({"stopReason": "stop_sequence",
+            "additionalModelResponseFields": {"stop_sequence": "STOP"}}));
+        let d = anthropic_message_delta(ProviderType::Bedrock, &named, &["END", "STOP"]);
+        assert_eq!(d["delta"]["stop_sequence"], "STOP", "{d}");
+        let ended = bedrock(json!({"stopReason": "end_turn"}));
+        let d = anthropic_message_delta(ProviderType::Bedrock, &ended, &["END"]);
+        assert_eq!(
+            (&d["delta"]["stop_reason"], &d["delta"]["stop_sequence"]),
+            (&json!("end_turn"), &Value::Null),
+            "{d}"
+        );
     }
 
     #[test]

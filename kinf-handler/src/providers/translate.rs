@@ -37,6 +37,21 @@ impl Finish {
         }
     }
 
+    /// From an OpenAI-compatible choice (`finish_reason`), with the stop sequence that ended
+    /// it when the provider names it: vLLM's `stop_reason`, a string when a stop sequence
+    /// matched (a token id for a stop token). OpenAI's `stop` covers both.
+    pub fn from_openai_choice(c: &Value) -> Option<(Self, Option<String>)> {
+        let f = c.get("finish_reason").and_then(Value::as_str)?;
+        let matched = c
+            .get("stop_reason")
+            .and_then(Value::as_str)
+            .filter(|_| f == "stop");
+        Some(match matched {
+            Some(s) => (Finish::StopSequence, Some(s.to_string())),
+            None => (Finish::from_openai(f), None),
+        })
+    }
+
     /// From an Anthropic `stop_reason`.
     pub fn from_anthropic(s: &str) -> Self {
         match s {
@@ -175,8 +190,27 @@ pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, 
         top_p: body.get("top_p").and_then(Value::as_f64),
         ..ChatRequest::default()
     };
-    for key in ["tools", "tool_choice", "functions"] {
-        if body.get(key).is_some_and(|v| !v.is_null()) {
+    // No tools (absent, `null` or an empty list, which Anthropic's SDK users send when a
+    // tool list comes out empty) and a `tool_choice` that calls none (`none`, `auto`) is a
+    // plain text request; anything else needs tool calling, which is not translated.
+    let no_tools = |key: &str| {
+        body.get(key)
+            .is_none_or(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty))
+    };
+    for key in ["tools", "functions"] {
+        if !no_tools(key) {
+            return Err(untranslatable(
+                key,
+                format!("`{key}` cannot be translated to this provider's protocol"),
+            ));
+        }
+    }
+    for key in ["tool_choice", "function_call"] {
+        let calls_none = |v: &Value| {
+            let mode = v.as_str().or_else(|| v.get("type").and_then(Value::as_str));
+            v.is_null() || matches!(mode, Some("none" | "auto"))
+        };
+        if body.get(key).is_some_and(|v| !calls_none(v)) {
             return Err(untranslatable(
                 key,
                 format!("`{key}` cannot be translated to this provider's protocol"),
@@ -191,9 +225,19 @@ pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, 
         "logprobs" => v.as_bool() == Some(true) || v.as_u64().is_some_and(|n| n > 0),
         "top_logprobs" => v.as_u64().is_some_and(|n| n > 0),
         "thinking" => v.get("type").and_then(Value::as_str) != Some("disabled"),
+        // Legacy completions: the prompt echoed back, text inserted before a suffix.
+        "echo" => v.as_bool() == Some(true),
+        "suffix" => v.as_str().is_some_and(|s| !s.is_empty()),
         _ => false,
     };
-    for key in ["response_format", "logprobs", "top_logprobs", "thinking"] {
+    for key in [
+        "response_format",
+        "logprobs",
+        "top_logprobs",
+        "thinking",
+        "echo",
+        "suffix",
+    ] {
         if let Some(v) = body.get(key).filter(|v| !v.is_null())
             && changes_output(key, v)
         {
@@ -208,9 +252,11 @@ pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, 
             if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
                 return Err(untranslatable("n", "`n` > 1 cannot be translated"));
             }
-            r.max_tokens = body
-                .get("max_completion_tokens")
-                .or_else(|| body.get("max_tokens"))
+            // As the gateway reads it for admission: `max_completion_tokens` when set (not
+            // `null`), else `max_tokens`.
+            r.max_tokens = ["max_completion_tokens", "max_tokens"]
+                .iter()
+                .find_map(|k| body.get(*k).filter(|v| !v.is_null()))
                 .and_then(Value::as_u64);
             r.stop = stop_list(body.get("stop"));
             if api == Api::Completions {
@@ -239,11 +285,17 @@ pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, 
             for (i, m) in msgs.iter().enumerate() {
                 let role = m.get("role").and_then(Value::as_str).unwrap_or("");
                 let param = format!("messages[{i}].content");
-                if m.get("tool_calls").is_some_and(|v| !v.is_null()) {
-                    return Err(untranslatable(
-                        format!("messages[{i}].tool_calls"),
-                        "tool calls cannot be translated to this provider's protocol",
-                    ));
+                for key in ["tool_calls", "function_call"] {
+                    // `"tool_calls": []` (some clients send it on every assistant turn) calls
+                    // nothing.
+                    if m.get(key)
+                        .is_some_and(|v| !v.is_null() && !v.as_array().is_some_and(Vec::is_empty))
+                    {
+                        return Err(untranslatable(
+                            format!("messages[{i}].{key}"),
+                            "tool calls cannot be translated to this provider's protocol",
+                        ));
+                    }
                 }
                 let text = content_text(m.get("content").unwrap_or(&Value::Null), &param)?;
                 match role {
@@ -393,12 +445,23 @@ fn visible_stops(r: &ChatRequest) -> Vec<&str> {
         .collect()
 }
 
+/// System texts Anthropic and Bedrock accept: blank ones (an empty OpenAI system message)
+/// left out, as Bedrock refuses a blank system block.
+fn visible_system(r: &ChatRequest) -> Vec<&str> {
+    r.system
+        .iter()
+        .map(String::as_str)
+        .filter(|s| !s.trim().is_empty())
+        .collect()
+}
+
 /// The Anthropic Messages request body for `r`.
 pub fn to_anthropic(r: &ChatRequest, model: &str, stream: bool) -> Map<String, Value> {
     let mut b = Map::new();
     b.insert("model".into(), model.into());
-    if !r.system.is_empty() {
-        b.insert("system".into(), r.system.join("\n\n").into());
+    let system = visible_system(r);
+    if !system.is_empty() {
+        b.insert("system".into(), system.join("\n\n").into());
     }
     b.insert(
         "messages".into(),
@@ -432,10 +495,11 @@ pub fn to_anthropic(r: &ChatRequest, model: &str, stream: bool) -> Map<String, V
 /// The Bedrock Converse request body for `r` (the model goes in the path).
 pub fn to_bedrock(r: &ChatRequest) -> Map<String, Value> {
     let mut b = Map::new();
-    if !r.system.is_empty() {
+    let system = visible_system(r);
+    if !system.is_empty() {
         b.insert(
             "system".into(),
-            Value::Array(r.system.iter().map(|s| json!({"text": s})).collect()),
+            Value::Array(system.iter().map(|s| json!({"text": s})).collect()),
         );
     }
     b.insert(
@@ -481,6 +545,30 @@ pub struct ChatResponse {
     /// Whether the provider reported usage: when not, the gateway estimates what was used
     /// rather than charge nothing.
     pub usage_reported: bool,
+    /// The stop sequence that ended it, when known (see [`matched_stop`]).
+    pub stop_sequence: Option<String>,
+}
+
+/// The stop sequence to report (Anthropic's `stop_sequence`) for a response that ended with
+/// `finish`: the one the provider named, else, when the request sent exactly one, that one.
+/// `None` unless `finish` is [`Finish::StopSequence`].
+pub fn matched_stop(finish: &Finish, named: Option<String>, sent: &[String]) -> Option<String> {
+    if *finish != Finish::StopSequence {
+        return None;
+    }
+    named.or_else(|| match sent {
+        [only] => Some(only.clone()),
+        _ => None,
+    })
+}
+
+/// The stop sequences the request body for `protocol` carries for `r` (whitespace-only ones
+/// are not sent to Anthropic and Bedrock).
+pub fn sent_stops(r: &ChatRequest, protocol: kinf_policy::ProviderType) -> Vec<String> {
+    match protocol {
+        kinf_policy::ProviderType::OpenAI => r.stop.clone(),
+        _ => visible_stops(r).into_iter().map(str::to_string).collect(),
+    }
 }
 
 fn n(v: &Value, ptr: &str) -> u64 {
@@ -545,14 +633,15 @@ pub fn parse_provider_response(
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
+            let (finish, stop_sequence) =
+                Finish::from_openai_choice(c).unwrap_or((Finish::EndTurn, None));
             Some(ChatResponse {
                 id: v.get("id").and_then(Value::as_str).map(str::to_string),
                 text,
-                finish: Finish::from_openai(
-                    c.get("finish_reason").and_then(Value::as_str).unwrap_or(""),
-                ),
+                finish,
                 usage: v.get("usage").map(usage_openai).unwrap_or_default(),
                 usage_reported: v.get("usage").is_some_and(|u| !u.is_null()),
+                stop_sequence,
             })
         }
         P::Anthropic => {
@@ -571,6 +660,10 @@ pub fn parse_provider_response(
                 ),
                 usage: v.get("usage").map(usage_anthropic).unwrap_or_default(),
                 usage_reported: v.get("usage").is_some_and(|u| !u.is_null()),
+                stop_sequence: v
+                    .get("stop_sequence")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
             })
         }
         P::Bedrock => {
@@ -588,6 +681,11 @@ pub fn parse_provider_response(
                 ),
                 usage: v.get("usage").map(usage_bedrock).unwrap_or_default(),
                 usage_reported: v.get("usage").is_some_and(|u| !u.is_null()),
+                // Claude on Bedrock names it here when asked to.
+                stop_sequence: v
+                    .pointer("/additionalModelResponseFields/stop_sequence")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
             })
         }
     }
@@ -672,7 +770,7 @@ pub fn client_response(api: Api, r: &ChatResponse, model: &str) -> Value {
             "model": model,
             "content": [{"type": "text", "text": r.text}],
             "stop_reason": r.finish.anthropic(),
-            "stop_sequence": null,
+            "stop_sequence": r.stop_sequence.as_ref().filter(|_| r.finish == Finish::StopSequence),
             "usage": anthropic_usage_json(&r.usage),
         }),
     }
@@ -872,6 +970,8 @@ mod tests {
             ),
             (Api::Chat, json!({"logprobs": true}), "logprobs"),
             (Api::Chat, json!({"top_logprobs": 2}), "top_logprobs"),
+            (Api::Completions, json!({"echo": true}), "echo"),
+            (Api::Completions, json!({"suffix": "}"}), "suffix"),
             (
                 Api::Messages,
                 json!({"thinking": {"type": "enabled", "budget_tokens": 1024}}),
@@ -911,6 +1011,195 @@ mod tests {
         let b =
             usage_bedrock(&json!({"inputTokens": 4, "outputTokens": 2, "cacheReadInputTokens": 6}));
         assert_eq!(b.prompt_tokens(), 10);
+    }
+
+    fn obj(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
+    }
+
+    /// `"max_completion_tokens": null` sets no limit (as the gateway reads it for admission):
+    /// the request's `max_tokens` is the one sent, not Anthropic's default.
+    #[test]
+    fn a_null_max_completion_tokens_does_not_hide_max_tokens() {
+        let body = obj(json!({
+            "model": "m", "max_completion_tokens": null, "max_tokens": 50,
+            "messages": [{"role": "user", "content": "hi"}],
+        }));
+        let r = parse_client(Api::Chat, &body);
+        assert_eq!(r.as_ref().map(|r| r.max_tokens), Ok(Some(50)), "{r:?}");
+        let Ok(r) = r else { return };
+        assert_eq!(to_anthropic(&r, "claude", false)["max_tokens"], 50);
+        assert_eq!(to_bedrock(&r)["inferenceConfig"]["maxTokens"], 50);
+    }
+
+    /// No tools (an empty list) and a `tool_choice` that calls none is a plain text request;
+    /// anything that may call a tool is refused naming its field.
+    #[test]
+    fn no_tools_and_a_tool_choice_that_calls_none_are_plain_requests() {
+        let with = |extra: Value| {
+            let mut b = obj(json!({"model": "m", "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": "ok", "tool_calls": []},
+                             {"role": "user", "content": "again"}]}));
+            b.extend(obj(extra));
+            b
+        };
+        for (api, extra) in [
+            (Api::Messages, json!({"tools": []})),
+            (
+                Api::Messages,
+                json!({"tools": [], "tool_choice": {"type": "none"}}),
+            ),
+            (Api::Messages, json!({"tool_choice": {"type": "auto"}})),
+            (Api::Chat, json!({"tool_choice": "none", "tools": null})),
+            (Api::Chat, json!({"tool_choice": "auto", "functions": []})),
+            (Api::Chat, json!({"function_call": "none"})),
+        ] {
+            let mut b = with(extra.clone());
+            if api == Api::Messages {
+                // Anthropic messages carry no `tool_calls`.
+                b.insert(
+                    "messages".into(),
+                    json!([{"role": "user", "content": "hi"}]),
+                );
+            }
+            let r = parse_client(api, &b);
+            assert!(r.is_ok(), "{extra}: {r:?}");
+        }
+        for (api, extra, param) in [
+            (Api::Messages, json!({"tools": [{"name": "f"}]}), "tools"),
+            (
+                Api::Messages,
+                json!({"tool_choice": {"type": "any"}}),
+                "tool_choice",
+            ),
+            (Api::Chat, json!({"tool_choice": "required"}), "tool_choice"),
+            (
+                Api::Chat,
+                json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}),
+                "tool_choice",
+            ),
+            (
+                Api::Chat,
+                json!({"functions": [{"name": "f"}]}),
+                "functions",
+            ),
+            (
+                Api::Chat,
+                json!({"function_call": {"name": "f"}}),
+                "function_call",
+            ),
+            (
+                Api::Chat,
+                json!({"messages": [{"role": "assistant", "content": null,
+                    "function_call": {"name": "f", "arguments": "{}"}}]}),
+                "messages[0].function_call",
+            ),
+            (
+                Api::Chat,
+                json!({"messages": [{"role": "assistant", "content": null,
+                    "tool_calls": [{"id": "c", "type": "function"}]}]}),
+                "messages[0].tool_calls",
+            ),
+        ] {
+            let r = parse_client(api, &with(extra.clone()));
+            assert!(
+                r.as_ref().is_err_and(|e| e.param == param),
+                "{extra}: {r:?}"
+            );
+        }
+    }
+
+    /// An empty OpenAI system message is not sent as a blank system block (Bedrock refuses
+    /// one).
+    #[test]
+    fn a_blank_system_text_is_left_out() {
+        let body = obj(json!({"model": "m", "messages": [
+            {"role": "system", "content": ""},
+            {"role": "user", "content": "hi"},
+        ]}));
+        let r = parse_client(Api::Chat, &body);
+        assert!(r.is_ok(), "{r:?}");
+        let Ok(r) = r else { return };
+        assert!(to_bedrock(&r).get("system").is_none());
+        assert!(to_anthropic(&r, "claude", false).get("system").is_none());
+        let body = obj(json!({"model": "m", "messages": [
+            {"role": "system", "content": " "},
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+        ]}));
+        let r = parse_client(Api::Chat, &body);
+        assert!(r.is_ok(), "{r:?}");
+        let Ok(r) = r else { return };
+        assert_eq!(to_bedrock(&r)["system"], json!([{"text": "be brief"}]));
+        assert_eq!(to_anthropic(&r, "claude", false)["system"], "be brief");
+    }
+
+    /// An Anthropic client is told which stop sequence ended the response: the one the
+    /// provider names (vLLM's `stop_reason`, Claude on Bedrock's
+    /// `additionalModelResponseFields`), else the only one it sent.
+    #[test]
+    fn the_stop_sequence_that_ended_a_response_is_named() {
+        use kinf_policy::ProviderType as P;
+        let vllm = json!({"id": "cmpl-1", "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": "a"},
+            "finish_reason": "stop", "stop_reason": "###"}]});
+        let eos = json!({"id": "cmpl-1", "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": "a"},
+            "finish_reason": "stop", "stop_reason": 128009}]});
+        let bedrock = json!({"output": {"message": {"content": [{"text": "a"}]}},
+            "stopReason": "stop_sequence"});
+        let bedrock_named = json!({"output": {"message": {"content": [{"text": "a"}]}},
+            "stopReason": "stop_sequence",
+            "additionalModelResponseFields": {"stop_sequence": "END"}});
+        let sent = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for (p, v, stops, reason, seq) in [
+            (
+                P::OpenAI,
+                &vllm,
+                sent(&["###", "END"]),
+                "stop_sequence",
+                json!("###"),
+            ),
+            (P::OpenAI, &eos, sent(&["###"]), "end_turn", Value::Null),
+            (
+                P::Bedrock,
+                &bedrock,
+                sent(&["END"]),
+                "stop_sequence",
+                json!("END"),
+            ),
+            (
+                P::Bedrock,
+                &bedrock,
+                sent(&["END", "STOP"]),
+                "stop_sequence",
+                Value::Null,
+            ),
+            (
+                P::Bedrock,
+                &bedrock_named,
+                sent(&["END", "STOP"]),
+                "stop_sequence",
+                json!("END"),
+            ),
+        ] {
+            let r = parse_provider_response(p, v);
+            assert!(r.is_some(), "{v}: unreadable");
+            let Some(mut r) = r else { return };
+            r.stop_sequence = matched_stop(&r.finish, r.stop_sequence.take(), &stops);
+            let a = client_response(Api::Messages, &r, "m");
+            assert_eq!(
+                (&a["stop_reason"], &a["stop_sequence"]),
+                (&json!(reason), &seq),
+                "{v}"
+            );
+            let o = client_response(Api::Chat, &r, "m");
+            assert_eq!(o["choices"][0]["finish_reason"], "stop", "{v}");
+        }
     }
 
     #[test]
