@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use kinf_router::classify::eval::{self, OwnedMessage};
 use kinf_router::classify::{Classification, Classifiers, Message};
 
+use crate::EXIT_OK;
 use crate::cli::Format;
-use crate::report;
-use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
+use crate::report::{self, Error, ErrorKind};
 
 /// What to classify.
 #[derive(Debug)]
@@ -34,9 +34,9 @@ pub fn run(
     let json = format == Format::Json;
     let classifiers = match config {
         None => Classifiers::default(),
-        Some(dir) => match from_config(dir) {
+        Some(dir) => match from_config(dir, json, out, err) {
             Ok(c) => c,
-            Err((code, e)) => return report::errors(json, out, err, &[e], code),
+            Err(code) => return code,
         },
     };
     match input {
@@ -47,18 +47,12 @@ pub fn run(
         Input::File(p) => {
             let text = match std::fs::read_to_string(p) {
                 Ok(t) => t,
-                Err(e) => {
-                    let e = format!("cannot read `{}`: {e}", p.display());
-                    return report::errors(json, out, err, &[e], EXIT_USAGE);
-                }
+                Err(e) => return report::error(json, out, err, Error::cannot_read(p, e)),
             };
             let msgs = match serde_json::from_str::<serde_json::Value>(&text) {
                 Ok(v) if v.is_object() => match eval::messages_from_json(&v) {
                     Ok(m) => m,
-                    Err(e) => {
-                        let e = format!("`{}`: {e}", p.display());
-                        return report::errors(json, out, err, &[e], EXIT_USAGE);
-                    }
+                    Err(e) => return report::error(json, out, err, invalid(p, &e)),
                 },
                 _ => vec![OwnedMessage::new("user", text)],
             };
@@ -67,17 +61,11 @@ pub fn run(
         Input::Eval(p) => {
             let text = match std::fs::read_to_string(p) {
                 Ok(t) => t,
-                Err(e) => {
-                    let e = format!("cannot read `{}`: {e}", p.display());
-                    return report::errors(json, out, err, &[e], EXIT_USAGE);
-                }
+                Err(e) => return report::error(json, out, err, Error::cannot_read(p, e)),
             };
             let examples = match eval::parse_jsonl(&text) {
                 Ok(x) => x,
-                Err(e) => {
-                    let e = format!("`{}`: {e}", p.display());
-                    return report::errors(json, out, err, &[e], EXIT_USAGE);
-                }
+                Err(e) => return report::error(json, out, err, invalid(p, &e)),
             };
             let report = eval::evaluate(&classifiers, &examples);
             match format {
@@ -112,21 +100,38 @@ pub fn run(
     }
 }
 
-/// The built-in classifiers of the first `GatewayBackend` of the bundle in `dir`.
-fn from_config(dir: &Path) -> Result<Classifiers, (i32, String)> {
-    let sources = crate::load::read_sources(&[dir.to_path_buf()]).map_err(|e| (EXIT_USAGE, e))?;
+/// A request body or evaluation file that cannot be used: `FILE: CAUSE` (the cause, from the
+/// gateway's reader, may start with `line N: `).
+fn invalid(path: &Path, cause: &str) -> Error {
+    Error::new(ErrorKind::Input, format!("`{}`: {cause}", path.display()))
+}
+
+/// The built-in classifiers of the first `GatewayBackend` of the bundle in `dir`; errors are
+/// reported as [`crate::report`] does (a bundle that does not compile, with `json`, as its
+/// diagnostics), and the exit code returned.
+fn from_config(
+    dir: &Path,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<Classifiers, i32> {
+    let sources = crate::load::read_sources(&[dir.to_path_buf()])
+        .map_err(|e| report::error(json, out, err, e))?;
     let c = kinf_lang::compile(&sources);
     let Some(policy) = c.policy else {
-        return Err((
-            EXIT_FINDINGS,
-            format!(
-                "the bundle has {} error(s); run `kinfctl lint` to see them",
-                c.errors()
-            ),
+        let e = report::not_compiled(c.errors());
+        return Err(report::compile_errors_brief(
+            json,
+            out,
+            err,
+            &sources,
+            &c.diagnostics,
+            e,
         ));
     };
     let Some(g) = policy.gateways.first() else {
-        return Err((EXIT_USAGE, "the bundle has no GatewayBackend".into()));
+        let e = Error::new(ErrorKind::Bundle, "the bundle has no GatewayBackend");
+        return Err(report::error(json, out, err, e));
     };
     Ok(Classifiers::from_specs(&g.spec.classifiers))
 }
@@ -171,6 +176,7 @@ fn print_one(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::EXIT_USAGE;
 
     fn root() -> PathBuf {
         PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))

@@ -4,8 +4,9 @@ use std::io::Write;
 
 use kinf_policy::ResourceKind;
 
+use crate::EXIT_OK;
 use crate::cli::Format;
-use crate::{EXIT_OK, EXIT_USAGE};
+use crate::report::{self, Error, ErrorKind};
 
 /// Every CRD as one multi-document YAML (or a JSON array).
 pub fn crds_text(format: Format) -> String {
@@ -38,11 +39,10 @@ pub fn run_schema(kind: &str, format: Format, out: &mut dyn Write, err: &mut dyn
         .find(|k| k.as_str().eq_ignore_ascii_case(kind))
     else {
         let kinds: Vec<&str> = ResourceKind::ALL.iter().map(|k| k.as_str()).collect();
-        let e = format!(
-            "unknown kind `{kind}`\n  help: {}",
-            kinf_lang::suggest::help_for(kind, kinds.iter().copied(), "kinds")
+        let e = Error::new(ErrorKind::Unknown, format!("unknown kind `{kind}`")).with_help(
+            kinf_lang::suggest::help_for(kind, kinds.iter().copied(), "kinds"),
         );
-        return crate::report::errors(format == Format::Json, out, err, &[e], EXIT_USAGE);
+        return report::error(format == Format::Json, out, err, e);
     };
     let schema = kinf_lang::schema_check::lint_schema(k);
     let _ = writeln!(

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use kinf_router::decision::{StagesTrace, Trace};
 use kinf_router::{Decider, Decision, Outcome};
 
+use crate::EXIT_OK;
 use crate::cli::Format;
 use crate::report;
 use crate::scenario::{RequestFile, StateFile, read_request, read_state};
-use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
 
 /// The JSON form of a decision (also what `kinfctl test` compares against).
 pub fn decision_json(d: &Decision) -> serde_json::Value {
@@ -194,8 +194,7 @@ pub fn load_policy(
     err: &mut dyn Write,
 ) -> Result<std::sync::Arc<kinf_lang::CompiledPolicy>, i32> {
     let json = format == Format::Json;
-    let sources = crate::load::read_sources(paths)
-        .map_err(|e| report::errors(json, out, err, &[e], EXIT_USAGE))?;
+    let sources = crate::load::read_sources(paths).map_err(|e| report::error(json, out, err, e))?;
     let c = kinf_lang::compile(&sources);
     match c.policy {
         Some(p) => Ok(p),
@@ -206,7 +205,6 @@ pub fn load_policy(
             &sources,
             &c.diagnostics,
             "the policies do not compile; fix them first (`kinfctl lint`)",
-            EXIT_FINDINGS,
         )),
     }
 }
@@ -218,7 +216,7 @@ pub fn decide_files(
     policy: &kinf_lang::CompiledPolicy,
     request: &RequestFile,
     state: &StateFile,
-) -> Result<Decision, String> {
+) -> Result<Decision, report::Error> {
     let st = state.to_state(policy)?;
     let mut req = request.to_request();
     req.tags.extend(prompt_tags(policy, request));
@@ -270,13 +268,13 @@ pub fn run(
         (Ok(r), Ok(s)) => (r, s.unwrap_or_default()),
         (r, s) => {
             // Every error of both files.
-            let errors: Vec<String> = r.err().into_iter().chain(s.err()).flatten().collect();
-            return report::errors(json, out, err, &errors, EXIT_USAGE);
+            let errors: Vec<report::Error> = r.err().into_iter().chain(s.err()).flatten().collect();
+            return report::errors(json, out, err, &errors);
         }
     };
     let d = match decide_files(&policy, &req, &st) {
         Ok(d) => d,
-        Err(e) => return report::errors(json, out, err, &[e], EXIT_USAGE),
+        Err(e) => return report::error(json, out, err, e),
     };
     let classified = prompt_tags(&policy, &req);
     match format {

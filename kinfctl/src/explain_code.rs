@@ -4,9 +4,9 @@ use std::io::Write;
 
 use kinf_lang::Code;
 
+use crate::EXIT_OK;
 use crate::cli::Format;
-use crate::report;
-use crate::{EXIT_OK, EXIT_USAGE};
+use crate::report::{self, Error, ErrorKind};
 
 /// The Markdown catalogue of every code (the content of `docs/diagnostics.md`).
 pub fn catalogue() -> String {
@@ -39,7 +39,16 @@ pub fn catalogue() -> String {
     out
 }
 
-/// `kinfctl explain-code`.
+/// One code as JSON: `code`, `severity`, `summary`, `explanation`.
+fn code_json(c: Code) -> serde_json::Value {
+    serde_json::json!({
+        "code": c.as_str(), "severity": c.severity().as_str(),
+        "summary": c.summary(), "explanation": c.explanation(),
+    })
+}
+
+/// `kinfctl explain-code`: one code, or with `all` every code (the Markdown catalogue, or with
+/// `--format json` an array of the codes' JSON).
 pub fn run(
     code: Option<&str>,
     all: bool,
@@ -48,28 +57,45 @@ pub fn run(
     err: &mut dyn Write,
 ) -> i32 {
     if all {
-        let _ = out.write_all(catalogue().as_bytes());
+        match format {
+            Format::Json => {
+                let v: Vec<serde_json::Value> = Code::ALL.iter().map(|c| code_json(*c)).collect();
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&v).unwrap_or_default()
+                );
+            }
+            Format::Human => {
+                let _ = out.write_all(catalogue().as_bytes());
+            }
+        }
         return EXIT_OK;
     }
     let json = format == Format::Json;
     let Some(text) = code else {
-        let e = "give a code such as `KINF0101`, or `--all`";
-        return report::errors(json, out, err, &[e], EXIT_USAGE);
+        let e = Error::new(
+            ErrorKind::Usage,
+            "give a code such as `KINF0101`, or `--all`",
+        );
+        return report::error(json, out, err, e);
     };
     let Some(c) = Code::parse(text) else {
         let codes: Vec<&str> = Code::ALL.iter().map(|c| c.as_str()).collect();
-        let e = format!(
-            "unknown diagnostic code `{text}`\n  help: {}",
-            kinf_lang::suggest::help_for(text, codes.iter().copied(), "codes")
-        );
-        return report::errors(json, out, err, &[e], EXIT_USAGE);
+        let e = Error::new(
+            ErrorKind::Unknown,
+            format!("unknown diagnostic code `{text}`"),
+        )
+        .with_help(kinf_lang::suggest::help_for(
+            text,
+            codes.iter().copied(),
+            "codes",
+        ));
+        return report::error(json, out, err, e);
     };
     match format {
         Format::Json => {
-            let v = serde_json::json!({
-                "code": c.as_str(), "severity": c.severity().as_str(),
-                "summary": c.summary(), "explanation": c.explanation(),
-            });
+            let v = code_json(c);
             let _ = writeln!(
                 out,
                 "{}",

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use kinf_lang::dag::{RuleDag, render_pool};
 
+use crate::EXIT_OK;
 use crate::cli::GraphFormat;
-use crate::report;
-use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
+use crate::report::{self, Error, ErrorKind};
 
 /// `kinfctl graph`.
 pub fn run(
@@ -20,26 +20,13 @@ pub fn run(
     let json = format == GraphFormat::Json;
     let sources = match crate::load::read_sources(paths) {
         Ok(s) => s,
-        Err(e) => return report::errors(json, out, err, &[e], EXIT_USAGE),
+        Err(e) => return report::error(json, out, err, e),
     };
     let c = kinf_lang::compile(&sources);
     let Some(policy) = c.policy else {
-        if json {
-            // The diagnostics themselves, as `lint --format json` gives them.
-            let diags = c
-                .diagnostics
-                .iter()
-                .map(|d| crate::lint::diagnostic_json(d, &sources))
-                .collect();
-            report::write_json(out, &report::document(diags));
-            return EXIT_FINDINGS;
-        }
-        let _ = writeln!(
-            err,
-            "error: the bundle has {} error(s); run `kinfctl lint` to see them",
-            c.errors()
-        );
-        return EXIT_FINDINGS;
+        // With `json`, the diagnostics themselves, as `lint --format json` gives them.
+        let e = report::not_compiled(c.errors());
+        return report::compile_errors_brief(json, out, err, &sources, &c.diagnostics, e);
     };
     let pools: Vec<_> = policy
         .pools
@@ -54,12 +41,15 @@ pub fn run(
             .iter()
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
-        let e = format!(
-            "no pool `{}`; pools: {}",
-            pool.unwrap_or(""),
-            names.join(", ")
+        let e = Error::new(
+            ErrorKind::Unknown,
+            format!(
+                "no pool `{}`; pools: {}",
+                pool.unwrap_or(""),
+                names.join(", ")
+            ),
         );
-        return report::errors(json, out, err, &[e], EXIT_USAGE);
+        return report::error(json, out, err, e);
     }
     match format {
         GraphFormat::Text => {

@@ -2,6 +2,9 @@
 //! files) with their places: every error names the field, what it allows, and the
 //! `FILE:LINE:COLUMN` of the offending key or value (the column counts characters).
 //!
+//! Each error is a [`crate::report::Error`] with its place kept apart from its message, written
+//! as text or JSON only when reported.
+//!
 //! The files are read from kinf-lang's YAML tree, which keeps the span of every key and value,
 //! rather than through serde, whose errors have no place and speak in Rust types.
 
@@ -11,16 +14,18 @@ use kinf_lang::Sources;
 use kinf_lang::yaml::{Document, Entry, Node, Value};
 use kinf_lang::{FileId, Span};
 
-/// The errors of one input file, each one message ready to follow `error: ` (a `help:` line
-/// may follow on the next line).
-pub type Errors = Vec<String>;
+use crate::report::{Error, ErrorKind, Note, Place};
+
+/// The errors of one input file, each an [`Error`] of [`ErrorKind::Input`] with its place (or
+/// of [`ErrorKind::Read`] when the file cannot be read).
+pub type Errors = Vec<Error>;
 
 /// One input file being read: its text (for places) and the errors found so far.
 pub struct Input {
     sources: Sources,
     file: FileId,
     /// Each error with the byte offset it is at, to report them in file order.
-    errors: Vec<(usize, String)>,
+    errors: Vec<(usize, Error)>,
 }
 
 impl Input {
@@ -45,25 +50,30 @@ impl Input {
         Err(diags
             .iter()
             .map(|d| {
-                let mut s = match &d.primary {
-                    Some((span, _)) => format!("{}: {}", input.at(*span), d.message),
-                    None => format!("{name}: {}", d.message),
-                };
-                for (span, label) in &d.related {
-                    s.push_str(&format!("\n  note: {}: {label}", input.at(*span)));
-                }
-                if let Some(h) = &d.help {
-                    s.push_str(&format!("\n  help: {h}"));
-                }
-                s
+                let mut e = input.placed(d.primary.as_ref().map(|(span, _)| *span), &d.message);
+                e.notes = d
+                    .related
+                    .iter()
+                    .map(|(span, label)| match input.at(*span) {
+                        Some(p) => Note {
+                            place: Some(p),
+                            message: label.clone(),
+                        },
+                        None => Note {
+                            place: None,
+                            message: format!("{}: {label}", input.name()),
+                        },
+                    })
+                    .collect();
+                e.help = d.help.clone();
+                e
             })
             .collect())
     }
 
     /// Reads a file and parses it.
     pub fn read(path: &Path) -> Result<(Input, Vec<Document>), Errors> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| vec![format!("cannot read `{}`: {e}", path.display())])?;
+        let text = std::fs::read_to_string(path).map_err(|e| vec![Error::cannot_read(path, e)])?;
         Self::parse(&path.display().to_string(), &text)
     }
 
@@ -72,45 +82,47 @@ impl Input {
         self.sources.get(self.file).map_or("", |f| f.name.as_str())
     }
 
-    /// `FILE:LINE:COLUMN` of a span's start.
-    pub fn at(&self, span: Span) -> String {
-        match self.sources.locate(span) {
-            Some((f, l, c)) => format!("{f}:{l}:{c}"),
-            None => self.name().to_string(),
-        }
+    /// The place of a span's start.
+    pub fn at(&self, span: Span) -> Option<Place> {
+        Place::of(&self.sources, span)
     }
 
-    /// `FILE:1:1`, for errors about the whole file.
-    pub fn start(&self) -> String {
-        self.at(Span::new(self.file, 0, 0))
+    /// The place of the file's start (line 1, column 1), for errors about the whole file.
+    pub fn start(&self) -> Span {
+        Span::new(self.file, 0, 0)
+    }
+
+    /// An error of [`ErrorKind::Input`] at a span; without one (or when the span has no
+    /// place), the message starts with the file's name.
+    fn placed(&self, span: Option<Span>, message: &str) -> Error {
+        match span.and_then(|s| self.at(s)) {
+            Some(p) => Error::new(ErrorKind::Input, message).at(Some(p)),
+            None => Error::new(ErrorKind::Input, format!("{}: {message}", self.name())),
+        }
     }
 
     /// Records an error at a span.
     pub fn error(&mut self, span: Span, message: impl AsRef<str>, help: Option<String>) {
-        let at = self.at(span);
-        self.push(span.start, &at, message.as_ref(), help);
+        self.push(span.start, span, message.as_ref(), help);
     }
 
-    /// Records an error at a place written as `FILE:LINE:COLUMN` (or just `FILE`), reported
-    /// after those at a span.
-    pub fn error_at(&mut self, at: &str, message: impl AsRef<str>, help: Option<String>) {
-        self.push(usize::MAX, at, message.as_ref(), help);
+    /// Records an error at a span, reported after those recorded with [`Input::error`].
+    pub fn error_last(&mut self, span: Span, message: impl AsRef<str>, help: Option<String>) {
+        self.push(usize::MAX, span, message.as_ref(), help);
     }
 
-    fn push(&mut self, offset: usize, at: &str, message: &str, help: Option<String>) {
-        let mut s = format!("{at}: {message}");
-        if let Some(h) = help {
-            s.push_str(&format!("\n  help: {h}"));
-        }
-        self.errors.push((offset, s));
+    fn push(&mut self, offset: usize, span: Span, message: &str, help: Option<String>) {
+        let mut e = self.placed(Some(span), message);
+        e.help = help;
+        self.errors.push((offset, e));
     }
 
     /// Adds a help line to the last error, unless it has one.
     pub fn add_help(&mut self, help: String) {
         if let Some((_, last)) = self.errors.last_mut()
-            && !last.contains("\n  help: ")
+            && last.help.is_none()
         {
-            last.push_str(&format!("\n  help: {help}"));
+            last.help = Some(help);
         }
     }
 
@@ -118,7 +130,10 @@ impl Input {
     pub fn finish<T>(self, value: Option<T>) -> Result<T, Errors> {
         match value {
             Some(v) if self.errors.is_empty() => Ok(v),
-            _ if self.errors.is_empty() => Err(vec![format!("{}: invalid file", self.name())]),
+            _ if self.errors.is_empty() => Err(vec![Error::new(
+                ErrorKind::Input,
+                format!("{}: invalid file", self.name()),
+            )]),
             _ => {
                 let mut errors = self.errors;
                 errors.sort_by_key(|(offset, _)| *offset);

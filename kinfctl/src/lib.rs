@@ -67,13 +67,11 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
                 (_, Some(f), _) => classify::Input::File(f),
                 (_, _, Some(e)) => classify::Input::Eval(e),
                 _ => {
-                    return report::errors(
-                        format == cli::Format::Json,
-                        out,
-                        err,
-                        &["one of --text, --file or --eval is required"],
-                        EXIT_USAGE,
+                    let e = report::Error::new(
+                        report::ErrorKind::Usage,
+                        "one of --text, --file or --eval is required",
                     );
+                    return report::error(format == cli::Format::Json, out, err, e);
                 }
             };
             classify::run(input, config.as_ref(), format, out, err)

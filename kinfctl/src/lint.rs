@@ -6,14 +6,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kinf_lang::diagnostic::Report;
-use kinf_lang::{Diagnostic, Severity, Sources};
+use kinf_lang::{Diagnostic, Sources};
 use miette::{
     GraphicalReportHandler, GraphicalTheme, MietteError, MietteSpanContents, SourceCode,
     SourceSpan, SpanContents,
 };
 
 use crate::cli::Format;
-use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
+use crate::{EXIT_FINDINGS, EXIT_OK};
 
 /// One diagnostic as JSON.
 pub fn diagnostic_json(d: &Diagnostic, sources: &Sources) -> serde_json::Value {
@@ -178,13 +178,13 @@ pub fn run(
         Err(e) => {
             if format == Format::Json {
                 // The shape of the diagnostics below, with no file read.
-                let mut doc = crate::report::document(vec![crate::report::error_json(&e)]);
+                let mut doc = crate::report::document(vec![e.to_json()]);
                 doc["summary"]["files"] = 0.into();
                 crate::report::write_json(out, &doc);
             } else {
                 let _ = writeln!(err, "error: {e}");
             }
-            return EXIT_USAGE;
+            return e.kind.exit_code();
         }
     };
     let c = kinf_lang::compile(&sources);
@@ -216,10 +216,5 @@ pub fn run(
         }
     }
     let failing = errors > 0 || (deny_warnings && warnings > 0);
-    let _ = c
-        .diagnostics
-        .iter()
-        .filter(|d| d.severity == Severity::Error)
-        .count();
     if failing { EXIT_FINDINGS } else { EXIT_OK }
 }

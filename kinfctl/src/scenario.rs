@@ -14,6 +14,7 @@ use kinf_router::state::LoadSample;
 use kinf_router::{ClusterState, Request};
 
 use crate::input::{Errors, Input, single_document};
+use crate::report::{Error, ErrorKind, Place};
 
 /// The fields of a request file.
 pub const REQUEST_FIELDS: &[&str] = &[
@@ -84,8 +85,8 @@ pub struct EndpointFile {
     pub kv_cache_usage: f64,
     /// How many of this request's prompt tokens the endpoint already holds.
     pub cached_prompt_tokens: u32,
-    /// `FILE:LINE:COLUMN` of its key, for errors found later (empty when not read from a file).
-    pub at: String,
+    /// The place of its key, for errors found later (`None` when not read from a file).
+    pub at: Option<Place>,
 }
 
 impl EndpointFile {
@@ -98,7 +99,7 @@ impl EndpointFile {
             running_prompts: 0.0,
             kv_cache_usage: 0.0,
             cached_prompt_tokens: 0,
-            at: String::new(),
+            at: None,
         }
     }
 }
@@ -112,8 +113,8 @@ pub struct ProviderFile {
     pub ready: bool,
     /// Observed TTFT in seconds (0 or more; default the provider's `expectedTtft`).
     pub ttft_seconds: Option<f64>,
-    /// `FILE:LINE:COLUMN` of its key, for errors found later (empty when not read from a file).
-    pub at: String,
+    /// The place of its key, for errors found later (`None` when not read from a file).
+    pub at: Option<Place>,
 }
 
 impl ProviderFile {
@@ -123,7 +124,7 @@ impl ProviderFile {
             name: name.into(),
             ready: true,
             ttft_seconds: None,
-            at: String::new(),
+            at: None,
         }
     }
 }
@@ -165,9 +166,9 @@ fn request_of(mut input: Input, docs: &[Document]) -> Result<RequestFile, Errors
     let r = match single_document(&mut input, docs, "request") {
         Some(doc) => RequestFile::from_node(&mut input, &doc.root),
         None => {
-            let at = input.start();
-            input.error_at(
-                &at,
+            let start = input.start();
+            input.error_last(
+                start,
                 "the request file is empty",
                 Some("a request needs at least `model: NAME`".to_string()),
             );
@@ -361,7 +362,7 @@ impl StateFile {
     /// The cluster state: every static endpoint ready, idle and cold, every provider ready,
     /// then the values of this file. Unknown endpoints or providers are errors, at the place
     /// they are written.
-    pub fn to_state(&self, policy: &CompiledPolicy) -> Result<ClusterState, String> {
+    pub fn to_state(&self, policy: &CompiledPolicy) -> Result<ClusterState, Error> {
         let mut st = ClusterState::from_policy(policy, 32);
         for ws in st.worker_sets.values_mut() {
             for ep in &mut ws.endpoints {
@@ -388,13 +389,16 @@ impl StateFile {
                 }
             }
             if !found {
-                let known: Vec<String> = st
+                // Sorted: the worker sets are in no particular order.
+                let mut known: Vec<String> = st
                     .worker_sets
                     .values()
                     .flat_map(|w| w.endpoints.iter().map(|e| e.address.to_string()))
                     .collect();
-                return Err(placed(
-                    &e.at,
+                known.sort();
+                known.dedup();
+                return Err(Error::new(
+                    ErrorKind::Input,
                     format!(
                         "state: `{}` is not an endpoint of any worker set (endpoints: {})",
                         e.address,
@@ -404,7 +408,8 @@ impl StateFile {
                             known.join(", ")
                         }
                     ),
-                ));
+                )
+                .at(e.at.clone()));
             }
         }
         // The endpoints' fields were set directly: bring each worker set's load floor up to date.
@@ -412,15 +417,18 @@ impl StateFile {
             ws.rebuild_floor();
         }
         for p in &self.providers {
-            let key = st
-                .providers
-                .keys()
-                .find(|k| k.rsplit('/').next() == Some(p.name.as_str()) || ***k == *p.name)
-                .cloned();
+            // Sorted, so that the first of two providers of the same name is always the same one
+            // (the providers are in no particular order).
+            let mut keys: Vec<&Arc<str>> = st.providers.keys().collect();
+            keys.sort();
+            let key = keys
+                .iter()
+                .find(|k| k.rsplit('/').next() == Some(p.name.as_str()) || ****k == *p.name)
+                .map(|k| Arc::clone(k));
             let Some(key) = key else {
-                let known: Vec<String> = st.providers.keys().map(|k| k.to_string()).collect();
-                return Err(placed(
-                    &p.at,
+                let known: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+                return Err(Error::new(
+                    ErrorKind::Input,
                     format!(
                         "state: `{}` is not a provider (providers: {})",
                         p.name,
@@ -430,7 +438,8 @@ impl StateFile {
                             known.join(", ")
                         }
                     ),
-                ));
+                )
+                .at(p.at.clone()));
             };
             if let Some(ps) = st.providers.get_mut(&key) {
                 ps.ready = p.ready;
@@ -438,15 +447,6 @@ impl StateFile {
             }
         }
         Ok(st)
-    }
-}
-
-/// `message` after `at: `, when there is a place.
-fn placed(at: &str, message: String) -> String {
-    if at.is_empty() {
-        message
-    } else {
-        format!("{at}: {message}")
     }
 }
 
@@ -547,11 +547,16 @@ mod tests {
     use super::{parse_request, parse_state};
 
     fn request_error(text: &str) -> String {
-        parse_request("r.yaml", text).unwrap_err().join("\n")
+        lines(parse_request("r.yaml", text).unwrap_err())
     }
 
     fn state_error(text: &str) -> String {
-        parse_state("s.yaml", text).unwrap_err().join("\n")
+        lines(parse_state("s.yaml", text).unwrap_err())
+    }
+
+    fn lines(errors: crate::input::Errors) -> String {
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        text.join("\n")
     }
 
     #[test]
@@ -646,7 +651,9 @@ s.yaml:2:42: unknown field `queued` in endpoint `10.0.0.1:8000`
         assert_eq!(st.endpoints.len(), 2);
         assert_eq!(st.endpoints[0].kv_cache_usage, 1.0);
         assert_eq!(st.endpoints[0].queued_prompts, 2.5);
-        assert_eq!(st.endpoints[0].at, "s.yaml:2:3");
+        let at = st.endpoints[0].at.as_ref().unwrap();
+        assert_eq!((at.file.as_str(), at.line, at.column), ("s.yaml", 2, 3));
+        assert_eq!(at.to_string(), "s.yaml:2:3");
         assert!(st.endpoints[1].ready);
         assert!(parse_state("s.yaml", "").unwrap().endpoints.is_empty());
     }

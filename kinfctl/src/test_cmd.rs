@@ -8,9 +8,9 @@ use kinf_lang::yaml::{Node, Value};
 use crate::cli::Format;
 use crate::explain::{decide_files, decision_json, load_policy};
 use crate::input::{Errors, Input};
-use crate::report;
+use crate::report::{self, Error, ErrorKind};
 use crate::scenario::{RequestFile, StateFile};
-use crate::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
+use crate::{EXIT_FINDINGS, EXIT_OK};
 
 /// One case: a request, a state, and the expected fields of `kinfctl explain --format json`.
 #[derive(Clone, Debug)]
@@ -50,15 +50,13 @@ const CASE_FILE_HELP: &str = "each YAML document of a case file (documents are s
 
 /// The case files named by `--cases`: files as given, and the `*.yaml` / `*.yml` files directly
 /// inside each directory. A directory without any is an error.
-fn case_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+fn case_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
     let mut out = Vec::new();
     for p in paths {
         if p.is_dir() {
             let mut entries = Vec::new();
             let mut subdirs = Vec::new();
-            for e in
-                std::fs::read_dir(p).map_err(|e| format!("cannot read `{}`: {e}", p.display()))?
-            {
+            for e in std::fs::read_dir(p).map_err(|e| Error::cannot_read(p, e))? {
                 let Ok(e) = e else { continue };
                 let path = e.path();
                 if path.is_dir() {
@@ -76,20 +74,18 @@ fn case_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
                     ),
                     None => "check the path, or put case files in it".to_string(),
                 };
-                return Err(format!(
-                    "no test cases found: `{}` holds no case file (`*.yaml`, `*.yml`)\n  help: {help}",
+                return Err(Error::read(format!(
+                    "no test cases found: `{}` holds no case file (`*.yaml`, `*.yml`)",
                     p.display()
-                ));
+                ))
+                .with_help(help));
             }
             entries.sort();
             out.extend(entries);
         } else if p.exists() {
             out.push(p.clone());
         } else {
-            return Err(format!(
-                "cannot read `{}`: no such file or directory",
-                p.display()
-            ));
+            return Err(Error::cannot_read(p, "no such file or directory"));
         }
     }
     Ok(out)
@@ -179,9 +175,9 @@ pub fn parse_cases(name: &str, text: &str) -> Result<Vec<(String, Case)>, Errors
         }
     }
     if ok && cases.is_empty() {
-        let at = input.start();
-        input.error_at(
-            &at,
+        let start = input.start();
+        input.error_last(
+            start,
             "no test cases found: the file holds no case",
             Some(CASE_FILE_HELP.to_string()),
         );
@@ -288,8 +284,7 @@ fn expect(input: &mut Input, node: &Node) -> Option<serde_json::Map<String, serd
 }
 
 fn load_cases(path: &Path) -> Result<Vec<(String, Case)>, Errors> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| vec![format!("cannot read `{}`: {e}", path.display())])?;
+    let text = std::fs::read_to_string(path).map_err(|e| vec![Error::cannot_read(path, e)])?;
     parse_cases(&path.display().to_string(), &text)
 }
 
@@ -308,7 +303,7 @@ pub fn run(
     };
     let files = match case_files(cases) {
         Ok(f) => f,
-        Err(e) => return report::errors(json, out, err, &[e], EXIT_USAGE),
+        Err(e) => return report::error(json, out, err, e),
     };
     // Every case file is read before any case runs, and all their errors are reported.
     let mut all = Vec::new();
@@ -320,31 +315,21 @@ pub fn run(
         }
     }
     if !errors.is_empty() {
-        return report::errors(json, out, err, &errors, EXIT_USAGE);
+        return report::errors(json, out, err, &errors);
     }
     if all.is_empty() {
         // `case_files` refuses empty directories and `parse_cases` empty files; no `--cases`
         // at all is refused by the command line.
-        return report::errors(json, out, err, &["no test cases found"], EXIT_USAGE);
+        let e = Error::new(ErrorKind::Read, "no test cases found");
+        return report::error(json, out, err, e);
     }
     let (mut passed, mut failed) = (0usize, 0usize);
     let mut results = Vec::new();
     for (name, case) in all {
         let got = match decide_files(&policy, &case.request, &case.state) {
             Ok(d) => decision_json(&d),
-            Err(e) => {
-                if json {
-                    // The place of `e` (in the case file) stays a place; the case is named
-                    // in the message.
-                    let mut d = report::error_json(&e);
-                    let message = d["message"].as_str().unwrap_or_default().to_string();
-                    d["message"] = format!("{name}: {message}").into();
-                    report::write_json(out, &report::document(vec![d]));
-                } else {
-                    let _ = writeln!(err, "error: {name}: {e}");
-                }
-                return EXIT_USAGE;
-            }
+            // The place of `e` (in the case file) stays a place; the case is named before it.
+            Err(e) => return report::error(json, out, err, e.about(name)),
         };
         let mismatches: Vec<(String, serde_json::Value, serde_json::Value)> = case
             .expect

@@ -177,3 +177,36 @@ fn provider_max_tokens_field_is_checked_by_lint() {
         (Some(7), Some(19))
     );
 }
+
+/// `explain-code --all --format json` is JSON (every code, as `explain-code CODE --format json`
+/// gives it), not the Markdown catalogue.
+#[test]
+fn explain_code_all_as_json() {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    assert_eq!(
+        kinfctl::explain_code::run(None, true, Format::Json, &mut out, &mut err),
+        0
+    );
+    assert!(err.is_empty());
+    let all: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let all = all.as_array().unwrap();
+    assert_eq!(all.len(), kinf_lang::Code::ALL.len());
+    for (v, c) in all.iter().zip(kinf_lang::Code::ALL) {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        assert_eq!(
+            kinfctl::explain_code::run(Some(c.as_str()), false, Format::Json, &mut out, &mut err),
+            0
+        );
+        let one: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v, &one, "{c}");
+    }
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    assert_eq!(
+        kinfctl::explain_code::run(None, true, Format::Human, &mut out, &mut err),
+        0
+    );
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        kinfctl::explain_code::catalogue()
+    );
+}

@@ -154,9 +154,12 @@ cases:
 ---
 cases: []
 ";
-    let errors = kinfctl::test_cmd::parse_cases("cases.yaml", text)
+    let errors: Vec<String> = kinfctl::test_cmd::parse_cases("cases.yaml", text)
         .expect_err("invalid")
-        .join("\n");
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let errors = errors.join("\n");
     insta::assert_snapshot!("case_file_errors", errors);
 }
 
