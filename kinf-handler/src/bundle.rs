@@ -11,6 +11,7 @@ use std::sync::Arc;
 use kinf_lang::Sources;
 
 use crate::providers::credentials::Secret;
+use crate::tenants::identity::KeyFiles;
 
 /// Secret values: `(namespace, name)` → key → value.
 pub type SecretValues = BTreeMap<(String, String), BTreeMap<String, Secret>>;
@@ -65,11 +66,18 @@ pub struct Resolved {
     /// Kubernetes mode: how to apply the bundle's namespaces without errors when others have
     /// some. `None` (directory mode): a bundle with errors is refused as a whole.
     pub isolation: Option<Arc<dyn NamespaceIsolation>>,
+    /// Directory mode: the API key files (`GatewayBackend` `tenants.apiKeys.file`) that the
+    /// bundle's front doors name, read and checked by
+    /// [`crate::gateway::Gateway::apply_bundle`] before the bundle is applied (the runtime is
+    /// built with them as read). They are to directory mode what referenced Secrets are to
+    /// Kubernetes mode: a change of their content is a change of the policy (a new
+    /// generation). `None` in Kubernetes mode.
+    pub key_files: Option<Arc<KeyFiles>>,
 }
 
 impl Resolved {
-    /// A hash of the endpoints and the secret values (never logged), so that a change of either
-    /// re-applies the policy.
+    /// A hash of the endpoints, the secret values and the API key files' content (never
+    /// logged), so that a change of any re-applies the policy.
     pub fn fingerprint(&self) -> u64 {
         let mut h = ahash::AHasher::default();
         self.endpoints.hash(&mut h);
@@ -82,7 +90,18 @@ impl Resolved {
                 v.expose().hash(&mut h);
             }
         }
+        if let Some(kf) = &self.key_files {
+            kf.fingerprint().hash(&mut h);
+        }
         h.finish()
+    }
+
+    /// Whether anything was resolved beside the resources (endpoints, Secret values or API key
+    /// files): only then does [`Resolved::fingerprint`] count in the policy's fingerprint.
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+            && self.secrets.is_empty()
+            && self.key_files.as_ref().is_none_or(|kf| kf.is_empty())
     }
 
     /// The cluster state to re-apply the policy in force with, when this bundle is refused:

@@ -3,6 +3,10 @@
 //! force and the rejection (with its diagnostics) is kept for `/readyz`, the admin status and
 //! metrics. Readers never block and never see a half-applied policy.
 //!
+//! The store is the one record of the last refusal: a bundle refused before it is compiled
+//! (directory mode: for an API key file that cannot be loaded) is recorded here too
+//! ([`PolicyStore::record_refusal`]).
+//!
 //! Kubernetes mode isolates namespaces ([`crate::bundle::NamespaceIsolation`]): a bundle with
 //! errors in some namespaces applies every other namespace's objects, and each refused
 //! namespace keeps the objects it has in force.
@@ -18,7 +22,9 @@ use kinf_lang::{CompiledPolicy, Diagnostic, Severity, Sources};
 pub struct Applied {
     /// The compiled policy.
     pub policy: Arc<CompiledPolicy>,
-    /// Its fingerprint (a hash of the sources).
+    /// Its fingerprint: a hash of the sources, and of what was resolved beside them when
+    /// anything was ([`crate::bundle::Resolved::fingerprint`]: endpoints, Secret values, API
+    /// key files).
     pub fingerprint: u64,
     /// Warnings of its compilation, rendered `file:line:col: warning[CODE]: message`.
     pub warnings: Vec<String>,
@@ -108,9 +114,17 @@ impl PolicyStore {
         self.current.load_full()
     }
 
-    /// The last refused bundle, cleared when a bundle is applied.
+    /// The last refused bundle, cleared when a bundle is applied (or found unchanged).
     pub fn last_rejected(&self) -> Option<Arc<Rejected>> {
         self.rejected.load_full()
+    }
+
+    /// Records the refusal of a bundle that was refused for something the store does not see
+    /// (directory mode: an API key file of the bundle that cannot be read or parsed), or
+    /// replaces the one recorded with more errors. It replaces any refusal recorded before and
+    /// is cleared like one recorded by [`PolicyStore::apply`]; the policy in force stays.
+    pub fn record_refusal(&self, rejected: Rejected) {
+        self.rejected.store(Some(Arc::new(rejected)));
     }
 
     /// Whether a policy is in force.
@@ -127,8 +141,9 @@ impl PolicyStore {
     /// Like [`PolicyStore::apply`], with what the source resolved beside the resources: the
     /// discovered endpoints of selector-mode worker sets are filled into the compiled policy
     /// (so that the cluster state and live ingestion see them like static endpoints), and a
-    /// change of endpoints or Secret values counts as a change. Also returns every diagnostic
-    /// of the compilation (for Kubernetes status).
+    /// change of endpoints, Secret values or (directory mode) API key files counts as a change:
+    /// a new generation. Also returns every diagnostic of the compilation (for Kubernetes
+    /// status).
     ///
     /// With [`crate::bundle::Resolved::isolation`], a bundle whose errors all belong to
     /// objects of some namespaces is applied without them: those namespaces keep the objects
@@ -159,7 +174,7 @@ impl PolicyStore {
             let prev = self.current().map(|a| a.generation);
             let outcome = self.apply_compilation(&merged, &mc, false);
             // The recorded refusal: the bundle's own errors (those of the refused namespaces).
-            self.record_refusal(sources, &c, Some(kept.iter().cloned().collect()));
+            self.record_compile_refusal(sources, &c, Some(kept.iter().cloned().collect()));
             let generation = match outcome {
                 ApplyOutcome::Applied { generation } => generation,
                 _ => prev.unwrap_or(0),
@@ -179,7 +194,8 @@ impl PolicyStore {
     /// Compiles the sources of the policy in force again with `resolved` and swaps the result
     /// in when it differs (`Applied`) — the last good *sources* stay in force while a newer
     /// bundle is refused, but the cluster's current endpoints and Secret values (a pod
-    /// replaced, a tenant key revoked) still reach the policy. The recorded refusal is kept.
+    /// replaced, a tenant key revoked), or in directory mode the content of the API key files
+    /// the policy in force names, still reach the policy. The recorded refusal is kept.
     /// `None` when no policy is in force (or, which cannot happen, when its sources no longer
     /// compile).
     ///
@@ -229,7 +245,7 @@ impl PolicyStore {
                 ApplyOutcome::Applied { generation }
             }
             None => {
-                self.record_refusal(sources, c, None);
+                self.record_compile_refusal(sources, c, None);
                 ApplyOutcome::Refused {
                     errors: error_count(c),
                 }
@@ -239,7 +255,7 @@ impl PolicyStore {
 
     /// Records the refusal of `sources` (compiled to `c`); `namespaces`: the refused
     /// namespaces when every other one was applied.
-    fn record_refusal(
+    fn record_compile_refusal(
         &self,
         sources: &Sources,
         c: &kinf_lang::Compilation,
@@ -252,12 +268,12 @@ impl PolicyStore {
             .filter(|d| d.severity == Severity::Error)
             .map(|d| d.code.as_str())
             .collect();
-        self.rejected.store(Some(Arc::new(Rejected {
+        self.record_refusal(Rejected {
             fingerprint: crate::bundle::sources_hash(sources),
             errors,
             codes,
             namespaces,
-        })));
+        });
     }
 }
 
@@ -330,14 +346,15 @@ fn isolate(
 }
 
 /// Compiles `sources` and fills in what the source resolved: the discovered endpoints of
-/// selector-mode worker sets; a change of endpoints or Secret values changes the fingerprint.
+/// selector-mode worker sets; a change of endpoints, Secret values or API key files changes the
+/// fingerprint.
 fn compile_resolved(
     sources: &Sources,
     resolved: &crate::bundle::Resolved,
 ) -> kinf_lang::Compilation {
     let mut c = kinf_lang::compile(sources);
     if let Some(policy) = c.policy.as_mut()
-        && (!resolved.endpoints.is_empty() || !resolved.secrets.is_empty())
+        && !resolved.is_empty()
         && let Some(p) = Arc::get_mut(policy)
     {
         for d in &mut p.destinations {

@@ -1,7 +1,8 @@
 //! Tenants through the gateway: API keys mapped to tenants (held as hashes), spoofing refused,
 //! a tenant over its token budget gets 429 with OpenAI-style rate-limit headers while the other
 //! is unaffected, and every request is accounted to the right tenant. Editing only the key file
-//! revokes or adds keys at the next reloads; a broken key file keeps the last good keys.
+//! revokes or adds keys at the next reloads (a new policy generation); a broken key file keeps
+//! the last good keys and is the store's last refusal.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
@@ -311,7 +312,9 @@ async fn readyz(addr: SocketAddr) -> (u16, serde_json::Value) {
 }
 
 /// Revoking or adding a key by editing only the key file (no YAML change) takes effect at the
-/// next reloads; the other keys keep working and the policy's YAML is not applied again.
+/// next reloads; the other keys keep working. The key file's content is part of the policy (as
+/// a Secret's is in Kubernetes mode): each edit is a new generation, which `/admin/status` and
+/// `kinference_policy_generation` show, while polls that find nothing changed apply nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn editing_only_the_key_file_revokes_and_adds_keys_within_a_few_reload_intervals() {
     let worker = tiny_sim("50", &[]).await;
@@ -358,17 +361,46 @@ async fn editing_only_the_key_file_revokes_and_adds_keys_within_a_few_reload_int
     );
     assert_eq!(status_with_key(addr, "sk-team-a-1").await.0, 200);
     assert_eq!(status_with_key(addr, "sk-team-b-1").await.0, 401);
-    // The YAML did not change: the same policy, only its keys are new; nothing was refused.
-    assert_eq!(gw.store.current().unwrap().generation, generation);
-    assert!(gw.last_rejected().is_none());
+    // The YAML did not change, but the keys did: a new generation per edit, shown by
+    // /admin/status and the generation gauge; nothing was refused.
+    let now = gw.store.current().unwrap().generation;
+    assert!(now >= generation + 2, "{generation} -> {now}");
+    let (s, body) = get_text(addr, "/admin/status").await;
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (s, status["policy"]["generation"].as_u64()),
+        (200, Some(now))
+    );
+    assert_eq!(
+        gw.metrics.value("kinference_policy_generation", &[]),
+        Some(now as f64)
+    );
+    assert!(gw.store.last_rejected().is_none());
+    // Nothing changes any more: the polls apply nothing (no new generation, no rebuild).
+    let rt = gw.runtime().unwrap();
+    let applied = gw
+        .metrics
+        .value("kinference_policy_reloads_total", &[("result", "applied")]);
+    tokio::time::sleep(RELOAD * 5).await;
+    assert_eq!(gw.store.current().unwrap().generation, now);
+    assert!(
+        std::sync::Arc::ptr_eq(&rt, &gw.runtime().unwrap()),
+        "rebuilt"
+    );
+    assert_eq!(
+        gw.metrics
+            .value("kinference_policy_reloads_total", &[("result", "applied")]),
+        applied
+    );
     watcher.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A key file outside the configuration directory (absolute path) that becomes invalid or
 /// unreadable is refused like an invalid YAML edit: the last good keys keep working, `/readyz`
-/// stays ready and names the file and line (never a key) under `lastRefused`, and
-/// `kinference_policy_refused` is 1. Fixed, it is applied and the refusal cleared.
+/// stays ready and names the file and line (never a key) under `lastRefused`, the store's last
+/// refusal is it, and `kinference_policy_refused` is 1. Fixed, it is applied (a new generation)
+/// and the refusal cleared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_or_missing_key_file_keeps_the_last_good_keys() {
     let worker = tiny_sim("50", &[]).await;
@@ -382,7 +414,18 @@ async fn a_corrupted_or_missing_key_file_keeps_the_last_good_keys() {
     )
     .unwrap();
     let (gw, addr, watcher) = watched_gateway(&dir).await;
-    assert!(gw.last_rejected().is_none(), "{:?}", gw.last_rejected());
+    assert!(
+        gw.store.last_rejected().is_none(),
+        "{:?}",
+        gw.store.last_rejected()
+    );
+    let generation = gw.store.current().unwrap().generation;
+    let refused = |gw: &kinf_handler::gateway::Gateway| {
+        gw.metrics
+            .value("kinference_policy_reloads_total", &[("result", "refused")])
+            .unwrap_or(0.0)
+    };
+    assert_eq!(refused(&gw), 0.0);
     for key in ["sk-team-a-1", "sk-team-b-1"] {
         assert_eq!(status_with_key(addr, key).await.0, 200, "{key}");
     }
@@ -390,9 +433,25 @@ async fn a_corrupted_or_missing_key_file_keeps_the_last_good_keys() {
     // Corrupted: team-b's line removed, and line 2 is not `tenant: key`.
     std::fs::write(&keys, "team-a: sk-team-a-1\nsk-team-c-1\n").unwrap();
     assert!(
-        eventually(RELOAD * 30, || gw.last_rejected().is_some()).await,
+        eventually(RELOAD * 30, || gw.store.last_rejected().is_some()).await,
         "the corrupted key file was not refused"
     );
+    // The store holds the refusal: file and line, no KINF code, never a key.
+    let rejected = gw.store.last_rejected().unwrap();
+    assert!(
+        rejected
+            .errors
+            .iter()
+            .any(|e| e.contains(&keys.display().to_string()) && e.contains("line 2")),
+        "{rejected:?}"
+    );
+    assert!(rejected.codes.is_empty(), "{rejected:?}");
+    assert!(
+        !rejected.errors.iter().any(|e| e.contains("sk-team")),
+        "never a key"
+    );
+    assert!(refused(&gw) >= 1.0);
+    assert_eq!(gw.store.current().unwrap().generation, generation);
     let (s, body) = readyz(addr).await;
     assert_eq!(s, 200, "the last good policy stays in force: {body}");
     let errors = body["lastRefused"]["errors"].to_string();
@@ -415,14 +474,15 @@ async fn a_corrupted_or_missing_key_file_keeps_the_last_good_keys() {
     // Unreadable (gone): the same.
     std::fs::remove_file(&keys).unwrap();
     assert!(
-        eventually(RELOAD * 30, || gw.last_rejected().is_some_and(|r| r
+        eventually(RELOAD * 30, || gw.store.last_rejected().is_some_and(|r| r
             .errors
             .iter()
             .any(|e| e.contains("cannot read API key file"))))
         .await,
         "the missing key file was not refused: {:?}",
-        gw.last_rejected()
+        gw.store.last_rejected()
     );
+    assert_eq!(gw.store.current().unwrap().generation, generation);
     for key in ["sk-team-a-1", "sk-team-b-1"] {
         assert_eq!(status_with_key(addr, key).await.0, 200, "{key}");
     }
@@ -436,6 +496,8 @@ async fn a_corrupted_or_missing_key_file_keeps_the_last_good_keys() {
     assert_eq!(status_with_key(addr, "sk-team-a-1").await.0, 200);
     let (s, body) = readyz(addr).await;
     assert_eq!((s, &body["lastRefused"]), (200, &serde_json::Value::Null));
+    assert!(gw.store.last_rejected().is_none());
+    assert!(gw.store.current().unwrap().generation > generation);
     assert_eq!(
         gw.metrics.value("kinference_policy_refused", &[]),
         Some(0.0)
@@ -446,7 +508,8 @@ async fn a_corrupted_or_missing_key_file_keeps_the_last_good_keys() {
 }
 
 /// While an unrelated YAML edit is refused, a key revoked in the key file is revoked all the
-/// same (the policy in force is rebuilt with its key file's new content).
+/// same (the policy in force is applied again with its key file's new content: a new
+/// generation), and the YAML's refusal stays the store's last refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_yaml_edit_does_not_hold_back_a_revocation() {
     let worker = tiny_sim("50", &[]).await;
@@ -467,7 +530,7 @@ async fn a_refused_yaml_edit_does_not_hold_back_a_revocation() {
     )
     .unwrap();
     assert!(
-        eventually(RELOAD * 30, || gw.last_rejected().is_some()).await,
+        eventually(RELOAD * 30, || gw.store.last_rejected().is_some()).await,
         "the broken YAML was not refused"
     );
     std::fs::write(dir.join("keys.txt"), "team-a: sk-team-a-1\n").unwrap();
@@ -476,12 +539,24 @@ async fn a_refused_yaml_edit_does_not_hold_back_a_revocation() {
         "the revocation waits for the YAML"
     );
     assert_eq!(status_with_key(addr, "sk-team-a-1").await.0, 200);
-    assert_eq!(gw.store.current().unwrap().generation, generation);
+    let now = gw.store.current().unwrap().generation;
+    assert!(now > generation, "{generation} -> {now}");
+    assert_eq!(
+        gw.metrics.value("kinference_policy_generation", &[]),
+        Some(now as f64)
+    );
     let (s, body) = readyz(addr).await;
-    assert_eq!(s, 200);
+    assert_eq!((s, body["generation"].as_u64()), (200, Some(now)));
     assert!(
         body["lastRefused"]["errors"].to_string().contains("c.yaml"),
         "the YAML's refusal is still shown: {body}"
+    );
+    assert!(
+        gw.store
+            .last_rejected()
+            .is_some_and(|r| r.errors.iter().any(|e| e.contains("c.yaml"))),
+        "{:?}",
+        gw.store.last_rejected()
     );
     watcher.abort();
     let _ = std::fs::remove_dir_all(&dir);
@@ -511,6 +586,14 @@ async fn a_missing_key_file_at_startup_is_refused_until_it_appears() {
             .to_string()
             .contains("cannot read API key file"),
         "{body}"
+    );
+    assert!(
+        gw.store.last_rejected().is_some_and(|r| r
+            .errors
+            .iter()
+            .any(|e| e.contains("cannot read API key file"))),
+        "the store holds the refusal: {:?}",
+        gw.store.last_rejected()
     );
     let watcher = kinf_handler::serve::watch_directory(
         gw.clone(),

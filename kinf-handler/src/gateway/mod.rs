@@ -106,10 +106,6 @@ pub struct Gateway {
     pub streams: Arc<streams::StreamCounter>,
     /// The policy store (the last good policy and the last refusal).
     pub store: PolicyStore,
-    /// Directory mode: the newest bundle's refusal when it was refused for its API key files
-    /// (which the store does not see), or for its YAML while a key file of the policy in force
-    /// was broken; cleared by the next bundle. See [`Gateway::last_rejected`].
-    key_file_refusal: ArcSwapOption<crate::policy_store::Rejected>,
     runtime: ArcSwapOption<Runtime>,
     tokenizers: parking_lot::Mutex<TokenizerCache>,
     /// Live cluster state.
@@ -214,7 +210,6 @@ impl Gateway {
         Arc::new(Gateway {
             streams: streams::StreamCounter::new(),
             store: PolicyStore::new(),
-            key_file_refusal: ArcSwapOption::empty(),
             runtime: ArcSwapOption::empty(),
             tokenizers: parking_lot::Mutex::new(TokenizerCache::default()),
             state: SharedState::new(kinf_router::ClusterState::default()),
@@ -253,25 +248,19 @@ impl Gateway {
         self.runtime.load_full()
     }
 
-    /// The newest bundle's refusal, if it was refused (`/readyz` and `/admin/status` show it
-    /// as `lastRefused`): [`PolicyStore::last_rejected`], or in directory mode the refusal of a
-    /// bundle for its API key files, which the store does not see.
-    pub fn last_rejected(&self) -> Option<Arc<crate::policy_store::Rejected>> {
-        self.key_file_refusal
-            .load_full()
-            .or_else(|| self.store.last_rejected())
-    }
-
     /// Compiles and applies a bundle. On success the runtime and the cluster state are rebuilt
     /// for the new policy (keeping what was learned about unchanged endpoints); on failure the
-    /// last good policy stays in force and the refusal is recorded.
+    /// last good policy stays in force and the refusal is recorded
+    /// ([`PolicyStore::last_rejected`]).
     ///
     /// Directory mode (a bundle not from Kubernetes): the API key files that the bundle's front
     /// doors name (`tenants.apiKeys.file`) are read first, and one that cannot be read or
-    /// parsed refuses the bundle like an error in its YAML. When the YAML is the policy's in
-    /// force and only key files changed, the runtime is rebuilt with their new content and
-    /// swapped in (the policy's generation stays); when the bundle is refused, the policy in
-    /// force still gets the new content of its own key files.
+    /// parsed refuses the bundle like an error in its YAML. Their content is part of the
+    /// policy as referenced Secrets are in Kubernetes mode
+    /// ([`crate::bundle::Resolved::key_files`]): an edit of a key file alone applies the
+    /// policy again (a new generation, the runtime built with their new content), and while a
+    /// bundle is refused the policy in force is applied again with the new content of its own
+    /// key files.
     pub fn apply(&self, sources: &kinf_lang::Sources) -> ApplyOutcome {
         self.apply_resolved(sources, &crate::bundle::Resolved::default())
             .0
@@ -292,20 +281,25 @@ impl Gateway {
         resolved: &crate::bundle::Resolved,
     ) -> (ApplyOutcome, Vec<kinf_lang::Diagnostic>) {
         // Directory mode: the key files are read once, checked, and used as read.
-        let key_files = (!resolved.kubernetes).then(|| {
-            KeyFiles::read(
+        let with_key_files;
+        let resolved = if resolved.kubernetes {
+            resolved
+        } else {
+            let kf = KeyFiles::read(
                 &self.options.base_dir,
                 crate::config_dir::key_files(sources),
-            )
-        });
-        if let Some(kf) = &key_files {
+            );
             let errors = kf.errors();
             if !errors.is_empty() {
                 return self.refuse_for_key_files(sources, resolved, errors);
             }
-        }
+            with_key_files = crate::bundle::Resolved {
+                key_files: Some(Arc::new(kf)),
+                ..resolved.clone()
+            };
+            &with_key_files
+        };
         let (outcome, diagnostics) = self.store.apply_resolved(sources, resolved);
-        self.key_file_refusal.store(None);
         let result = match &outcome {
             ApplyOutcome::Applied { .. } => "applied",
             ApplyOutcome::Unchanged => "unchanged",
@@ -315,17 +309,13 @@ impl Gateway {
         self.metrics.policy_reload(result);
         match &outcome {
             ApplyOutcome::Applied { generation } => {
-                self.install_current(resolved, key_files.as_ref());
+                self.install_current(resolved);
                 tracing::info!(generation, "policy applied");
                 self.metrics.set_policy_generation(*generation);
                 self.metrics.set_policy_refused(false, 0);
             }
             ApplyOutcome::Unchanged => {
                 self.metrics.set_policy_refused(false, 0);
-                // Directory mode: the YAML is the policy's in force, the key files may not be.
-                if let Some(kf) = &key_files {
-                    self.refresh_key_files(resolved, kf);
-                }
             }
             ApplyOutcome::PartlyApplied {
                 generation,
@@ -341,7 +331,7 @@ impl Gateway {
                      every other namespace's are applied"
                 );
                 if *changed {
-                    self.install_current(resolved, None);
+                    self.install_current(resolved);
                     tracing::info!(generation, "policy applied (partly)");
                     self.metrics.set_policy_generation(*generation);
                 }
@@ -354,39 +344,21 @@ impl Gateway {
                     "policy bundle refused; the last good policy stays in force"
                 );
                 self.metrics.set_policy_refused(true, 0);
-                // Kubernetes mode: the refused bundle also carries the cluster's current
-                // endpoints and Secret values; the sources in force are compiled again with
-                // them, so that pod changes and rotated or revoked keys are not frozen by an
-                // unrelated invalid object.
-                if resolved.kubernetes
-                    && let Some(ApplyOutcome::Applied { generation }) =
-                        self.store.reapply_in_force(resolved)
-                {
-                    self.install_current(resolved, None);
-                    tracing::info!(
-                        generation,
-                        "the policy in force was re-applied with the current endpoints and Secrets"
+                let broken = self.reapply_in_force(resolved);
+                if !broken.is_empty() {
+                    for e in &broken {
+                        tracing::error!("{e}");
+                    }
+                    tracing::error!(
+                        errors = broken.len(),
+                        "an API key file of the policy in force cannot be loaded; its keys in \
+                         force stay"
                     );
-                    self.metrics.set_policy_generation(generation);
-                }
-                // Directory mode, likewise: an edit of a key file (a revoked key) is not held
-                // back by an unrelated error in the YAML.
-                if !resolved.kubernetes {
-                    let broken = self.follow_in_force_key_files(resolved);
-                    if !broken.is_empty() {
-                        for e in &broken {
-                            tracing::error!("{e}");
-                        }
-                        tracing::error!(
-                            errors = broken.len(),
-                            "an API key file of the policy in force cannot be loaded; its keys \
-                             in force stay"
-                        );
-                        if let Some(r) = self.store.last_rejected() {
-                            let mut r = (*r).clone();
-                            r.errors.extend(broken);
-                            self.key_file_refusal.store(Some(Arc::new(r)));
-                        }
+                    // The refusal shown names them too (the store records the YAML's errors).
+                    if let Some(r) = self.store.last_rejected() {
+                        let mut r = (*r).clone();
+                        r.errors.extend(broken);
+                        self.store.record_refusal(r);
                     }
                 }
             }
@@ -395,11 +367,12 @@ impl Gateway {
     }
 
     /// Directory mode: refuses a bundle one of whose API key files cannot be read or parsed,
-    /// as a bundle with errors in its YAML is refused: nothing of it is applied, the runtime
-    /// in force stays (following its own key files when they load), and the errors (the key
-    /// files', then the YAML's own, then those of key files of the policy in force that the
-    /// bundle does not name, if any) are logged, recorded for `/readyz` and `/admin/status`
-    /// (`lastRefused`) and counted.
+    /// as a bundle with errors in its YAML is refused: nothing of it is applied, the policy in
+    /// force stays (applied again when its own key files changed and load:
+    /// [`Gateway::reapply_in_force`]), and the errors (the key files', then the YAML's own,
+    /// then those of key files of the policy in force that the bundle does not name, if any)
+    /// are logged, recorded in the store for `/readyz` and `/admin/status` (`lastRefused`,
+    /// [`PolicyStore::record_refusal`]) and counted.
     fn refuse_for_key_files(
         &self,
         sources: &kinf_lang::Sources,
@@ -415,19 +388,18 @@ impl Gateway {
         let codes = yaml_errors.clone().map(|d| d.code.as_str()).collect();
         let mut errors = key_errors;
         errors.extend(yaml_errors.map(|d| d.render_plain(sources)));
-        for e in self.follow_in_force_key_files(resolved) {
+        for e in self.reapply_in_force(resolved) {
             if !errors.contains(&e) {
                 errors.push(e);
             }
         }
         let count = errors.len();
-        self.key_file_refusal
-            .store(Some(Arc::new(crate::policy_store::Rejected {
-                fingerprint: crate::bundle::sources_hash(sources),
-                errors,
-                codes,
-                namespaces: None,
-            })));
+        self.store.record_refusal(crate::policy_store::Rejected {
+            fingerprint: crate::bundle::sources_hash(sources),
+            errors,
+            codes,
+            namespaces: None,
+        });
         self.metrics.policy_reload("refused");
         self.log_refused_errors();
         tracing::error!(
@@ -438,57 +410,52 @@ impl Gateway {
         (ApplyOutcome::Refused { errors: count }, c.diagnostics)
     }
 
-    /// Directory mode, the bundle refused: the API key files of the policy in force are read
-    /// again, and its runtime rebuilt with them when they changed and all load. Returns what is
-    /// wrong with those that do not (the runtime in force then stays as it is; not logged
-    /// here).
-    fn follow_in_force_key_files(&self, resolved: &crate::bundle::Resolved) -> Vec<String> {
-        let Some(applied) = self.store.current() else {
-            return Vec::new();
+    /// The newest bundle refused: the sources in force are compiled again with what is
+    /// resolved now, and applied (a new generation, the runtime rebuilt) when that changed
+    /// them, so that pod changes and rotated or revoked keys are not frozen by an unrelated
+    /// error. Kubernetes mode: with the refused bundle's endpoints and Secret values
+    /// ([`PolicyStore::reapply_in_force`]). Directory mode: with the API key files that the
+    /// policy in force names, read again; returns what is wrong with those that cannot be
+    /// loaded (nothing is applied again then; not logged here).
+    fn reapply_in_force(&self, resolved: &crate::bundle::Resolved) -> Vec<String> {
+        let with_key_files;
+        let resolved = if resolved.kubernetes {
+            resolved
+        } else {
+            let Some(applied) = self.store.current() else {
+                return Vec::new();
+            };
+            let kf = KeyFiles::read(
+                &self.options.base_dir,
+                crate::tenants::identity::key_files_named(
+                    applied.policy.gateways.iter().map(|g| &g.spec),
+                ),
+            );
+            let errors = kf.errors();
+            if !errors.is_empty() {
+                return errors;
+            }
+            with_key_files = crate::bundle::Resolved {
+                key_files: Some(Arc::new(kf)),
+                ..resolved.clone()
+            };
+            &with_key_files
         };
-        let kf = KeyFiles::read(
-            &self.options.base_dir,
-            crate::tenants::identity::key_files_named(
-                applied.policy.gateways.iter().map(|g| &g.spec),
-            ),
-        );
-        let errors = kf.errors();
-        if errors.is_empty() {
-            self.refresh_key_files(resolved, &kf);
+        if let Some(ApplyOutcome::Applied { generation }) = self.store.reapply_in_force(resolved) {
+            self.install_current(resolved);
+            tracing::info!(
+                generation,
+                "the policy in force was re-applied with the current endpoints, Secrets and \
+                 API key files"
+            );
+            self.metrics.set_policy_generation(generation);
         }
-        errors
-    }
-
-    /// Directory mode: when the API key files `kf` (read for the policy in force, every one
-    /// loading) differ from those its runtime was built with, rebuilds the runtime with them
-    /// and swaps it in atomically; the policy, the cluster state and the providers stay.
-    fn refresh_key_files(&self, resolved: &crate::bundle::Resolved, kf: &KeyFiles) {
-        let (Some(applied), Some(rt)) = (self.store.current(), self.runtime()) else {
-            return;
-        };
-        if rt.key_files == kf.fingerprint() && Arc::ptr_eq(&rt.applied, &applied) {
-            return;
-        }
-        let mut fresh = Runtime::build_with_key_files(
-            applied.clone(),
-            &self.options.base_dir,
-            &mut self.tokenizers.lock(),
-            &self.options.limit_store,
-            &resolved.secrets,
-            Some(kf),
-        );
-        fresh.unknown_hosts = self.options.unknown_hosts;
-        self.runtime.store(Some(Arc::new(fresh)));
-        tracing::info!(
-            generation = applied.generation,
-            files = kf.len(),
-            "API key files changed; the policy in force uses their new content"
-        );
+        Vec::new()
     }
 
     /// Logs each error of the recorded refusal.
     fn log_refused_errors(&self) {
-        if let Some(r) = self.last_rejected() {
+        if let Some(r) = self.store.last_rejected() {
             for e in &r.errors {
                 tracing::error!("{e}");
             }
@@ -496,9 +463,9 @@ impl Gateway {
     }
 
     /// Rebuilds the runtime, the cluster state and the provider pool for the policy in force
-    /// (after it was swapped in), with the Secret values of `resolved` and the API key files
-    /// `key_files` (directory mode: read and checked before the policy was applied).
-    fn install_current(&self, resolved: &crate::bundle::Resolved, key_files: Option<&KeyFiles>) {
+    /// (after it was swapped in), with the Secret values and the API key files of `resolved`
+    /// (directory mode: read and checked before the policy was applied).
+    fn install_current(&self, resolved: &crate::bundle::Resolved) {
         if let Some(applied) = self.store.current() {
             let mut rt = Runtime::build_with_key_files(
                 applied.clone(),
@@ -506,7 +473,7 @@ impl Gateway {
                 &mut self.tokenizers.lock(),
                 &self.options.limit_store,
                 &resolved.secrets,
-                key_files,
+                resolved.key_files.as_deref(),
             );
             rt.unknown_hosts = self.options.unknown_hosts;
             for p in &rt.problems {
@@ -789,7 +756,7 @@ async fn healthz() -> &'static str {
 /// the newest bundle was refused (with its errors).
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     let current = gw.store.current();
-    let rejected = gw.last_rejected();
+    let rejected = gw.store.last_rejected();
     let draining = gw.is_draining();
     let ready = current.is_some() && !draining;
     let mut body = json!({
@@ -877,7 +844,7 @@ fn render_limiter_metrics(s: &crate::tenants::StoreStatsSnapshot, out: &mut Stri
 /// endpoint's state and the ingestion status.
 async fn admin_status(State(gw): State<Arc<Gateway>>) -> Response {
     let current = gw.store.current();
-    let rejected = gw.last_rejected();
+    let rejected = gw.store.last_rejected();
     let rt = gw.runtime();
     let endpoints = gw.state.with(|st| {
         let mut v: Vec<serde_json::Value> = st

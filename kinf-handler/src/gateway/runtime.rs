@@ -92,9 +92,6 @@ pub struct Runtime {
     pub problems: Vec<String>,
     /// Where requests for a host no door answers go (a gateway option, not the policy's).
     pub unknown_hosts: UnknownHosts,
-    /// [`KeyFiles::fingerprint`](crate::tenants::identity::KeyFiles::fingerprint) of the API
-    /// key files read ahead for it (directory mode); 0 when none were.
-    pub key_files: u64,
 }
 
 /// Loaded tokenizers by resolved directory, kept across policy generations.
@@ -314,7 +311,6 @@ impl Runtime {
             doors,
             problems,
             unknown_hosts: UnknownHosts::default(),
-            key_files: key_files.map_or(0, crate::tenants::identity::KeyFiles::fingerprint),
         }
     }
 

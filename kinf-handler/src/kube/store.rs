@@ -496,6 +496,7 @@ impl ClusterStore {
                 in_force_endpoints: None,
                 last_good: None,
                 isolation: None,
+                key_files: None,
             },
             revision: 0,
         }

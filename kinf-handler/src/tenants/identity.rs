@@ -440,8 +440,9 @@ impl KeyFiles {
         self.files.is_empty()
     }
 
-    /// A hash of the files' names and contents (0 for none), telling whether a runtime was
-    /// built with the same keys. Not a secret's digest: never shown.
+    /// A hash of the files' names and contents (0 for none), telling whether a policy was
+    /// applied with the same keys (it counts in the policy's fingerprint in directory mode:
+    /// [`crate::bundle::Resolved::fingerprint`]). Not a secret's digest: never shown as such.
     pub fn fingerprint(&self) -> u64 {
         use crate::bundle::fnv;
         if self.files.is_empty() {
