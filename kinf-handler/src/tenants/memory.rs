@@ -223,14 +223,26 @@ impl MemoryStore {
                         }
                     });
                 }
-                // States of the checks not reached, for headers.
-                for c in checks.iter().skip(states.len()) {
-                    let shard = self.shard(&c.limit, &c.tenant).lock();
-                    let st = match shard.get(&(c.limit.clone(), c.tenant.clone())) {
-                        Some(e) => state_of(c, e),
+                // States for headers, as nothing was charged (the checks before the refused
+                // one were charged, then given back) and refilled to now (the checks after it
+                // were not reached), as the Redis store reports them.
+                for (i, c) in checks.iter().enumerate() {
+                    if i == index {
+                        continue;
+                    }
+                    let mut shard = self.shard(&c.limit, &c.tenant).lock();
+                    let st = match shard.get_mut(&(c.limit.clone(), c.tenant.clone())) {
+                        Some(e) => {
+                            refill_entry(c, e, now);
+                            state_of(c, e)
+                        }
                         None => full_state(c),
                     };
-                    states.push(st);
+                    if let Some(s) = states.get_mut(i) {
+                        *s = st;
+                    } else {
+                        states.push(st);
+                    }
                 }
                 Admission::Refused {
                     index,
@@ -257,6 +269,16 @@ impl MemoryStore {
                     || e.tokens.is_some_and(|b| b.level < 0.0)
             });
         }
+    }
+}
+
+/// Refills the buckets of `c` in `e` to `now`.
+fn refill_entry(c: &Check, e: &mut Entry, now: f64) {
+    if let (Some(cap), Some(b)) = (c.tokens_per_minute, e.tokens.as_mut()) {
+        b.refill(cap, now);
+    }
+    if let (Some(cap), Some(b)) = (c.requests_per_minute, e.requests.as_mut()) {
+        b.refill(cap, now);
     }
 }
 
@@ -297,6 +319,22 @@ impl LimitStore for MemoryStore {
         let now = self.now_ms();
         for s in settlements {
             let (limit, tenant) = (s.limit.clone(), s.tenant.clone());
+            let debt = s.tokens_per_minute.filter(|_| s.token_delta < 0);
+            if let Some(cap) = debt {
+                // A budget forgotten meanwhile (a request longer than the idle time) was full:
+                // its debt is charged all the same, as the Redis store does.
+                let mut shard = self.shard(&limit, &tenant).lock();
+                shard
+                    .entry((limit.clone(), tenant.clone()))
+                    .or_insert_with(|| Entry {
+                        tokens: None,
+                        requests: None,
+                        in_flight: 0,
+                        touched_ms: now,
+                    })
+                    .tokens
+                    .get_or_insert_with(|| Bucket::full(cap, now));
+            }
             self.give_back(limit, tenant, |e| {
                 if let (Some(cap), Some(b)) = (s.tokens_per_minute, e.tokens.as_mut()) {
                     b.refill(cap, now);

@@ -117,6 +117,10 @@ for i = 1, n do
       rl[i] = rl[i] - 1
       redis.call('HSET', bkey, 'rl', string.format('%.6f', rl[i]), 'ra', string.format('%.3f', now))
     end
+    if rpm > 0 then
+      local r = resetms(rl[i], rpm) + 1000
+      if r > keep then keep = r end
+    end
     if tpm > 0 or rpm > 0 then redis.call('PEXPIRE', bkey, math.ceil(keep)) end
     if conc > 0 then
       redis.call('ZADD', KEYS[2 * i], now + lease_ms, member)
@@ -158,18 +162,21 @@ for i = 1, n do
   local bkey = KEYS[2 * i - 1]
   if tpm > 0 and delta ~= 0 then
     local h = redis.call('HMGET', bkey, 'tl', 'ta')
-    if h[1] then
-      local level = tonumber(h[1])
-      local at = tonumber(h[2])
-      if now > at then level = level + (now - at) * tpm / 60000 end
-      if level > tpm then level = tpm end
+    -- A key that expired meanwhile (a request longer than the key's TTL) is a full bucket: a
+    -- refund changes nothing, a debt is charged to it (and the key made again, with a TTL).
+    if h[1] or delta < 0 then
+      local level = tpm
+      if h[1] then
+        level = tonumber(h[1])
+        local at = tonumber(h[2])
+        if now > at then level = level + (now - at) * tpm / 60000 end
+        if level > tpm then level = tpm end
+      end
       level = level + delta
       if level > tpm then level = tpm end
       redis.call('HSET', bkey, 'tl', string.format('%.6f', level), 'ta', string.format('%.3f', now))
-      if level < 0 then
-        local keep = math.ceil((tpm - level) * 60000 / tpm) + 1000
-        if redis.call('PTTL', bkey) < keep then redis.call('PEXPIRE', bkey, keep) end
-      end
+      local keep = math.ceil((tpm - level) * 60000 / tpm) + 1000
+      if redis.call('PTTL', bkey) < keep then redis.call('PEXPIRE', bkey, keep) end
     end
   end
   if release == 1 then redis.call('ZREM', KEYS[2 * i], member) end
@@ -217,7 +224,12 @@ impl RedisStore {
             .map_err(|e| format!("cannot create the Redis connection: {e}"))?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| "the Redis store needs a Tokio runtime".to_string())?;
-        let instance = ahash::RandomState::new().hash_one(std::process::id());
+        // Random per store (std's `RandomState` is seeded from the OS): replicas in containers
+        // all have PID 1, and two stores sharing lease names would share concurrency slots.
+        let instance = {
+            use std::hash::BuildHasher;
+            std::collections::hash_map::RandomState::new().hash_one(std::process::id())
+        };
         Ok(RedisStore {
             conn,
             admit_script: Script::new(ADMIT_LUA),
@@ -288,13 +300,82 @@ impl RedisStore {
         }
         let mut conn = self.conn.clone();
         let reply: Vec<i64> =
-            tokio::time::timeout(self.config.timeout, inv.invoke_async(&mut conn))
-                .await
-                .map_err(|_| StoreError("Redis did not answer in time".into()))?
-                .map_err(|e| StoreError(format!("Redis: {e}")))?;
+            match tokio::time::timeout(self.config.timeout, inv.invoke_async(&mut conn)).await {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(e)) => {
+                    if !certainly_not_run(&e) {
+                        self.release_lost_admission(checks, lease);
+                    }
+                    return Err(StoreError(format!("Redis: {e}")));
+                }
+                Err(_) => {
+                    self.release_lost_admission(checks, lease);
+                    return Err(StoreError("Redis did not answer in time".into()));
+                }
+            };
         parse_admission(&reply, checks, lease)
     }
+
+    /// An admission whose answer was lost (timeout, connection broken after sending) may still
+    /// run on Redis, taking concurrency slots nobody would release before the lease expires:
+    /// release them behind it (same connection, so after it). Its tokens stay charged, as for
+    /// a request dropped without usage: whether they were taken is unknown.
+    fn release_lost_admission(&self, checks: &[Check], lease: u64) {
+        let releases: Vec<Settle> = checks
+            .iter()
+            .filter(|c| c.concurrent_requests.is_some())
+            .map(|c| Settle {
+                limit: c.limit.clone(),
+                tenant: c.tenant.clone(),
+                tokens_per_minute: None,
+                token_delta: 0,
+                release_concurrency: true,
+                lease,
+            })
+            .collect();
+        self.settle(releases);
+    }
 }
+
+/// Whether a failed command certainly did not run on the server: Redis answered with an error
+/// (`NOSCRIPT`, `LOADING`, `BUSY`, ...) or the connection was refused.
+fn certainly_not_run(e: &redis::RedisError) -> bool {
+    matches!(e.kind(), redis::ErrorKind::Server(_)) || e.is_connection_refusal()
+}
+
+/// How one try of a settlement went.
+enum Attempt {
+    Done,
+    /// Failed before running: it can be sent again as is.
+    NotRun,
+    /// Failed, and may or may not have run (timeout, connection lost after sending).
+    Unknown,
+}
+
+/// One try of a settlement: `EVALSHA`, then `EVAL` if the script is not cached.
+async fn settle_once(
+    conn: &mut ConnectionManager,
+    (by_sha, full): &(redis::Cmd, redis::Cmd),
+    timeout: Duration,
+) -> Attempt {
+    let classify = |r: Result<redis::RedisResult<i64>, tokio::time::error::Elapsed>| match r {
+        Ok(Ok(_)) => Attempt::Done,
+        Ok(Err(e)) if certainly_not_run(&e) => Attempt::NotRun,
+        _ => Attempt::Unknown,
+    };
+    let first = tokio::time::timeout(timeout, by_sha.query_async(conn)).await;
+    match first {
+        // The script is not cached on this server yet (or it was flushed): send it.
+        Ok(Err(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            classify(tokio::time::timeout(timeout, full.query_async(conn)).await)
+        }
+        other => classify(other),
+    }
+}
+
+/// Waits between the tries of a settlement (about 30 s in all): a concurrency slot is not
+/// left held until its lease expires because Redis was unreachable for a moment.
+const SETTLE_RETRIES_MS: [u64; 7] = [250, 500, 1000, 2000, 4000, 8000, 15_000];
 
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -353,29 +434,65 @@ impl LimitStore for RedisStore {
         let Some(lease) = settlements.first().map(|s| s.lease) else {
             return;
         };
-        let by_sha = self.settle_command(true, lease, &settlements);
-        let full = self.settle_command(false, lease, &settlements);
+        let whole = (
+            self.settle_command(true, lease, &settlements),
+            self.settle_command(false, lease, &settlements),
+        );
+        // What may be sent again when a try may have run: releasing a slot twice is harmless,
+        // giving back (or charging) tokens twice is not.
+        let releases: Vec<Settle> = settlements
+            .iter()
+            .filter(|s| s.release_concurrency)
+            .map(|s| Settle {
+                token_delta: 0,
+                ..s.clone()
+            })
+            .collect();
+        let releases = (!releases.is_empty()).then(|| {
+            (
+                self.settle_command(true, lease, &releases),
+                self.settle_command(false, lease, &releases),
+            )
+        });
         let mut conn = self.conn.clone();
         let stats = self.stats.clone();
         let timeout = self.config.timeout * 4;
         self.runtime.spawn(async move {
-            let first: Result<redis::RedisResult<i64>, _> =
-                tokio::time::timeout(timeout, by_sha.query_async(&mut conn)).await;
-            let ok = match first {
-                Ok(Ok(_)) => true,
-                // The script is not cached on this server yet (or it was flushed): send it.
-                Ok(Err(e))
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    let again: Result<redis::RedisResult<i64>, _> =
-                        tokio::time::timeout(timeout, full.query_async(&mut conn)).await;
-                    matches!(again, Ok(Ok(_)))
+            let mut cmds = whole;
+            let mut releases = releases;
+            let mut release_only = false;
+            let mut counted = false;
+            let mut waits = SETTLE_RETRIES_MS.iter();
+            loop {
+                match settle_once(&mut conn, &cmds, timeout).await {
+                    Attempt::Done => return,
+                    Attempt::NotRun => {}
+                    Attempt::Unknown if release_only => {}
+                    Attempt::Unknown => match releases.take() {
+                        Some(r) => {
+                            cmds = r;
+                            release_only = true;
+                        }
+                        // Only token deltas: nothing that is safe to send again.
+                        None => break,
+                    },
                 }
-                _ => false,
-            };
-            if !ok {
+                if !counted {
+                    StoreStats::bump(&stats.redis_errors);
+                    counted = true;
+                }
+                match waits.next() {
+                    Some(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+                    None => break,
+                }
+            }
+            if !counted {
                 StoreStats::bump(&stats.redis_errors);
             }
+            tracing::warn!(
+                "rate-limit settlement failed or unconfirmed: Redis unreachable (a concurrency \
+                 slot not released is held until its lease expires)"
+            );
         });
     }
 

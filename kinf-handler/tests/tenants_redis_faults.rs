@@ -1,0 +1,518 @@
+//! The Redis limiter store when things go wrong: Redis restarting or slow while requests settle
+//! or are admitted, keys expiring under long requests, and the memory store answering as the
+//! Redis one does.
+//!
+//! Skipped (loudly) when `redis-server` is not on PATH, unless `KINF_REQUIRE_E2E=1`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kinf_handler::tenants::store::BudgetKind;
+use kinf_handler::tenants::{
+    FailMode, LimitError, LimitStore, Limiter, MemoryStore, RedisConfig, RedisStore, TokenEstimate,
+};
+use kinf_lang::compiled::CompiledLimit;
+use kinf_policy::TokenCount;
+use kinf_router::Request;
+use kinf_router::usage::TokenUsage;
+
+struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+fn redis_installed() -> bool {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        if std::env::var("KINF_REQUIRE_E2E").as_deref() == Ok("1") {
+            panic!("redis-server is not on PATH and KINF_REQUIRE_E2E=1");
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n!!!!! SKIPPED: redis-server is not on PATH; the Redis limiter tests did not run !!!!!\n"
+        );
+    }
+    found
+}
+
+impl RedisServer {
+    /// `redis-server` on a free port, with its RDB file in a directory of its own (so that a
+    /// restart after `SAVE` finds the same data), or `None` when it is not installed.
+    fn start(name: &str) -> Option<RedisServer> {
+        if !redis_installed() {
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!("kinf-{name}-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = RedisServer {
+            child: None,
+            port,
+            dir,
+        };
+        s.restart();
+        Some(s)
+    }
+
+    fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn limit(name: &str) -> CompiledLimit {
+    CompiledLimit {
+        name: name.into(),
+        condition: None,
+        tokens_per_minute: None,
+        count: TokenCount::Total,
+        requests_per_minute: None,
+        concurrent_requests: None,
+        when_exceeded: Default::default(),
+    }
+}
+
+fn req(tenant: &str, prompt: u32, max_tokens: u32) -> Request {
+    let mut r = Request::new("qwen", prompt);
+    r.tenant = Some(tenant.into());
+    r.max_tokens = max_tokens;
+    r
+}
+
+fn config(server: &RedisServer) -> RedisConfig {
+    let mut c = RedisConfig::new(server.url());
+    c.fail_mode = FailMode::Closed;
+    c.key_prefix = "test:rl:".into();
+    c
+}
+
+/// A concurrency slot whose release fails because Redis is down is released once Redis is
+/// back, not held until its lease expires (15 minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_retried_after_redis_restart() {
+    let Some(mut server) = RedisServer::start("settle") else {
+        return;
+    };
+    let store = Arc::new(RedisStore::new(config(&server)).unwrap());
+    let l = Limiter::new(
+        &[Arc::new(CompiledLimit {
+            concurrent_requests: Some(1),
+            ..limit("p/conc")
+        })],
+        store.clone(),
+    );
+    let r = req("t", 10, 10);
+    let held = l.admit(&r, TokenEstimate::of(&r)).await.unwrap();
+    match l.admit(&r, TokenEstimate::of(&r)).await {
+        Err(LimitError::Exceeded(e)) => assert_eq!(e.kind, BudgetKind::Concurrency),
+        other => panic!("{other:?}"),
+    }
+    // Persist the slot, stop Redis, release while it is down, start it again with the slot.
+    let () = redis::cmd("SAVE")
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    server.kill();
+    held.complete(&TokenUsage::from_openai(10, 0, 10));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match l.admit(&r, TokenEstimate::of(&r)).await {
+            Ok(_) => break,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "the slot released while Redis was down is still held: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(store.stats().snapshot().redis_errors >= 1);
+}
+
+/// An admission that times out on the gateway but then runs on a slow Redis does not keep a
+/// concurrency slot that nobody releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_timeout_releases_its_slot() {
+    let Some(server) = RedisServer::start("slow") else {
+        return;
+    };
+    let store = Arc::new(RedisStore::new(config(&server)).unwrap());
+    let l = Limiter::new(
+        &[Arc::new(CompiledLimit {
+            concurrent_requests: Some(1),
+            ..limit("p/conc")
+        })],
+        store,
+    );
+    let r = req("t", 10, 10);
+    // Warm up the connection and the script cache.
+    drop(l.admit(&r, TokenEstimate::of(&r)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Block Redis for 800 ms (longer than the 250 ms admission timeout).
+    let mut other = server.conn().await;
+    let busy = tokio::spawn(async move {
+        // The client may give up waiting (its own response timeout): the script runs on.
+        let _: redis::RedisResult<i64> = redis::cmd("EVAL")
+            .arg(
+                "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+                 while true do local n = redis.call('TIME') \
+                 if n[1] * 1000000 + n[2] - s > 800000 then break end end return 1",
+            )
+            .arg(0)
+            .query_async(&mut other)
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    match l.admit(&r, TokenEstimate::of(&r)).await {
+        Err(LimitError::Unavailable(_)) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    busy.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The admission ran after the busy script; its slot must be released behind it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match l.admit(&r, TokenEstimate::of(&r)).await {
+            Ok(_) => break,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "the slot of the timed-out admission is still held: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The key of a drained request bucket lives until the bucket is full again, however short the
+/// configured TTL: it expiring early would hand out a fresh minute's worth of requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bucket_key_outlives_short_ttl() {
+    let Some(server) = RedisServer::start("ttl") else {
+        return;
+    };
+    let mut c = config(&server);
+    c.key_ttl = Duration::from_millis(500);
+    let l = Limiter::new(
+        &[Arc::new(CompiledLimit {
+            requests_per_minute: Some(2),
+            ..limit("p/rpm")
+        })],
+        Arc::new(RedisStore::new(c).unwrap()),
+    );
+    let r = req("t", 10, 10);
+    drop(l.admit(&r, TokenEstimate::of(&r)).await.unwrap());
+    drop(l.admit(&r, TokenEstimate::of(&r)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    match l.admit(&r, TokenEstimate::of(&r)).await {
+        Err(LimitError::Exceeded(e)) => assert_eq!(e.kind, BudgetKind::Requests),
+        other => panic!("a third request within the minute: {other:?}"),
+    }
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("test:rl:b:p/rpm:t")
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    assert!(ttl > 50_000, "{ttl}");
+}
+
+/// A request that outlives its bucket's key (a long stream) and used more than it reserved is
+/// still charged its debt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debt_charged_after_key_expired() {
+    let Some(server) = RedisServer::start("debt") else {
+        return;
+    };
+    let mut c = config(&server);
+    c.key_ttl = Duration::from_millis(1);
+    let l = Limiter::new(
+        &[Arc::new(CompiledLimit {
+            tokens_per_minute: Some(60_000),
+            ..limit("p/tpm")
+        })],
+        Arc::new(RedisStore::new(c).unwrap()),
+    );
+    let r = req("t", 50, 50);
+    let res = l.admit(&r, TokenEstimate::of(&r)).await.unwrap();
+    // The key lives until the bucket is full again (100 ms) plus 1 s.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut conn = server.conn().await;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("test:rl:b:p/tpm:t")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "the key should have expired");
+    // Reserved 100, used 30,100: a debt of 30,000.
+    res.complete(&TokenUsage::from_openai(30_000, 0, 100));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg("test:rl:b:p/tpm:t")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if exists == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the debt was not charged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("test:rl:b:p/tpm:t")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        ttl > 20_000,
+        "the recreated key must live until refilled: {ttl}"
+    );
+    let big = req("t", 39_000, 1000);
+    match l.admit(&big, TokenEstimate::of(&big)).await {
+        Err(LimitError::Exceeded(e)) => {
+            assert_eq!(e.kind, BudgetKind::Tokens);
+            let rem = e.headers.tokens.unwrap().remaining;
+            assert!((30_000..32_000).contains(&rem), "{rem}");
+        }
+        other => panic!("the debt was forgotten: {other:?}"),
+    }
+}
+
+/// Both stores report the same budgets on a 429: a limit checked before the refusing one shows
+/// what it has (nothing was charged), not what it would have had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redis_agree_on_429_headers() {
+    let Some(server) = RedisServer::start("headers") else {
+        return;
+    };
+    let limits = [
+        Arc::new(CompiledLimit {
+            tokens_per_minute: Some(1000),
+            ..limit("p/tpm")
+        }),
+        Arc::new(CompiledLimit {
+            requests_per_minute: Some(1),
+            ..limit("p/rpm")
+        }),
+    ];
+    let stores: [Arc<dyn LimitStore>; 2] = [
+        Arc::new(MemoryStore::new()),
+        Arc::new(RedisStore::new(config(&server)).unwrap()),
+    ];
+    let mut seen = Vec::new();
+    for store in stores {
+        let l = Limiter::new(&limits, store);
+        let r = req("t", 60, 40);
+        drop(l.admit(&r, TokenEstimate::of(&r)).await.unwrap());
+        let e = match l.admit(&r, TokenEstimate::of(&r)).await {
+            Err(LimitError::Exceeded(e)) => e,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((&*e.limit, e.kind), ("p/rpm", BudgetKind::Requests));
+        let tokens = e.headers.tokens.unwrap();
+        assert!(
+            (900..=905).contains(&tokens.remaining),
+            "remaining tokens {} (only the first request's 100 were charged)",
+            tokens.remaining
+        );
+        assert_eq!(e.headers.requests.unwrap().remaining, 0);
+        seen.push((e.kind, e.limit.clone(), tokens.limit));
+    }
+    assert_eq!(seen[0], seen[1]);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Admit a request of tenant `t` with `prompt` and `max_tokens`.
+    Admit { t: u8, prompt: u32, out: u32 },
+    /// Complete the `i`-th held reservation (modulo how many) with this usage.
+    Complete { i: usize, prompt: u64, out: u64 },
+    /// Drop the `i`-th held reservation without usage.
+    Drop { i: usize },
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (0u8..2, 0u32..25, 0u32..25).prop_map(|(t, prompt, out)| Op::Admit { t, prompt, out }),
+        1 => (0usize..8, 0u64..40, 0u64..40).prop_map(|(i, prompt, out)| Op::Complete { i, prompt, out }),
+        1 => (0usize..8).prop_map(|i| Op::Drop { i }),
+    ]
+}
+
+/// What an admission decided, as far as it is the same in every store at the same moment.
+#[derive(Debug, PartialEq)]
+enum Decision {
+    Admitted {
+        tokens: Option<u64>,
+        requests: Option<u64>,
+    },
+    Refused {
+        limit: String,
+        kind: BudgetKind,
+        tokens: Option<u64>,
+        requests: Option<u64>,
+    },
+    Unavailable,
+}
+
+/// Runs `ops` against `store`, waiting after each settlement until a background one is
+/// surely applied.
+async fn decisions(store: Arc<dyn LimitStore>, ops: &[Op]) -> Vec<Decision> {
+    let limits = [
+        Arc::new(CompiledLimit {
+            tokens_per_minute: Some(60),
+            requests_per_minute: Some(6),
+            ..limit("p/total")
+        }),
+        Arc::new(CompiledLimit {
+            tokens_per_minute: Some(30),
+            count: TokenCount::Output,
+            concurrent_requests: Some(2),
+            ..limit("p/output")
+        }),
+    ];
+    let l = Limiter::new(&limits, store);
+    let mut held = Vec::new();
+    let mut out = Vec::new();
+    for op in ops {
+        match op {
+            Op::Admit { t, prompt, out: o } => {
+                let r = req(&format!("t{t}"), *prompt, *o);
+                let remaining = |h: &kinf_handler::tenants::RateLimitHeaders| {
+                    (
+                        h.tokens.map(|b| b.remaining),
+                        h.requests.map(|b| b.remaining),
+                    )
+                };
+                out.push(match l.admit(&r, TokenEstimate::of(&r)).await {
+                    Ok(res) => {
+                        let (tokens, requests) = remaining(res.headers());
+                        held.push(res);
+                        Decision::Admitted { tokens, requests }
+                    }
+                    Err(LimitError::Exceeded(e)) => {
+                        let (tokens, requests) = remaining(&e.headers);
+                        Decision::Refused {
+                            limit: e.limit.to_string(),
+                            kind: e.kind,
+                            tokens,
+                            requests,
+                        }
+                    }
+                    Err(LimitError::Unavailable(_)) => Decision::Unavailable,
+                });
+            }
+            Op::Complete { i, prompt, out: o } if !held.is_empty() => {
+                let res = held.remove(i % held.len());
+                res.complete(&TokenUsage::from_openai(*prompt, 0, *o));
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            Op::Drop { i } if !held.is_empty() => {
+                drop(held.remove(i % held.len()));
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The memory store and the Redis store decide the same for the same sequence of admissions
+/// and settlements, and report the same budgets. (Buckets are small enough, and a sequence
+/// short enough, that what refills while it runs stays under one token.)
+#[test]
+fn memory_and_redis_decide_alike() {
+    let Some(server) = RedisServer::start("props") else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Default::default()
+    });
+    let strategy = proptest::collection::vec(op(), 1..10);
+    runner
+        .run(&strategy, |ops| {
+            let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (memory, redis) = rt.block_on(async {
+                let mut c = config(&server);
+                c.key_prefix = format!("props{n}:");
+                c.timeout = Duration::from_secs(2);
+                let redis: Arc<dyn LimitStore> = Arc::new(RedisStore::new(c).unwrap());
+                let memory: Arc<dyn LimitStore> = Arc::new(MemoryStore::new());
+                (decisions(memory, &ops).await, decisions(redis, &ops).await)
+            });
+            proptest::prop_assert_eq!(memory, redis, "ops: {:?}", ops);
+            Ok(())
+        })
+        .unwrap();
+}
