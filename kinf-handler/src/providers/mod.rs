@@ -683,6 +683,7 @@ fn provider_request(
         }
         (ProviderType::Bedrock, _) => {
             let r = translate::parse_client(client_api, &body).map_err(untrans)?;
+            translate::check_bedrock(&r).map_err(untrans)?;
             stops = translate::sent_stops(&r, p.info.protocol);
             (
                 bedrock::converse_path(model, stream),

@@ -492,6 +492,27 @@ pub fn to_anthropic(r: &ChatRequest, model: &str, stream: bool) -> Map<String, V
     b
 }
 
+/// Whether Bedrock Converse can take `r`'s conversation: it refuses one whose first turn (after
+/// empty ones are left out) is not the user's ("A conversation must start with a user
+/// message"), and one with no turn at all. Checked before anything is sent, so that the
+/// decision can move on to a candidate that takes it rather than answer the provider's 400.
+pub fn check_bedrock(r: &ChatRequest) -> Result<(), Untranslatable> {
+    match alternating(r).first() {
+        Some(("user", _)) => Ok(()),
+        Some((role, _)) => Err(untranslatable(
+            "messages",
+            format!(
+                "Bedrock needs the conversation to start with a user turn; this one starts \
+                 with an `{role}` turn"
+            ),
+        )),
+        None => Err(untranslatable(
+            "messages",
+            "Bedrock needs at least one user turn with text; every message is empty",
+        )),
+    }
+}
+
 /// The Bedrock Converse request body for `r` (the model goes in the path).
 pub fn to_bedrock(r: &ChatRequest) -> Map<String, Value> {
     let mut b = Map::new();
@@ -1208,5 +1229,33 @@ mod tests {
             return;
         };
         assert!(parse_client(Api::Chat, &body).is_err());
+    }
+
+    #[test]
+    fn bedrock_needs_a_conversation_that_starts_with_a_user_turn() {
+        let msg = |role: &str, text: &str| Msg {
+            role: role.into(),
+            text: text.into(),
+        };
+        let req = |messages: Vec<Msg>| ChatRequest {
+            system: vec!["be brief".into()],
+            messages,
+            ..ChatRequest::default()
+        };
+        // A greeting first, as chat front-ends send it.
+        let err = check_bedrock(&req(vec![
+            msg("assistant", "How can I help?"),
+            msg("user", "Hi"),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.param, "messages");
+        assert!(err.message.contains("`assistant`"), "{}", err.message);
+        // Only text-less turns: nothing to send.
+        assert!(check_bedrock(&req(vec![msg("user", "  ")])).is_err());
+        // An empty assistant turn before the user's is left out, so it is fine.
+        assert_eq!(
+            check_bedrock(&req(vec![msg("assistant", ""), msg("user", "Hi")])),
+            Ok(())
+        );
     }
 }
