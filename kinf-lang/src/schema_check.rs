@@ -417,7 +417,10 @@ fn map_error(
                 format!("unknown value `{value}` for `{field}`"),
             )
             .at(value_span, "not an allowed value")
-            .with_help(help_for(&value, opts.iter().copied(), "allowed values"))
+            .with_help(
+                several_values_help(found.node, path)
+                    .unwrap_or_else(|| help_for(&value, opts.iter().copied(), "allowed values")),
+            )
         }
         ValidationErrorKind::Type { kind } => {
             let expected = match kind {
@@ -440,7 +443,7 @@ fn map_error(
                 format!("`{field}` must be {expected}, found {found_text}"),
             )
             .at(value_span, format!("expected {expected}"))
-            .with_help(type_help(&expected, found.node, path.last_key()))
+            .with_help(type_help(&expected, found.node, path))
         }
         ValidationErrorKind::Required { property } => {
             let prop = property.as_str().unwrap_or("?");
@@ -549,14 +552,119 @@ fn type_words(t: &str) -> String {
 /// Fields holding a duration (`30s`); a bare number there is missing its unit.
 const DURATION_FIELDS: &[&str] = &["timeout", "interval", "window", "overhead", "expectedTtft"];
 
-fn type_help(expected: &str, node: &Node, field: Option<&str>) -> String {
+/// Integer fields of `spec.limits[]`: plain integers, where a quantity such as `20k` is tempting.
+const LIMIT_FIELDS: &[&str] = &["tokensPerMinute", "requestsPerMinute", "concurrentRequests"];
+
+/// Fields of a request match that take one value, where a list of values is tempting.
+const SINGLE_VALUE_MATCH_FIELDS: &[&str] = &["tenant", "model", "qos", "tag"];
+
+/// The help for a list where a request match takes one value (`tenant: [a, b]`), or `None`
+/// when `node` is not a list at such a field.
+fn several_values_help(node: &Node, path: &FieldPath) -> Option<String> {
+    let f = path.last_key()?;
+    let crate::yaml::Value::Seq(items) = &node.value else {
+        return None;
+    };
+    let in_match = path
+        .0
+        .iter()
+        .any(|s| matches!(s, Seg::Key(k) if k == "matches" || k == "if"));
+    if !SINGLE_VALUE_MATCH_FIELDS.contains(&f) || !in_match {
+        return None;
+    }
+    let values: Vec<String> = items
+        .iter()
+        .map(|i| match i.as_str() {
+            Some(s) => format!("\"{s}\""),
+            None => i.to_json().to_string(),
+        })
+        .collect();
+    let values = if values.is_empty() {
+        vec!["\"a\"".to_string(), "\"b\"".to_string()]
+    } else {
+        values
+    };
+    let cond = if f == "tag" {
+        let calls: Vec<String> = values.iter().map(|v| format!("tag({v})")).collect();
+        calls.join(" || ")
+    } else {
+        format!("{f} in [{}]", values.join(", "))
+    };
+    let keys: Vec<&str> = path
+        .0
+        .iter()
+        .filter_map(|s| match s {
+            Seg::Key(k) => Some(k.as_ref()),
+            Seg::Index(_) => None,
+        })
+        .collect();
+    Some(if keys == ["spec", "rules", "matches", f] {
+        format!(
+            "`{f}` takes one value; to match any of several, write one `matches` entry per value \
+             (the entries are OR-ed), or `when: '{cond}'`"
+        )
+    } else {
+        format!("`{f}` takes one value; to match any of several, write `when: '{cond}'`")
+    })
+}
+
+fn type_help(expected: &str, node: &Node, path: &FieldPath) -> String {
+    let field = path.last_key();
     let is_duration = field.is_some_and(|f| DURATION_FIELDS.contains(&f));
+    let keys: Vec<&str> = path
+        .0
+        .iter()
+        .filter_map(|s| match s {
+            Seg::Key(k) => Some(k.as_ref()),
+            Seg::Index(_) => None,
+        })
+        .collect();
+    let in_limit = keys.first() == Some(&"spec") && keys.get(1) == Some(&"limits");
+    // `spec.limits[].matches` is one request match, unlike `spec.rules[].matches`.
+    if in_limit
+        && keys.len() == 3
+        && field == Some("matches")
+        && let crate::yaml::Value::Seq(_) = node.value
+    {
+        return "`limits[].matches` is a single request match, not a list (unlike \
+                `rules[].matches`): remove the `- ` and write its fields directly, e.g. \
+                `matches: { tenant: free }`"
+            .into();
+    }
+    // `tenant: [a, b]` in a request match.
+    if expected == "a string"
+        && let Some(help) = several_values_help(node, path)
+    {
+        return help;
+    }
+    // `tokensPerMinute: 20k`.
+    if expected == "an integer"
+        && in_limit
+        && let (Some(f), Some(text)) = (field, node.as_str())
+        && LIMIT_FIELDS.contains(&f)
+        && let Ok(n) = kinf_grammar::parse_quantity(text.trim())
+    {
+        return format!("limits are plain integers, without a suffix: write `{n}`");
+    }
     match (expected, &node.value) {
         ("a string", crate::yaml::Value::Int(_) | crate::yaml::Value::Float(_)) if is_duration => {
             format!("a duration needs a unit: write e.g. `{}s`", node.to_json())
         }
         ("a list", crate::yaml::Value::Map(_)) => {
             "write the entries as a list: start each with `- `".into()
+        }
+        ("a list", crate::yaml::Value::Str(s))
+            if !s.is_empty() && !s.contains([',', '[', ']', '"']) =>
+        {
+            let plain = s
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+            let item = if plain {
+                s.to_string()
+            } else {
+                format!("\"{s}\"")
+            };
+            format!("write a list, even of one item: `[{item}]`, or one `- item` per line")
         }
         ("a list", crate::yaml::Value::Str(_)) => {
             "write a list: `[a, b]` or one `- item` per line".into()

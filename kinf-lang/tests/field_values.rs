@@ -105,3 +105,17 @@ fn diagnostics_have_the_same_lines_whatever_the_line_endings() {
     assert_eq!(lint(&text.replace('\n', "\r\n")), lf);
     assert_eq!(lint(&text.replace('\n', "\r")), lf);
 }
+
+#[test]
+fn tempting_shapes_get_a_help_that_shows_the_right_one() {
+    // A list of values where a request match takes one, a list where `limits[].matches` is one
+    // mapping, a quantity where a limit is a plain integer, and a string where a list is
+    // expected.
+    let text = format!(
+        "{CLUSTER}{}",
+        policy(
+            "  rules:\n  - name: r\n    matches:\n    - tenant: [acme, globex]\n      qos: [batch, deferrable]\n    - tag: [pii-email, pii-phone]\n    route:\n      exclude:\n      - name: x\n        if: { tenant: [a, b] }\n        drop: { backend: { type: Local } }\n      select: [ { order: workers } ]\n  limits:\n  - name: l\n    matches:\n    - tenant: free\n    tokensPerMinute: 20k\n    requestsPerMinute: lots\n"
+        )
+    );
+    insta::assert_snapshot!("tempting_shapes", lint(&text));
+}

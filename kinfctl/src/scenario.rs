@@ -427,7 +427,12 @@ impl StateFile {
                 .map(|k| Arc::clone(k));
             let Some(key) = key else {
                 let known: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-                return Err(Error::new(
+                let help = kinf_lang::suggest::did_you_mean(
+                    &p.name,
+                    keys.iter().map(|k| k.rsplit('/').next().unwrap_or(k)),
+                )
+                .map(|s| format!("did you mean `{s}`?"));
+                let err = Error::new(
                     ErrorKind::Input,
                     format!(
                         "state: `{}` is not a provider (providers: {})",
@@ -439,7 +444,11 @@ impl StateFile {
                         }
                     ),
                 )
-                .at(p.at.clone()));
+                .at(p.at.clone());
+                return Err(match help {
+                    Some(h) => err.with_help(h),
+                    None => err,
+                });
             };
             if let Some(ps) = st.providers.get_mut(&key) {
                 ps.ready = p.ready;

@@ -526,3 +526,24 @@ fn known_endpoints_and_providers_are_listed_in_order() {
         );
     }
 }
+
+#[test]
+fn a_misspelt_provider_in_a_state_gets_a_suggestion() {
+    let tmp = Tmp::new("misspelt-provider");
+    let req = tmp.file("req.yaml", "{ model: llama-70b }\n");
+    let state = tmp.file("state.yaml", "providers:\n  bedrok: { ready: false }\n");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = kinfctl::explain::run(
+        &[bundle()],
+        &req,
+        Some(&state),
+        Format::Human,
+        &mut out,
+        &mut err,
+    );
+    assert_eq!(code, kinfctl::EXIT_USAGE);
+    assert_eq!(
+        tmp.clean(&err),
+        "error: TMP/state.yaml:2:3: state: `bedrok` is not a provider (providers: inference/bedrock, inference/databricks)\n  help: did you mean `bedrock`?\n"
+    );
+}
