@@ -3,9 +3,8 @@
 //! Skipped (loudly) when `redis-server` is not on PATH, unless `KINF_REQUIRE_E2E=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::io::Write;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,97 +13,8 @@ use kinf_handler::tenants::{
     FailMode, LimitError, LimitStore, Limiter, RedisConfig, RedisStore, TokenEstimate,
 };
 use kinf_lang::compiled::CompiledLimit;
-use kinf_policy::TokenCount;
-use kinf_router::Request;
 use kinf_router::usage::TokenUsage;
-
-struct RedisServer {
-    child: Child,
-    port: u16,
-}
-
-impl RedisServer {
-    /// Starts `redis-server` on a free port, or `None` (after saying so) when it is not
-    /// installed.
-    fn start() -> Option<RedisServer> {
-        let found = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok();
-        if !found {
-            if std::env::var("KINF_REQUIRE_E2E").as_deref() == Ok("1") {
-                panic!("redis-server is not on PATH and KINF_REQUIRE_E2E=1");
-            }
-            // Straight to stderr: `eprintln!` would be captured by the test harness.
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!! SKIPPED: redis-server is not on PATH; the Redis limiter tests did not run !!!!!\n"
-            );
-            return None;
-        }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(RedisServer { child, port })
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn limit(name: &str) -> CompiledLimit {
-    CompiledLimit {
-        name: name.into(),
-        condition: None,
-        tokens_per_minute: None,
-        count: TokenCount::Total,
-        requests_per_minute: None,
-        concurrent_requests: None,
-        when_exceeded: Default::default(),
-    }
-}
-
-fn req(tenant: &str, prompt: u32, max_tokens: u32) -> Request {
-    let mut r = Request::new("qwen", prompt);
-    r.tenant = Some(tenant.into());
-    r.max_tokens = max_tokens;
-    r
-}
+use support::redis::{RedisServer, limit, req};
 
 fn store(server: &RedisServer, mode: FailMode) -> Arc<RedisStore> {
     let mut c = RedisConfig::new(server.url());
@@ -119,7 +29,7 @@ fn remaining_tokens(r: &kinf_handler::tenants::Reservation) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_tokens_requests_concurrency() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = RedisServer::start("limiter") else {
         return;
     };
     let st = store(&server, FailMode::Closed);
@@ -262,7 +172,7 @@ async fn redis_tokens_requests_concurrency() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_share_budgets() {
-    let Some(server) = RedisServer::start() else {
+    let Some(server) = RedisServer::start("limiter") else {
         return;
     };
     let limits = [
@@ -357,7 +267,7 @@ async fn two_replicas_share_budgets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_fail_open_and_closed() {
-    let Some(mut server) = RedisServer::start() else {
+    let Some(mut server) = RedisServer::start("limiter") else {
         return;
     };
     let limits = [Arc::new(CompiledLimit {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod redis;
 pub mod replay;
 
 use std::io::Write as _;
