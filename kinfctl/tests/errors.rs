@@ -6,6 +6,8 @@
 //! message or out of it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+mod support;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -13,49 +15,7 @@ use clap::Parser;
 use kinfctl::cli::{Format, GraphFormat};
 use kinfctl::report::ErrorKind;
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn bundle() -> PathBuf {
-    root().join("testdata/policies/burst-to-cloud")
-}
-
-/// A fresh directory for one test.
-struct Tmp(PathBuf);
-
-impl Tmp {
-    fn new(test: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("kinfctl-errors-{}-{test}", std::process::id()));
-        std::fs::remove_dir_all(&dir).ok();
-        std::fs::create_dir_all(&dir).unwrap();
-        Tmp(dir)
-    }
-
-    fn file(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-
-    /// Output with this directory written as `TMP`.
-    fn clean(&self, bytes: &[u8]) -> String {
-        String::from_utf8_lossy(bytes).replace(&self.0.display().to_string(), "TMP")
-    }
-}
-
-impl Drop for Tmp {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
+use support::{Tmp, bundle};
 
 type Command<'a> = Box<dyn Fn(Format, &mut dyn Write, &mut dyn Write) -> i32 + 'a>;
 
@@ -405,7 +365,7 @@ fn error_blocks(err: &str) -> Vec<String> {
 
 #[test]
 fn every_error_kind_is_json_with_the_place_its_text_names() {
-    let tmp = Tmp::new("kinds");
+    let tmp = Tmp::new("errors", "kinds");
     let all = scenarios(&tmp);
     for &kind in ErrorKind::ALL {
         for name in names_of(kind) {
@@ -479,7 +439,7 @@ fn every_error_kind_is_json_with_the_place_its_text_names() {
 /// taken for a place.
 #[test]
 fn a_file_name_that_looks_like_a_place_stays_in_the_message() {
-    let tmp = Tmp::new("colon");
+    let tmp = Tmp::new("errors", "colon");
     let missing = tmp.path("a:1:2: b.json");
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let code = kinfctl::classify::run(
@@ -506,7 +466,7 @@ fn a_file_name_that_looks_like_a_place_stays_in_the_message() {
 /// whatever the order of the engine's maps.
 #[test]
 fn known_endpoints_and_providers_are_listed_in_order() {
-    let tmp = Tmp::new("order");
+    let tmp = Tmp::new("errors", "order");
     let req = tmp.file("req.yaml", "{ model: llama-70b }\n");
     let state = tmp.file("state.yaml", "providers:\n  nope: {}\n");
     for _ in 0..8 {
@@ -529,7 +489,7 @@ fn known_endpoints_and_providers_are_listed_in_order() {
 
 #[test]
 fn a_misspelt_provider_in_a_state_gets_a_suggestion() {
-    let tmp = Tmp::new("misspelt-provider");
+    let tmp = Tmp::new("errors", "misspelt-provider");
     let req = tmp.file("req.yaml", "{ model: llama-70b }\n");
     let state = tmp.file("state.yaml", "providers:\n  bedrok: { ready: false }\n");
     let (mut out, mut err) = (Vec::new(), Vec::new());

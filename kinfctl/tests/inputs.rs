@@ -5,49 +5,13 @@
 //! Accept changed snapshots with `cargo insta accept`, or run with `INSTA_UPDATE=always`.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
 use kinfctl::cli::Format;
 use kinfctl::{EXIT_FINDINGS, EXIT_OK, EXIT_USAGE};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn bundle() -> PathBuf {
-    root().join("testdata/policies/burst-to-cloud")
-}
-
-/// A fresh directory for one test.
-struct Tmp(PathBuf);
-
-impl Tmp {
-    fn new(test: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("kinfctl-inputs-{}-{test}", std::process::id()));
-        std::fs::remove_dir_all(&dir).ok();
-        std::fs::create_dir_all(&dir).unwrap();
-        Tmp(dir)
-    }
-
-    fn file(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-
-    /// Output with this directory written as `TMP`.
-    fn clean(&self, bytes: &[u8]) -> String {
-        String::from_utf8_lossy(bytes).replace(&self.0.display().to_string(), "TMP")
-    }
-}
-
-impl Drop for Tmp {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
+use support::{Tmp, bundle};
 
 /// `kinfctl test BUNDLE --cases ...`: exit code, stdout, stderr.
 fn test_cmd(tmp: &Tmp, cases: &[PathBuf]) -> (i32, String, String) {
@@ -76,7 +40,7 @@ const WRONG: &str = "request: { model: llama-70b }\nexpect: { backendType: Provi
 
 #[test]
 fn every_document_of_a_case_file_runs() {
-    let tmp = Tmp::new("documents");
+    let tmp = Tmp::new("inputs", "documents");
     // The failing case is in the second document: it must run, and fail the run.
     let f = tmp.file(
         "cases.yaml",
@@ -101,7 +65,7 @@ fn every_document_of_a_case_file_runs() {
 
 #[test]
 fn keys_next_to_cases_and_unknown_keys_are_errors() {
-    let tmp = Tmp::new("stray");
+    let tmp = Tmp::new("inputs", "stray");
     // A list of cases with a case's keys beside it: the stray case used to be dropped.
     let stray = tmp.file(
         "stray.yaml",
@@ -165,7 +129,7 @@ cases: []
 
 #[test]
 fn empty_case_inputs_fail() {
-    let tmp = Tmp::new("empty");
+    let tmp = Tmp::new("inputs", "empty");
     // Cases one directory too deep: `--cases` is not recursive.
     tmp.file("cases/sub/a.yaml", LOCAL);
     let (code, out, err) = test_cmd(&tmp, &[tmp.0.join("cases")]);
@@ -190,7 +154,7 @@ fn empty_case_inputs_fail() {
 
 #[test]
 fn request_and_state_files_hold_one_valid_document() {
-    let tmp = Tmp::new("explain");
+    let tmp = Tmp::new("inputs", "explain");
     let two = tmp.file("two.yaml", "{ model: nope }\n---\n{ model: llama-70b }\n");
     let (code, out, err) = explain(&tmp, &two, None);
     assert_eq!(code, EXIT_USAGE, "{out}");
@@ -247,7 +211,7 @@ fn request_and_state_files_hold_one_valid_document() {
 
 #[test]
 fn a_directory_without_policy_files_is_an_error() {
-    let tmp = Tmp::new("lint");
+    let tmp = Tmp::new("inputs", "lint");
     let empty = tmp.0.join("policies");
     std::fs::create_dir_all(empty.join("nested")).unwrap();
     tmp.file("policies/README.md", "not a policy\n");
@@ -319,7 +283,7 @@ fn test_json(tmp: &Tmp, paths: &[PathBuf], cases: &[PathBuf]) -> (i32, serde_jso
 
 #[test]
 fn test_json_reports_file_errors_as_json_on_stdout() {
-    let tmp = Tmp::new("test-json");
+    let tmp = Tmp::new("inputs", "test-json");
     // A case file with two errors: each is a diagnostic with its place and help.
     let bad = tmp.file(
         "bad.yaml",
@@ -430,7 +394,7 @@ fn test_json_reports_file_errors_as_json_on_stdout() {
 
 #[test]
 fn other_json_commands_report_errors_as_json_on_stdout() {
-    let tmp = Tmp::new("json-errors");
+    let tmp = Tmp::new("inputs", "json-errors");
     // explain: every error of the request and the state file.
     let bad_req = tmp.file("bad-req.yaml", "model: llama-70b\npromptTokens: -5\n");
     let bad_state = tmp.file("bad-state.yaml", "endpoints: [1]\n");
