@@ -81,7 +81,9 @@ impl Watch {
 
     /// Reads the YAML ([`read_dir`]) and returns it with a hash of its content and of the
     /// content of every API key file it names: an edit of a key file alone changes the hash.
-    /// A key file that cannot be read hashes as such (the apply refuses the bundle for it,
+    /// The key files are hashed as the policy's fingerprint counts them
+    /// ([`crate::tenants::identity::KeyFiles::fingerprint`]); one that cannot be read hashes
+    /// as such (the apply refuses the bundle for it,
     /// [`crate::gateway::Gateway::apply`]); the YAML cannot be read: an error. Without key
     /// files the hash is [`crate::bundle::sources_hash`].
     pub fn read(&mut self) -> Result<(Sources, u64), ConfigDirError> {
@@ -91,14 +93,12 @@ impl Watch {
             Some((h, named)) if *h == yaml => named,
             slot => &mut slot.insert((yaml, key_files(&sources))).1,
         };
-        let mut h = yaml;
-        for name in named.iter() {
-            h = crate::bundle::fnv(h, name.as_bytes());
-            h = match std::fs::read(self.base.join(name)) {
-                Ok(bytes) => crate::bundle::fnv(crate::bundle::fnv(h, b"\0ok\0"), &bytes),
-                Err(e) => crate::bundle::fnv(h, format!("\0err\0{}", e.kind()).as_bytes()),
-            };
-        }
+        let files = crate::tenants::identity::KeyFiles::read(&self.base, named.iter().cloned());
+        let h = if files.is_empty() {
+            yaml
+        } else {
+            crate::bundle::fnv(yaml, &files.fingerprint().to_le_bytes())
+        };
         Ok((sources, h))
     }
 }

@@ -430,11 +430,6 @@ impl KeyFiles {
             .collect()
     }
 
-    /// Number of files.
-    pub fn len(&self) -> usize {
-        self.files.len()
-    }
-
     /// Whether no file was read.
     pub fn is_empty(&self) -> bool {
         self.files.is_empty()
