@@ -19,14 +19,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
 /// Set once the connection has carried a request (the connect info tonic puts in each
 /// request's extensions).
 #[derive(Debug, Clone, Default)]
 pub struct FirstRequestSeen {
     seen: Arc<AtomicBool>,
-    tcp: Option<TcpConnectInfo>,
 }
 
 impl FirstRequestSeen {
@@ -37,11 +36,6 @@ impl FirstRequestSeen {
 
     fn is_set(&self) -> bool {
         self.seen.load(Ordering::Relaxed)
-    }
-
-    /// The peer's TCP details, when known.
-    pub fn tcp(&self) -> Option<&TcpConnectInfo> {
-        self.tcp.as_ref()
     }
 }
 
@@ -54,16 +48,12 @@ pub struct FirstRequestDeadline<IO> {
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl<IO: Connected<ConnectInfo = TcpConnectInfo>> FirstRequestDeadline<IO> {
+impl<IO> FirstRequestDeadline<IO> {
     /// Wraps `inner`, whose first request must arrive within `timeout` from now.
     pub fn new(inner: IO, timeout: Duration) -> Self {
-        let seen = FirstRequestSeen {
-            seen: Arc::default(),
-            tcp: Some(inner.connect_info()),
-        };
         Self {
             inner,
-            seen,
+            seen: FirstRequestSeen::default(),
             deadline: Some(Box::pin(tokio::time::sleep(timeout))),
         }
     }

@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::first_request::{FirstRequestDeadline, MarkFirstRequest};
 use crate::gateway::Gateway;
@@ -17,14 +16,6 @@ use crate::gateway::Gateway;
 /// A server-side TLS connection that tonic can serve.
 #[derive(Debug)]
 pub struct TlsConn(tokio_rustls::server::TlsStream<TcpStream>);
-
-impl Connected for TlsConn {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.0.get_ref().0.connect_info()
-    }
-}
 
 impl AsyncRead for TlsConn {
     fn poll_read(
