@@ -177,3 +177,75 @@ async fn ext_proc_without_response_bodies_does_not_count_every_response_as_faile
     assert_eq!(slo("kinference_slo_requests_total", "first"), Some(1.0));
     assert_eq!(slo("kinference_slo_good_total", "first"), Some(0.0));
 }
+
+/// An exchange whose response never starts (the client goes away while the worker has the
+/// request; Envoy resets the ext_proc stream) is accounted to its tenant as the HTTP gateway
+/// accounts a client that left: incomplete, `client_closed_request`, its prompt's tokens
+/// charged as an estimate. Before, nothing was accounted for it.
+#[tokio::test]
+async fn ext_proc_exchange_without_a_response_is_accounted_to_its_tenant() {
+    let (gw, url) = start_gateway().await;
+    let mut c = ExternalProcessorClient::connect(url).await.unwrap();
+    let body = serde_json::to_vec(&json!({
+        "model": "glm", "stream": true, "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hello there"}]
+    }))
+    .unwrap();
+    let msgs = [
+        Req::RequestHeaders(headers(
+            &[
+                (":method", "POST"),
+                (":path", "/v1/chat/completions"),
+                (":authority", "gateway.example"),
+                ("content-type", "application/json"),
+            ],
+            false,
+        )),
+        Req::RequestBody(HttpBody {
+            body,
+            end_of_stream: true,
+        }),
+    ];
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut inbound = c
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    for m in msgs {
+        tx.send(ProcessingRequest {
+            request: Some(m),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), inbound.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+    // Routed (the body's answer came back); the stream now ends without response headers.
+    drop(tx);
+    drop(inbound);
+    let mut gone = TENANT.to_vec();
+    gone.extend([("outcome", "incomplete"), ("code", "client_closed_request")]);
+    wait_for(&gw, "kinference_tenant_requests_total", &gone, 1.0).await;
+    let tokens = |kind: &'static str| {
+        let mut labels = TENANT.to_vec();
+        labels.push(("kind", kind));
+        gw.metrics
+            .value("kinference_tenant_tokens_total", &labels)
+            .unwrap_or(0.0)
+    };
+    let prompt = tokens("uncached_prompt") + tokens("cached_prompt");
+    assert!(prompt > 0.0, "the prompt is charged as an estimate");
+    // Counted once among the requests received, at its decision.
+    assert_eq!(
+        gw.metrics.value(
+            "kinference_requests_total",
+            &[("api", "chat"), ("status", "200"), ("code", "routed")]
+        ),
+        Some(1.0)
+    );
+}

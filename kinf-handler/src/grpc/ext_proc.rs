@@ -100,7 +100,9 @@ impl ExternalProcessor for ExtProcService {
         let gw = self.gw.clone();
         tokio::spawn(async move {
             let mut ex = Exchange::new(gw);
-            while let Some(msg) = inbound.next().await {
+            // Every way out of the loop reaches `finish`: Envoy gone, the stream refused, or
+            // its end.
+            'messages: while let Some(msg) = inbound.next().await {
                 let result = match msg {
                     Ok(m) => ex.on_message(m).await,
                     Err(e) => Err(ex.on_stream_error(e)),
@@ -109,7 +111,7 @@ impl ExternalProcessor for ExtProcService {
                     Ok(out) => {
                         for r in out {
                             if tx.send(Ok(r)).await.is_err() {
-                                return;
+                                break 'messages;
                             }
                         }
                     }
@@ -732,8 +734,30 @@ impl Exchange {
         r.stream_slot = None;
     }
 
-    /// The stream closed: report what was seen, if the response started.
+    /// The stream closed: report what was seen. A routed request whose response never
+    /// started (the client went away, or the proxy ended the exchange without passing a
+    /// response through) is reported as the HTTP gateway reports a client that left while the
+    /// upstream had the request: status 499, incomplete, its usage estimated from the prompt,
+    /// so that its tenant is accounted for it. Its rate-limit reservation is dropped
+    /// (concurrency given back, the whole estimate kept charged).
     fn finish(&mut self) {
+        if let Some(r) = &mut self.routed
+            && !r.response_seen
+            && !r.reported
+        {
+            r.reported = true;
+            let obs = ResponseObservation {
+                status: crate::accounting::CLIENT_CLOSED_STATUS,
+                completed: false,
+                duration_s: r.started.elapsed().as_secs_f64(),
+                client_gone: true,
+                ..ResponseObservation::default()
+            };
+            forward::report(&self.gw, r.api, &r.chosen, &obs);
+            drop(r.reservation.take());
+            r.stream_slot = None;
+            return;
+        }
         self.report(false);
     }
 }
