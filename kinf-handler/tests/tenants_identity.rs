@@ -343,3 +343,36 @@ fn constant_time_compare_is_used() {
     assert!(!lookup.contains("return"), "lookup must not exit early");
     assert!(!lookup.contains(" == "), "lookup must not compare with ==");
 }
+
+/// `anonymous` labels the metrics of requests without a tenant: a tenant holding API keys may
+/// not be named so (it would be counted with them). `defaultTenant: anonymous` and a trusted
+/// header naming it stay allowed: both mean unidentified traffic.
+#[test]
+fn a_tenant_with_api_keys_cannot_be_named_anonymous() {
+    // A key file's line, named by its number.
+    let e = parse_key_file("team-a: sk-1\nanonymous: sk-2\n").unwrap_err();
+    assert!(
+        e.starts_with("line 2: tenant name `anonymous` is reserved"),
+        "{e}"
+    );
+    assert!(!e.contains("sk-2"), "never the key: {e}");
+    // A Secret's entries (its keys are tenant names).
+    let e = TenantResolver::from_keys(vec![("anonymous".into(), "sk-3".into())])
+        .err()
+        .unwrap();
+    assert!(e.contains("`anonymous` is reserved"), "{e}");
+    // Other names, `Anonymous` included, are tenants like any other.
+    let r = TenantResolver::from_keys(vec![("Anonymous".into(), "sk-4".into())]).unwrap();
+    assert_eq!(
+        tenant(r.resolve(&headers(&[("x-api-key", "sk-4")]))),
+        Some("Anonymous".into())
+    );
+    // The default tenant may be `anonymous`.
+    let spec = TenantIdentity {
+        api_keys: None,
+        trusted_header: None,
+        default_tenant: Some("anonymous".into()),
+    };
+    let r = TenantResolver::from_spec(&spec, std::path::Path::new(".")).unwrap();
+    assert_eq!(tenant(r.resolve(&headers(&[]))), Some("anonymous".into()));
+}

@@ -146,6 +146,7 @@ impl TenantResolver {
             if tenant.is_empty() {
                 return Err(format!("entry {}: empty tenant name", i + 1));
             }
+            reserved_tenant_name(tenant)?;
             let hash = key_hash(&key).map_err(|e| format!("tenant `{tenant}`: {e}"))?;
             if let Some((_, other)) = out.iter().find(|(h, _)| bool::from(h.ct_eq(&hash))) {
                 if &**other != tenant {
@@ -246,6 +247,20 @@ impl TenantResolver {
             None
         }
     }
+}
+
+/// Refuses the tenant name [`ANONYMOUS`](crate::accounting::ANONYMOUS) for a tenant that holds
+/// API keys: that name labels the metrics of requests without a tenant, and a keyed tenant of
+/// that name would be counted with them. (`defaultTenant: anonymous` and a trusted header
+/// naming it are allowed: both mean unidentified traffic, which is what the label says.)
+fn reserved_tenant_name(tenant: &str) -> Result<(), String> {
+    if tenant == crate::accounting::ANONYMOUS {
+        return Err(format!(
+            "tenant name `{tenant}` is reserved for requests without credentials (it labels \
+             their metrics); a tenant with API keys needs another name"
+        ));
+    }
+    Ok(())
 }
 
 /// The key a request presents, if any.
@@ -477,6 +492,7 @@ pub fn parse_key_file(text: &str) -> Result<Vec<(String, String)>, String> {
         if tenant.is_empty() || key.is_empty() {
             return Err(format!("line {}: expected `tenant: key`", n + 1));
         }
+        reserved_tenant_name(tenant).map_err(|e| format!("line {}: {e}", n + 1))?;
         let hash = key_hash(key).map_err(|e| format!("line {}: {e}", n + 1))?;
         match seen.get(&hash) {
             Some((other, at)) if *other != tenant => {
