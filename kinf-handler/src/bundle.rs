@@ -73,11 +73,18 @@ pub struct Resolved {
     /// Kubernetes mode: a change of their content is a change of the policy (a new
     /// generation). `None` in Kubernetes mode.
     pub key_files: Option<Arc<KeyFiles>>,
+    /// Directory mode: a digest of the content of the provider credential files
+    /// (`InferenceProvider` `spec.credentials.file`) that the bundle names
+    /// ([`crate::config_dir::files_digest`]), so that rotating a provider's key by editing only
+    /// its file applies the policy again (the provider pool is rebuilt with the new key).
+    /// `None` when the bundle names none, and in Kubernetes mode. Never shown: it hashes secrets.
+    pub credential_files: Option<u64>,
 }
 
 impl Resolved {
-    /// A hash of the endpoints, the secret values and the API key files' content (never
-    /// logged), so that a change of any re-applies the policy.
+    /// A hash of the endpoints, the secret values, the API key files' and the provider
+    /// credential files' content (never logged), so that a change of any re-applies the
+    /// policy.
     pub fn fingerprint(&self) -> u64 {
         let mut h = ahash::AHasher::default();
         self.endpoints.hash(&mut h);
@@ -93,15 +100,19 @@ impl Resolved {
         if let Some(kf) = &self.key_files {
             kf.fingerprint().hash(&mut h);
         }
+        if let Some(d) = self.credential_files {
+            d.hash(&mut h);
+        }
         h.finish()
     }
 
-    /// Whether anything was resolved beside the resources (endpoints, Secret values or API key
-    /// files): only then does [`Resolved::fingerprint`] count in the policy's fingerprint.
+    /// Whether anything was resolved beside the resources (endpoints, Secret values, API key
+    /// files or provider credential files): only then does [`Resolved::fingerprint`] count in the policy's fingerprint.
     pub fn is_empty(&self) -> bool {
         self.endpoints.is_empty()
             && self.secrets.is_empty()
             && self.key_files.as_ref().is_none_or(|kf| kf.is_empty())
+            && self.credential_files.is_none()
     }
 
     /// The cluster state to re-apply the policy in force with, when this bundle is refused:

@@ -58,15 +58,50 @@ pub fn key_files(sources: &Sources) -> Vec<String> {
     crate::tenants::identity::key_files_named(bundle.gateways.iter().map(|g| &g.spec))
 }
 
+/// The provider credential files (`InferenceProvider` `spec.credentials.file`) that the
+/// bundle in `sources` names, as written, sorted, without repeats.
+pub fn credential_files(sources: &Sources) -> Vec<String> {
+    let mut diagnostics = Vec::new();
+    let bundle = kinf_lang::bundle::load(sources, &mut diagnostics);
+    let mut names: Vec<String> = bundle
+        .providers
+        .iter()
+        .filter_map(|p| p.spec.credentials.as_ref()?.file.clone())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// A digest of the content of the files `names` (a relative name is relative to `base`, as
+/// provider credentials resolve it): it changes when one of them is edited, created or
+/// removed. `None` for no names. Never shown or logged: the files hold secrets.
+pub fn files_digest(base: &Path, names: &[String]) -> Option<u64> {
+    if names.is_empty() {
+        return None;
+    }
+    let mut h = crate::bundle::FNV_OFFSET;
+    for name in names {
+        h = crate::bundle::fnv(h, name.as_bytes());
+        h = match std::fs::read(base.join(name)) {
+            Ok(bytes) => crate::bundle::fnv(crate::bundle::fnv(h, b"\0ok\0"), &bytes),
+            Err(e) => crate::bundle::fnv(h, format!("\0err\0{:?}", e.kind()).as_bytes()),
+        };
+    }
+    Some(h)
+}
+
 /// A configuration polled for changes (directory mode's reloads): what [`Watch::read`] hashes
-/// is the YAML and the content of every API key file the YAML names, wherever it lies.
+/// is the YAML and the content of every API key file and provider credential file the YAML
+/// names, wherever it lies.
 #[derive(Debug)]
 pub struct Watch {
     config: PathBuf,
     base: PathBuf,
-    /// The key files named by the YAML whose [`crate::bundle::sources_hash`] is the first
-    /// value: the YAML is loaded again only when it changed.
-    named: Option<(u64, Vec<String>)>,
+    /// The key files and the provider credential files named by the YAML whose
+    /// [`crate::bundle::sources_hash`] is the first value: the YAML is loaded again only when
+    /// it changed.
+    named: Option<(u64, Vec<String>, Vec<String>)>,
 }
 
 impl Watch {
@@ -80,7 +115,8 @@ impl Watch {
     }
 
     /// Reads the YAML ([`read_dir`]) and returns it with a hash of its content and of the
-    /// content of every API key file it names: an edit of a key file alone changes the hash.
+    /// content of every API key file and provider credential file it names: an edit of one of
+    /// those files alone changes the hash.
     /// The key files are hashed as the policy's fingerprint counts them
     /// ([`crate::tenants::identity::KeyFiles::fingerprint`]); one that cannot be read hashes
     /// as such (the apply refuses the bundle for it,
@@ -89,16 +125,23 @@ impl Watch {
     pub fn read(&mut self) -> Result<(Sources, u64), ConfigDirError> {
         let sources = read_dir(&self.config)?;
         let yaml = crate::bundle::sources_hash(&sources);
-        let named = match &mut self.named {
-            Some((h, named)) if *h == yaml => named,
-            slot => &mut slot.insert((yaml, key_files(&sources))).1,
+        let (named, credentials) = match &mut self.named {
+            Some((h, named, credentials)) if *h == yaml => (named, credentials),
+            slot => {
+                let (_, named, credentials) =
+                    slot.insert((yaml, key_files(&sources), credential_files(&sources)));
+                (named, credentials)
+            }
         };
         let files = crate::tenants::identity::KeyFiles::read(&self.base, named.iter().cloned());
-        let h = if files.is_empty() {
+        let mut h = if files.is_empty() {
             yaml
         } else {
             crate::bundle::fnv(yaml, &files.fingerprint().to_le_bytes())
         };
+        if let Some(d) = files_digest(&self.base, credentials) {
+            h = crate::bundle::fnv(h, &d.to_le_bytes());
+        }
         Ok((sources, h))
     }
 }
@@ -173,6 +216,37 @@ spec:
         std::fs::write(config.join("door.yaml"), "# nothing\n").unwrap();
         let (sources, h) = watch.read().unwrap();
         assert_eq!(h, crate::bundle::sources_hash(&sources));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    #[test]
+    fn the_hash_covers_the_provider_credential_files_the_yaml_names() {
+        let root = std::env::temp_dir().join(format!("kinf-watch-creds-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("openai.token"), "sk-old\n").unwrap();
+        std::fs::write(
+            root.join("p.yaml"),
+            "apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: { name: openai, namespace: t }
+spec:
+  type: OpenAI
+  url: https://api.openai.com/v1
+  credentials: { file: openai.token }
+  models: [ { name: m, providerModel: gpt-5 } ]
+",
+        )
+        .unwrap();
+        let mut watch = Watch::new(&root);
+        let (sources, first) = watch.read().unwrap();
+        assert_eq!(credential_files(&sources), ["openai.token"]);
+        assert_ne!(first, crate::bundle::sources_hash(&sources));
+        assert_eq!(watch.read().unwrap().1, first, "nothing changed");
+        std::fs::write(root.join("openai.token"), "sk-new\n").unwrap();
+        let rotated = watch.read().unwrap().1;
+        assert_ne!(rotated, first, "the key rotated");
+        std::fs::remove_file(root.join("openai.token")).unwrap();
+        let gone = watch.read().unwrap().1;
+        assert!(gone != rotated && gone != first);
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -566,3 +566,78 @@ spec:
     assert_eq!(got["max_completion_tokens"], 70, "{got}");
     assert!(got.get("max_tokens").is_none(), "{got}");
 }
+
+/// Rotating a provider's key by editing only its `credentials.file` (no YAML change) takes
+/// effect at the next reloads, as an API key file's edit does: the file's content is part of
+/// the policy (a new generation), and the provider pool is rebuilt with the new key. Before,
+/// the old key stayed in use until the YAML changed or the process restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotating_a_provider_key_file_takes_effect_without_a_yaml_change() {
+    let openai = Fake::start().await;
+    let dir = temp_dir("provider-key-rotation");
+    std::fs::write(dir.join("openai.token"), "sk-expired-key-000\n").unwrap();
+    std::fs::write(
+        dir.join("c.yaml"),
+        format!(
+            r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {{ name: openai, namespace: t }}
+spec:
+  type: OpenAI
+  url: {url}/v1
+  credentials: {{ file: openai.token }}
+  models:
+  - {{ name: llama-70b, providerModel: gpt-5 }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: t }}
+spec:
+  destinations: [ {{ kind: InferenceProvider, name: openai }} ]
+"#,
+            url = openai.url,
+        ),
+    )
+    .unwrap();
+    let (gw, addr) = gateway(&dir).await;
+    let every = Duration::from_millis(100);
+    let last = kinf_handler::serve::reload(&gw, &dir, None, &kinf_handler::live_hook());
+    let _watcher = kinf_handler::serve::watch_directory(
+        gw.clone(),
+        dir.clone(),
+        every,
+        last,
+        kinf_handler::live_hook(),
+    );
+    let generation = gw.store.current().unwrap().generation;
+
+    let (s, _, v) = post(addr, &chat("hello", 8)).await;
+    assert_ne!(s, 200, "the expired key is refused by the provider: {v}");
+
+    std::fs::write(dir.join("openai.token"), fake_provider::OPENAI_KEY).unwrap();
+    let mut ok = false;
+    for _ in 0..100 {
+        let (s, _, _) = post(addr, &chat("hello", 8)).await;
+        if s == 200 {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(every).await;
+    }
+    assert!(ok, "the rotated key is still not in use after 100 tries");
+    assert_eq!(
+        openai
+            .last()
+            .headers
+            .iter()
+            .find(|(k, _)| k == "authorization"),
+        Some(&(
+            "authorization".to_string(),
+            format!("Bearer {}", fake_provider::OPENAI_KEY)
+        ))
+    );
+    assert!(
+        gw.store.current().unwrap().generation > generation,
+        "the key file's edit is a new generation"
+    );
+}

@@ -295,6 +295,10 @@ impl Gateway {
             }
             with_key_files = crate::bundle::Resolved {
                 key_files: Some(Arc::new(kf)),
+                credential_files: crate::config_dir::files_digest(
+                    &self.options.base_dir,
+                    &crate::config_dir::credential_files(sources),
+                ),
                 ..resolved.clone()
             };
             &with_key_files
@@ -437,6 +441,10 @@ impl Gateway {
             }
             with_key_files = crate::bundle::Resolved {
                 key_files: Some(Arc::new(kf)),
+                credential_files: crate::config_dir::files_digest(
+                    &self.options.base_dir,
+                    &crate::config_dir::credential_files(&applied.sources),
+                ),
                 ..resolved.clone()
             };
             &with_key_files

@@ -497,6 +497,7 @@ impl ClusterStore {
                 last_good: None,
                 isolation: None,
                 key_files: None,
+                credential_files: None,
             },
             revision: 0,
         }
