@@ -4,6 +4,8 @@
 //! `anthropic` (scripts/setup-python.sh).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
 mod support;
 
 use std::process::Command;
@@ -95,4 +97,53 @@ async fn official_sdks_through_the_gateway() {
     })
     .await
     .unwrap();
+}
+
+/// The official Anthropic SDK through the gateway to an OpenAI-type provider (the tests' fake
+/// provider), so that every answer is translated: a stream's final message has the provider's
+/// usage (it had 0 input tokens when only `message_start` carried them), and more stop
+/// sequences than OpenAI takes are refused naming `stop_sequences`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_anthropic_sdk_through_a_translating_provider() {
+    let Some(python) = required_env("KINF_E2E_PYTHON", "a Python with the anthropic SDK") else {
+        return;
+    };
+    let openai = fake_provider::Fake::start().await;
+    let dir = temp_dir("sdk-translated");
+    std::fs::write(dir.join("openai.token"), fake_provider::OPENAI_KEY).unwrap();
+    std::fs::write(
+        dir.join("c.yaml"),
+        format!(
+            r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {{ name: openai, namespace: t }}
+spec:
+  type: OpenAI
+  url: {url}/v1
+  credentials: {{ file: openai.token }}
+  models:
+  - {{ name: cloud, providerModel: gpt-4.1 }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: t }}
+spec:
+  destinations: [ {{ kind: InferenceProvider, name: openai }} ]
+"#,
+            url = openai.url,
+        ),
+    )
+    .unwrap();
+    let (_gw, addr) = gateway(&dir).await;
+    let base = format!("http://{addr}");
+    tokio::task::spawn_blocking(move || {
+        run_python(&python, "scripts/e2e/sdk_translated_check.py", &base)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        openai.requests.lock().len(),
+        2,
+        "the refused request was not sent"
+    );
 }

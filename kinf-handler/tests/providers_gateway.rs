@@ -641,3 +641,169 @@ spec:
         "the key file's edit is a new generation"
     );
 }
+
+/// An OpenAI-type provider (`openai`, serving `llama-70b` and `solo`) and a Bedrock one
+/// (`bedrock`, serving `llama-70b`), tried in that order, with credentials in `dir`.
+fn openai_then_bedrock(dir: &std::path::Path, openai: &Fake, bedrock: &Fake) -> String {
+    std::fs::write(dir.join("openai.token"), fake_provider::OPENAI_KEY).unwrap();
+    std::fs::write(
+        dir.join("bedrock.creds"),
+        format!(
+            "aws_access_key_id = {}\naws_secret_access_key = {}\n",
+            fake_provider::AWS_ID,
+            fake_provider::AWS_SECRET
+        ),
+    )
+    .unwrap();
+    format!(
+        r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {{ name: openai, namespace: t }}
+spec:
+  type: OpenAI
+  url: {openai}/v1
+  credentials: {{ file: openai.token }}
+  models:
+  - {{ name: llama-70b, providerModel: gpt-4.1 }}
+  - {{ name: solo, providerModel: gpt-4.1 }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {{ name: bedrock, namespace: t }}
+spec:
+  type: Bedrock
+  url: {bedrock}
+  region: {region}
+  credentials: {{ file: bedrock.creds }}
+  models:
+  - {{ name: llama-70b, providerModel: us.anthropic.claude-sonnet-4-20250514-v1:0 }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: t }}
+spec:
+  destinations:
+  - {{ kind: InferenceProvider, name: openai }}
+  - {{ kind: InferenceProvider, name: bedrock }}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {{ name: p, namespace: t }}
+spec:
+  rules:
+  - name: cloud
+    route:
+      select: [ {{ type: Provider, order: [openai, bedrock] }} ]
+"#,
+        openai = openai.url,
+        bedrock = bedrock.url,
+        region = fake_provider::REGION,
+    )
+}
+
+/// An Anthropic client's stream translated from OpenAI's: `message_start` carries the
+/// gateway's prompt estimate (it said 0: the provider's counts come only in its last chunk),
+/// `message_delta` the provider's counts (what an SDK's final message takes), and the tenant
+/// is charged the provider's counts, not the estimate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_translated_anthropic_stream_reports_an_estimate_first_and_the_providers_usage_last() {
+    let openai = Fake::start().await;
+    let bedrock = Fake::start().await;
+    let dir = temp_dir("translated-usage");
+    std::fs::write(
+        dir.join("c.yaml"),
+        openai_then_bedrock(&dir, &openai, &bedrock),
+    )
+    .unwrap();
+    let (gw, addr) = gateway(&dir).await;
+    let mut body = chat("What is a KV cache? Answer in one sentence, please.", 20);
+    body["stream"] = json!(true);
+    let (s, h, raw) = post_raw(addr, "/v1/messages", &body, &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        h["x-kinference-endpoint"],
+        format!("{}/v1", openai.url).as_str()
+    );
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let event = |name: &str| -> Value {
+        raw.split("\n\n")
+            .find_map(|ev| ev.strip_prefix(&format!("event: {name}\ndata: ")))
+            .and_then(|d| serde_json::from_str(d).ok())
+            .unwrap_or_else(|| panic!("no {name}: {raw}"))
+    };
+    let estimate = event("message_start")["message"]["usage"]["input_tokens"].clone();
+    assert!(estimate.as_u64().is_some_and(|n| n > 0), "{raw}");
+    // The fake's usage: 12 prompt tokens, 4 of them cached, 2 output tokens.
+    assert_eq!(
+        event("message_delta")["usage"],
+        json!({"input_tokens": 8, "cache_read_input_tokens": 4,
+            "cache_creation_input_tokens": 0, "output_tokens": 2}),
+        "{raw}"
+    );
+    let value = |kind: &'static str| {
+        gw.metrics.value(
+            "kinference_tenant_tokens_total",
+            &[
+                ("tenant", "anonymous"),
+                ("model", "llama-70b"),
+                ("destination", "openai"),
+                ("destination_namespace", "t"),
+                ("kind", kind),
+            ],
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || value("output").is_some()).await,
+        "the stream is accounted"
+    );
+    assert_eq!(
+        (
+            value("uncached_prompt"),
+            value("cached_prompt"),
+            value("output")
+        ),
+        (Some(8.0), Some(4.0), Some(2.0))
+    );
+}
+
+/// More `stop_sequences` than OpenAI takes: the OpenAI-type provider is skipped before
+/// anything is sent and the next one (Bedrock) serves the request; where no other provider
+/// serves the model, the client's 400 names `stop_sequences`. Before, OpenAI's own 400 came
+/// back (`provider_rejected`, no fall-through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_sequences_openai_cannot_take_move_on_to_the_next_provider() {
+    let openai = Fake::start().await;
+    let bedrock = Fake::start().await;
+    let dir = temp_dir("too-many-stops");
+    std::fs::write(
+        dir.join("c.yaml"),
+        openai_then_bedrock(&dir, &openai, &bedrock),
+    )
+    .unwrap();
+    let (_gw, addr) = gateway(&dir).await;
+    let stops = json!(["A1", "A2", "A3", "A4", "A5"]);
+    let mut body = chat("hello", 20);
+    body["stop_sequences"] = stops.clone();
+    let (s, h, v) = post_json(addr, "/v1/messages", &body, &[]).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(h["x-kinference-endpoint"], bedrock.url.as_str());
+    assert_eq!(v["content"][0]["text"], "Hello world", "{v}");
+    assert_eq!(
+        bedrock.last().body["inferenceConfig"]["stopSequences"],
+        stops
+    );
+    assert!(openai.requests.lock().is_empty(), "OpenAI got the request");
+
+    body["model"] = json!("solo");
+    let (s, _, v) = post_json(addr, "/v1/messages", &body, &[]).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("`stop_sequences`")),
+        "{v}"
+    );
+    assert!(openai.requests.lock().is_empty(), "OpenAI got the request");
+}

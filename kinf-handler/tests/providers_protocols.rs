@@ -907,3 +907,128 @@ async fn no_tools_is_a_plain_request_and_tool_calling_is_refused_naming_the_fiel
     );
     assert_eq!(fake.requests.lock().len(), sent, "nothing was sent");
 }
+
+/// Anthropic `cache_control` reaches Bedrock as `cachePoint` blocks after the text it ends,
+/// for a model Bedrock caches prompts for; a model without prompt caching (Bedrock refuses a
+/// cache point for it) gets the same request without them. Before, `cache_control` was
+/// always dropped.
+#[tokio::test]
+async fn cache_control_reaches_bedrock_as_cache_points_where_the_model_caches() {
+    let fake = Fake::start().await;
+    let t = Duration::from_secs(5);
+    let pool = pool_of(
+        vec![("bedrock", info(&fake, ProviderType::Bedrock, t, None))],
+        PoolOptions::default(),
+    );
+    let eph = json!({"type": "ephemeral"});
+    let body = json!({
+        "model": "client-model", "max_tokens": 50,
+        "system": [{"type": "text", "text": "be brief", "cache_control": eph}],
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "A long document.", "cache_control": eph},
+            {"type": "text", "text": "Say hello"}]}],
+    });
+    let cp = json!({"cachePoint": {"type": "default"}});
+    for stream in [false, true] {
+        for (model, cached) in [
+            ("us.anthropic.claude-sonnet-4-20250514-v1:0", true),
+            ("meta.llama3-3-70b-instruct-v1:0", false),
+        ] {
+            let ctx = format!("{model} stream={stream}");
+            let mut b = body.as_object().unwrap().clone();
+            b.insert("stream".into(), json!(stream));
+            let r = pool
+                .forward("ns/bedrock", Api::Messages, b, model, stream, false)
+                .await
+                .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            let (out, outcome) = read_all(r).await;
+            assert_eq!(text_of(Api::Messages, &out, stream), "Hello world", "{ctx}");
+            assert!(outcome.completed, "{ctx}");
+            let got = fake.last().body;
+            if cached {
+                assert_eq!(got["system"], json!([{"text": "be brief"}, cp]), "{ctx}");
+                assert_eq!(
+                    got["messages"][0]["content"],
+                    json!([{"text": "A long document."}, cp, {"text": "\nSay hello"}]),
+                    "{ctx}"
+                );
+            } else {
+                assert_eq!(got["system"], json!([{"text": "be brief"}]), "{ctx}");
+                assert_eq!(
+                    got["messages"][0]["content"],
+                    json!([{"text": "A long document.\nSay hello"}]),
+                    "{ctx}"
+                );
+            }
+        }
+    }
+}
+
+/// More stop sequences than OpenAI's API takes (4) are refused before sending, as
+/// untranslatable (the decision moves on), naming the Anthropic client's `stop_sequences`;
+/// Bedrock takes them. Before, the request reached the provider and got its 400.
+#[tokio::test]
+async fn more_stop_sequences_than_openai_takes_are_refused_before_sending() {
+    let fake = Fake::start().await;
+    let t = Duration::from_secs(5);
+    let pool = pool_of(
+        vec![
+            ("openai", info(&fake, ProviderType::OpenAI, t, None)),
+            ("bedrock", info(&fake, ProviderType::Bedrock, t, None)),
+        ],
+        PoolOptions::default(),
+    );
+    let with_stops = |n: usize| {
+        let mut b = client_body(Api::Messages, false, false);
+        b.insert(
+            "stop_sequences".into(),
+            json!((0..n).map(|i| format!("END{i}")).collect::<Vec<_>>()),
+        );
+        b
+    };
+    let (out, _) = read_all(
+        pool.forward("ns/openai", Api::Messages, with_stops(4), "m", false, false)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(text_of(Api::Messages, &out, false), "Hello world", "{out}");
+    assert_eq!(fake.last().body["stop"].as_array().map(Vec::len), Some(4));
+    let sent = fake.requests.lock().len();
+    let e = pool
+        .forward("ns/openai", Api::Messages, with_stops(5), "m", false, false)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ProviderErrorKind::Untranslatable);
+    assert!(e.fall_through && e.before_first_byte, "{e:?}");
+    assert_eq!(e.param.as_deref(), Some("stop_sequences"), "{e:?}");
+    let b = e.to_api_error().body(Api::Messages);
+    assert_eq!(e.to_api_error().status.as_u16(), 400);
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("`stop_sequences`")),
+        "{b}"
+    );
+    assert_eq!(fake.requests.lock().len(), sent, "nothing was sent");
+    let (out, _) = read_all(
+        pool.forward(
+            "ns/bedrock",
+            Api::Messages,
+            with_stops(5),
+            "m",
+            false,
+            false,
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(text_of(Api::Messages, &out, false), "Hello world", "{out}");
+    assert_eq!(
+        fake.last().body["inferenceConfig"]["stopSequences"]
+            .as_array()
+            .map(Vec::len),
+        Some(5)
+    );
+}

@@ -1063,15 +1063,13 @@ async fn admit_and_forward(
         pending.reached_upstream = true;
         if let Some(key) = chosen.provider.clone() {
             let pool = gw.providers.load_full();
+            let opts = crate::providers::ForwardOptions {
+                stream: admitted.parsed.stream,
+                usage_requested: !admitted.inject_usage,
+                prompt_estimate: Some(u64::from(chosen.prompt_tokens)),
+            };
             let forwarded = pool
-                .forward(
-                    &key,
-                    api,
-                    admitted.parsed.body.clone(),
-                    &chosen.model,
-                    admitted.parsed.stream,
-                    !admitted.inject_usage,
-                )
+                .forward_with(&key, api, admitted.parsed.body.clone(), &chosen.model, opts)
                 .await;
             pending.forwarding = None;
             if let Err(e) = &forwarded {

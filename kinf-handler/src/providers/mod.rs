@@ -279,6 +279,21 @@ pub struct ProviderOutcome {
     pub client_gone: bool,
 }
 
+/// How [`ProviderPool::forward_with`] sends a request and shapes its answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ForwardOptions {
+    /// The client asked for a stream.
+    pub stream: bool,
+    /// An OpenAI streaming client asked for `stream_options.include_usage` itself (pass
+    /// `!admitted.inject_usage`): if not, the usage chunk is removed from the stream.
+    pub usage_requested: bool,
+    /// The gateway's estimate of the prompt's tokens (the count it admitted the request
+    /// with). A translated stream to an Anthropic client reports it as `input_tokens` in
+    /// `message_start`, which comes before the provider's counts do; the provider's own
+    /// counts follow in `message_delta`, which replace it (`None`: 0 is reported).
+    pub prompt_estimate: Option<u64>,
+}
+
 /// The body stream: bytes in the client's protocol.
 pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
 
@@ -517,7 +532,8 @@ impl ProviderPool {
     /// `usage_requested` says whether an OpenAI streaming client asked for
     /// `stream_options.include_usage` itself (pass `!admitted.inject_usage`): if not, the usage
     /// chunk is removed from the stream. Returns once the response headers and, for a stream,
-    /// its first bytes arrived within the provider's timeout.
+    /// its first bytes arrived within the provider's timeout. [`ProviderPool::forward_with`]
+    /// with no prompt estimate.
     pub async fn forward(
         &self,
         key: &str,
@@ -526,6 +542,25 @@ impl ProviderPool {
         provider_model: &str,
         stream: bool,
         usage_requested: bool,
+    ) -> Result<ProviderResponse, ProviderError> {
+        let opts = ForwardOptions {
+            stream,
+            usage_requested,
+            prompt_estimate: None,
+        };
+        self.forward_with(key, client_api, body, provider_model, opts)
+            .await
+    }
+
+    /// [`ProviderPool::forward`], with the gateway's estimate of the prompt's tokens for what
+    /// a translated stream reports before the provider's counts (see [`ForwardOptions`]).
+    pub async fn forward_with(
+        &self,
+        key: &str,
+        client_api: Api,
+        body: Map<String, Value>,
+        provider_model: &str,
+        opts: ForwardOptions,
     ) -> Result<ProviderResponse, ProviderError> {
         let Some(p) = self.providers.get(key).cloned() else {
             return Err(ProviderError::new(
@@ -536,7 +571,7 @@ impl ProviderPool {
                 true,
             ));
         };
-        forward_to(p, client_api, body, provider_model, stream, usage_requested).await
+        forward_to(p, client_api, body, provider_model, opts).await
     }
 }
 
@@ -661,6 +696,7 @@ fn provider_request(
         }
         (ProviderType::OpenAI, Api::Messages) => {
             let r = translate::parse_client(client_api, &body).map_err(untrans)?;
+            translate::check_stop_count(&r, client_api, p.info.protocol).map_err(untrans)?;
             stops = translate::sent_stops(&r, p.info.protocol);
             let prefix = if has_path { "" } else { "/v1" };
             (
@@ -682,8 +718,12 @@ fn provider_request(
             )
         }
         (ProviderType::Bedrock, _) => {
-            let r = translate::parse_client(client_api, &body).map_err(untrans)?;
+            let mut r = translate::parse_client(client_api, &body).map_err(untrans)?;
             translate::check_bedrock(&r).map_err(untrans)?;
+            translate::check_stop_count(&r, client_api, p.info.protocol).map_err(untrans)?;
+            if !translate::bedrock_caches(model) {
+                r.forget_cache_points();
+            }
             stops = translate::sent_stops(&r, p.info.protocol);
             (
                 bedrock::converse_path(model, stream),
@@ -792,9 +832,13 @@ async fn forward_to(
     client_api: Api,
     body: Map<String, Value>,
     model: &str,
-    stream: bool,
-    usage_requested: bool,
+    opts: ForwardOptions,
 ) -> Result<ProviderResponse, ProviderError> {
+    let ForwardOptions {
+        stream,
+        usage_requested,
+        prompt_estimate,
+    } = opts;
     let key = p.key.clone();
     let creds = match &p.creds {
         Ok(c) => c.clone(),
@@ -1066,7 +1110,9 @@ async fn forward_to(
     } else {
         Mode::Translate(
             ProviderDecoder::new(protocol),
-            ClientEncoder::new(client_api, model, usage_requested).with_sent_stops(sent_stops),
+            ClientEncoder::new(client_api, model, usage_requested)
+                .with_sent_stops(sent_stops)
+                .with_prompt_estimate(prompt_estimate),
         )
     };
     let st = StreamState {

@@ -275,6 +275,8 @@ pub struct ClientEncoder {
     /// does not).
     sent_stops: Vec<String>,
     usage: Option<TokenUsage>,
+    /// The gateway's estimate of the prompt's tokens, for `message_start`.
+    prompt_estimate: Option<u64>,
     send_usage: bool,
     /// The stream was ended properly.
     pub done: bool,
@@ -299,9 +301,19 @@ impl ClientEncoder {
             stop_sequence: None,
             sent_stops: Vec::new(),
             usage: None,
+            prompt_estimate: None,
             send_usage,
             done: false,
         }
+    }
+
+    /// The gateway's estimate of the prompt's tokens: an Anthropic client's `message_start`
+    /// reports it as `input_tokens` (Anthropic reports the prompt there, but a translated
+    /// stream's counts come only at its end), and `message_delta` then carries the provider's
+    /// counts, which replace it in the SDKs' accumulated message. Without it, 0.
+    pub fn with_prompt_estimate(mut self, tokens: Option<u64>) -> Self {
+        self.prompt_estimate = tokens;
+        self
     }
 
     /// The stop sequences the provider request carried: when the stream ends on a stop
@@ -356,7 +368,7 @@ impl ClientEncoder {
                 &json!({"type": "message_start", "message": {
                     "id": self.id, "type": "message", "role": "assistant", "model": self.model,
                     "content": [], "stop_reason": null, "stop_sequence": null,
-                    "usage": {"input_tokens": 0, "output_tokens": 0},
+                    "usage": {"input_tokens": self.prompt_estimate.unwrap_or(0), "output_tokens": 0},
                 }}),
             ),
         }
@@ -442,12 +454,20 @@ impl ClientEncoder {
                 }
                 let stop_sequence =
                     matched_stop(&finish, self.stop_sequence.take(), &self.sent_stops);
+                // The provider's counts, cumulative as Anthropic's `message_delta` usage is:
+                // recent SDKs replace `message_start`'s counts with each one present. Without
+                // them, only the output count Anthropic requires (0), so that the estimate in
+                // `message_start` stands.
+                let usage = match self.usage {
+                    Some(u) => anthropic_usage_json(&u),
+                    None => json!({"output_tokens": 0}),
+                };
                 Self::event(
                     out,
                     "message_delta",
                     &json!({"type": "message_delta",
                         "delta": {"stop_reason": finish.anthropic(), "stop_sequence": stop_sequence},
-                        "usage": anthropic_usage_json(&usage)}),
+                        "usage": usage}),
                 );
                 Self::event(out, "message_stop", &json!({"type": "message_stop"}));
             }
@@ -506,6 +526,113 @@ mod tests {
             .filter_map(|ev| ev.strip_prefix("event: message_delta\ndata: "))
             .find_map(|d| serde_json::from_str(d).ok())
             .unwrap_or(Value::Null)
+    }
+
+    /// The `(event, data)` pairs an Anthropic client gets for a `protocol` stream `src`, with
+    /// the gateway's prompt estimate `estimate`.
+    fn anthropic_client_events(
+        protocol: ProviderType,
+        src: &[u8],
+        estimate: Option<u64>,
+    ) -> Vec<(String, Value)> {
+        let mut d = ProviderDecoder::new(protocol);
+        let mut enc = ClientEncoder::new(Api::Messages, "m", false).with_prompt_estimate(estimate);
+        let mut out = BytesMut::new();
+        for e in d.feed(src) {
+            enc.encode(&e, &mut out);
+        }
+        assert!(enc.done, "{}", String::from_utf8_lossy(&out));
+        String::from_utf8_lossy(&out)
+            .split("\n\n")
+            .filter_map(|ev| {
+                let (name, data) = ev.strip_prefix("event: ")?.split_once("\ndata: ")?;
+                Some((name.to_string(), serde_json::from_str(data).ok()?))
+            })
+            .collect()
+    }
+
+    /// The usage an Anthropic SDK ends with (`anthropic` 0.125's `accumulate_event`):
+    /// `message_start`'s, then each count a `message_delta` carries (cumulative) replaces it.
+    fn sdk_final_usage(events: &[(String, Value)]) -> Value {
+        let mut usage = json!({});
+        for (name, v) in events {
+            match name.as_str() {
+                "message_start" => usage = v["message"]["usage"].clone(),
+                "message_delta" => merge_anthropic_usage(&mut usage, &v["usage"]),
+                _ => {}
+            }
+        }
+        usage
+    }
+
+    /// A translated stream's prompt counts come only at its end (OpenAI's usage chunk,
+    /// Bedrock's `metadata`): an Anthropic client's `message_start` has the gateway's estimate
+    /// of the prompt, and `message_delta` the provider's counts, which an SDK's final message
+    /// takes. Before, `message_start` said 0 input tokens; a stream without usage now keeps
+    /// the estimate instead of a `message_delta` that reset it to 0.
+    #[test]
+    fn anthropic_clients_get_an_estimate_first_and_the_providers_counts_last() {
+        let openai = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":2,",
+            "\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut bedrock = frame(
+            "contentBlockDelta",
+            &json!({"contentBlockIndex": 0, "delta": {"text": "a"}}),
+        );
+        bedrock.extend(frame("messageStop", &json!({"stopReason": "end_turn"})));
+        bedrock.extend(frame(
+            "metadata",
+            &json!({"usage": {"inputTokens": 8, "outputTokens": 2, "cacheReadInputTokens": 4}}),
+        ));
+        for (protocol, src) in [
+            (ProviderType::OpenAI, openai.as_bytes()),
+            (ProviderType::Bedrock, &bedrock[..]),
+        ] {
+            let evs = anthropic_client_events(protocol, src, Some(11));
+            let start = &evs[0];
+            assert_eq!(start.0, "message_start", "{evs:?}");
+            assert_eq!(
+                start.1["message"]["usage"]["input_tokens"], 11,
+                "{protocol:?}"
+            );
+            let delta = evs.iter().find(|(n, _)| n == "message_delta");
+            assert_eq!(
+                delta.map(|(_, v)| &v["usage"]),
+                Some(&json!({"input_tokens": 8, "cache_read_input_tokens": 4,
+                    "cache_creation_input_tokens": 0, "output_tokens": 2})),
+                "{protocol:?}"
+            );
+            let u = sdk_final_usage(&evs);
+            assert_eq!(
+                (
+                    &u["input_tokens"],
+                    &u["cache_read_input_tokens"],
+                    &u["output_tokens"]
+                ),
+                (&json!(8), &json!(4), &json!(2)),
+                "{protocol:?}: {u}"
+            );
+        }
+        // No usage from the provider (an OpenAI-compatible server that ignores
+        // `stream_options`): the estimate stands.
+        let bare = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let evs = anthropic_client_events(ProviderType::OpenAI, bare.as_bytes(), Some(11));
+        let u = sdk_final_usage(&evs);
+        assert_eq!(
+            (&u["input_tokens"], &u["output_tokens"]),
+            (&json!(11), &json!(0)),
+            "{evs:?}"
+        );
+        // No estimate either: 0, as before.
+        let evs = anthropic_client_events(ProviderType::OpenAI, bare.as_bytes(), None);
+        assert_eq!(sdk_final_usage(&evs)["input_tokens"], 0, "{evs:?}");
     }
 
     /// A stream that ended on a stop sequence names it to an Anthropic client

@@ -97,12 +97,15 @@ impl Finish {
 }
 
 /// A text message.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Msg {
     /// `user` or `assistant`.
     pub role: String,
     /// Its text.
     pub text: String,
+    /// Prompt-cache breakpoints the client set in it (Anthropic `cache_control` on a content
+    /// block): byte offsets into `text` where a prefix to cache ends (see [`ChatRequest`]).
+    pub cache: Vec<usize>,
 }
 
 /// A request in canonical form.
@@ -120,6 +123,21 @@ pub struct ChatRequest {
     pub top_p: Option<f64>,
     /// Stop sequences.
     pub stop: Vec<String>,
+    /// Prompt-cache breakpoints the client set in `system` (Anthropic `cache_control` on a
+    /// system block): `(index into system, byte offset into that text)` where a prefix to
+    /// cache ends. Sent to Bedrock as `cachePoint` blocks (see [`bedrock_caches`]); other
+    /// protocols have no such marker (OpenAI caches prefixes by itself).
+    pub system_cache: Vec<(usize, usize)>,
+}
+
+impl ChatRequest {
+    /// Drops the prompt-cache breakpoints (for a model that refuses them).
+    pub fn forget_cache_points(&mut self) {
+        self.system_cache.clear();
+        for m in &mut self.messages {
+            m.cache.clear();
+        }
+    }
 }
 
 /// A translation the gateway cannot make (the request uses a feature outside the canonical
@@ -170,6 +188,35 @@ fn content_text(v: &Value, param: &str) -> Result<String, Untranslatable> {
             "`content` must be a string or an array",
         )),
     }
+}
+
+/// Whether an Anthropic `cache_control` asks to cache (`{"type": "ephemeral"}`, the only
+/// kind there is).
+fn asks_cache(cache_control: Option<&Value>) -> bool {
+    cache_control
+        .and_then(|c| c.get("type"))
+        .and_then(Value::as_str)
+        == Some("ephemeral")
+}
+
+/// The prompt-cache breakpoints of an Anthropic `content` (or `system`) whose text is `full`
+/// (as [`content_text`] reads it): for each block with `cache_control`, the byte length of
+/// the text up to and including that block, read by [`content_text`] too, so that the offset
+/// is where that block's text ends in `full` however blocks are joined. A block that ends no
+/// text (nothing before it, or an offset that is not where `full` has that prefix) is skipped.
+fn cache_breaks(content: &Value, param: &str, full: &str) -> Vec<usize> {
+    let Value::Array(parts) = content else {
+        return Vec::new();
+    };
+    parts
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| asks_cache(p.get("cache_control")))
+        .filter_map(|(i, _)| {
+            let prefix = content_text(&Value::Array(parts.get(..=i)?.to_vec()), param).ok()?;
+            (!prefix.is_empty() && full.starts_with(&prefix)).then_some(prefix.len())
+        })
+        .collect()
 }
 
 fn stop_list(v: Option<&Value>) -> Vec<String> {
@@ -275,6 +322,7 @@ pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, 
                 r.messages.push(Msg {
                     role: "user".into(),
                     text: prompt,
+                    ..Msg::default()
                 });
                 return Ok(r);
             }
@@ -303,6 +351,7 @@ pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, 
                     "user" | "assistant" => r.messages.push(Msg {
                         role: role.into(),
                         text,
+                        ..Msg::default()
                     }),
                     other => {
                         return Err(untranslatable(
@@ -318,7 +367,13 @@ pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, 
             r.stop = stop_list(body.get("stop_sequences"));
             match body.get("system") {
                 None | Some(Value::Null) => {}
-                Some(s) => r.system.push(content_text(s, "system")?),
+                Some(s) => {
+                    let text = content_text(s, "system")?;
+                    let i = r.system.len();
+                    r.system_cache
+                        .extend(cache_breaks(s, "system", &text).into_iter().map(|c| (i, c)));
+                    r.system.push(text);
+                }
             }
             let msgs = body
                 .get("messages")
@@ -332,14 +387,25 @@ pub fn parse_client(api: Api, body: &Map<String, Value>) -> Result<ChatRequest, 
                         format!("messages of role `{role}` cannot be translated"),
                     ));
                 }
-                let text = content_text(
-                    m.get("content").unwrap_or(&Value::Null),
-                    &format!("messages[{i}].content"),
-                )?;
+                let content = m.get("content").unwrap_or(&Value::Null);
+                let param = format!("messages[{i}].content");
+                let text = content_text(content, &param)?;
                 r.messages.push(Msg {
                     role: role.into(),
+                    cache: cache_breaks(content, &param, &text),
                     text,
                 });
+            }
+            // Automatic caching (a top-level `cache_control`): a breakpoint after the last
+            // block, which is the end of the last message with text.
+            if asks_cache(body.get("cache_control"))
+                && let Some(m) = r
+                    .messages
+                    .iter_mut()
+                    .rev()
+                    .find(|m| !m.text.trim().is_empty())
+            {
+                m.cache.push(m.text.len());
             }
         }
     }
@@ -413,18 +479,34 @@ pub fn set_max_tokens_field(body: &mut Map<String, Value>, field: MaxTokensField
     }
 }
 
+/// One turn of a conversation as Anthropic's and Bedrock's APIs take it (see [`alternating`]).
+#[derive(Debug)]
+struct Turn<'a> {
+    role: &'a str,
+    text: String,
+    /// Prompt-cache breakpoints: byte offsets into `text`.
+    cache: Vec<usize>,
+}
+
 /// `r`'s messages as Anthropic's and Bedrock's APIs take them: empty texts left out (both
 /// refuse an empty text block), and a run of messages of one role joined into one with blank
-/// lines (Bedrock Converse refuses two user or two assistant turns in a row).
-fn alternating(r: &ChatRequest) -> Vec<(&str, String)> {
-    let mut out: Vec<(&str, String)> = Vec::new();
+/// lines (Bedrock Converse refuses two user or two assistant turns in a row), their
+/// prompt-cache breakpoints moved along with their text.
+fn alternating(r: &ChatRequest) -> Vec<Turn<'_>> {
+    let mut out: Vec<Turn<'_>> = Vec::new();
     for m in r.messages.iter().filter(|m| !m.text.trim().is_empty()) {
         match out.last_mut() {
-            Some((role, text)) if *role == m.role.as_str() => {
-                text.push_str("\n\n");
-                text.push_str(&m.text);
+            Some(t) if t.role == m.role.as_str() => {
+                t.text.push_str("\n\n");
+                let shift = t.text.len();
+                t.text.push_str(&m.text);
+                t.cache.extend(m.cache.iter().map(|c| c + shift));
             }
-            _ => out.push((m.role.as_str(), m.text.clone())),
+            _ => out.push(Turn {
+                role: m.role.as_str(),
+                text: m.text.clone(),
+                cache: m.cache.clone(),
+            }),
         }
     }
     out
@@ -468,7 +550,7 @@ pub fn to_anthropic(r: &ChatRequest, model: &str, stream: bool) -> Map<String, V
         Value::Array(
             alternating(r)
                 .into_iter()
-                .map(|(role, text)| json!({"role": role, "content": text}))
+                .map(|t| json!({"role": t.role, "content": t.text}))
                 .collect(),
         ),
     );
@@ -497,9 +579,9 @@ pub fn to_anthropic(r: &ChatRequest, model: &str, stream: bool) -> Map<String, V
 /// message"), and one with no turn at all. Checked before anything is sent, so that the
 /// decision can move on to a candidate that takes it rather than answer the provider's 400.
 pub fn check_bedrock(r: &ChatRequest) -> Result<(), Untranslatable> {
-    match alternating(r).first() {
-        Some(("user", _)) => Ok(()),
-        Some((role, _)) => Err(untranslatable(
+    match alternating(r).first().map(|t| t.role) {
+        Some("user") => Ok(()),
+        Some(role) => Err(untranslatable(
             "messages",
             format!(
                 "Bedrock needs the conversation to start with a user turn; this one starts \
@@ -513,22 +595,131 @@ pub fn check_bedrock(r: &ChatRequest) -> Result<(), Untranslatable> {
     }
 }
 
-/// The Bedrock Converse request body for `r` (the model goes in the path).
+/// OpenAI's limit on `stop` entries (its API refuses a fifth with a 400).
+pub const OPENAI_MAX_STOPS: usize = 4;
+
+/// Bedrock Converse's limit on `inferenceConfig.stopSequences` entries.
+pub const BEDROCK_MAX_STOPS: usize = 2500;
+
+/// Whether `protocol`'s API takes as many stop sequences as the request for `r` carries
+/// (see [`sent_stops`]): OpenAI's at most [`OPENAI_MAX_STOPS`], Bedrock Converse's at most
+/// [`BEDROCK_MAX_STOPS`]; Anthropic documents no limit. Checked before anything is sent, so
+/// that the decision can move on to a candidate that takes them rather than answer the
+/// provider's 400. `api` is the client's, whose field is named (`stop_sequences` or `stop`).
+pub fn check_stop_count(
+    r: &ChatRequest,
+    api: Api,
+    protocol: kinf_policy::ProviderType,
+) -> Result<(), Untranslatable> {
+    use kinf_policy::ProviderType as P;
+    let (max, name) = match protocol {
+        P::OpenAI => (OPENAI_MAX_STOPS, "OpenAI"),
+        P::Bedrock => (BEDROCK_MAX_STOPS, "Bedrock"),
+        P::Anthropic => return Ok(()),
+    };
+    let n = sent_stops(r, protocol).len();
+    if n <= max {
+        return Ok(());
+    }
+    let param = if api == Api::Messages {
+        "stop_sequences"
+    } else {
+        "stop"
+    };
+    Err(untranslatable(
+        param,
+        format!("{name} takes at most {max} stop sequences; this request has {n}"),
+    ))
+}
+
+/// Whether Bedrock takes prompt-cache points (`cachePoint` blocks) for `model` (a model id,
+/// an inference profile id or ARN): Anthropic Claude models from Claude 3.5 Sonnet v2 and
+/// 3.5 Haiku on, and Amazon Nova models. Bedrock refuses a request with a cache point for a
+/// model without prompt caching (Llama, Mistral, older Claude models: "You invoked an
+/// unsupported model or your request did not allow prompt caching"), and an id that does not
+/// name its model (an application inference profile, a provisioned model ARN) cannot be told
+/// apart, so only these get them; for the others `cache_control` is dropped, as before.
+pub fn bedrock_caches(model: &str) -> bool {
+    let m = model.to_ascii_lowercase();
+    // Claude models Bedrock has no prompt caching for.
+    const UNCACHED_CLAUDE: [&str; 6] = [
+        "claude-v",
+        "claude-instant",
+        "claude-3-sonnet-",
+        "claude-3-haiku-",
+        "claude-3-opus-",
+        "claude-3-5-sonnet-20240620",
+    ];
+    let claude = m.contains("anthropic.claude-") && !UNCACHED_CLAUDE.iter().any(|o| m.contains(o));
+    claude || m.contains("amazon.nova-")
+}
+
+/// A Bedrock prompt-cache point: the content before it (system, messages) is cached.
+fn cache_point() -> Value {
+    json!({"cachePoint": {"type": "default"}})
+}
+
+/// `text` as Bedrock text blocks (`system[]` or a message's `content[]`), with a cache point
+/// after each byte offset in `cuts`. Blank pieces are left out (Bedrock refuses a blank text
+/// block), as is a cache point with no text before it in `text` or right after another.
+fn bedrock_blocks(text: &str, cuts: &[usize]) -> Vec<Value> {
+    let mut cuts: Vec<usize> = cuts
+        .iter()
+        .copied()
+        .filter(|&c| c > 0 && text.is_char_boundary(c))
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut out = Vec::with_capacity(cuts.len() * 2 + 1);
+    let mut from = 0;
+    for c in cuts {
+        let Some(piece) = text.get(from..c) else {
+            continue;
+        };
+        if !piece.trim().is_empty() {
+            out.push(json!({"text": piece}));
+        }
+        if out.last().is_some_and(|b| b.get("text").is_some()) {
+            out.push(cache_point());
+        }
+        from = c;
+    }
+    if let Some(rest) = text.get(from..).filter(|t| !t.trim().is_empty()) {
+        out.push(json!({"text": rest}));
+    }
+    out
+}
+
+/// The Bedrock Converse request body for `r` (the model goes in the path). Prompt-cache
+/// breakpoints become `cachePoint` blocks right after the text they end (call
+/// [`ChatRequest::forget_cache_points`] first for a model without prompt caching, see
+/// [`bedrock_caches`]).
 pub fn to_bedrock(r: &ChatRequest) -> Map<String, Value> {
     let mut b = Map::new();
-    let system = visible_system(r);
+    let system: Vec<Value> = r
+        .system
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.trim().is_empty())
+        .flat_map(|(i, s)| {
+            let cuts: Vec<usize> = r
+                .system_cache
+                .iter()
+                .filter(|(j, _)| *j == i)
+                .map(|(_, c)| *c)
+                .collect();
+            bedrock_blocks(s, &cuts)
+        })
+        .collect();
     if !system.is_empty() {
-        b.insert(
-            "system".into(),
-            Value::Array(system.iter().map(|s| json!({"text": s})).collect()),
-        );
+        b.insert("system".into(), Value::Array(system));
     }
     b.insert(
         "messages".into(),
         Value::Array(
             alternating(r)
                 .into_iter()
-                .map(|(role, text)| json!({"role": role, "content": [{"text": text}]}))
+                .map(|t| json!({"role": t.role, "content": bedrock_blocks(&t.text, &t.cache)}))
                 .collect(),
         ),
     );
@@ -1223,6 +1414,150 @@ mod tests {
         }
     }
 
+    /// More stop sequences than the provider's API takes (OpenAI: 4) are refused before
+    /// sending, naming the client's field, rather than answered with the provider's 400.
+    #[test]
+    fn more_stop_sequences_than_the_provider_takes_are_untranslatable() {
+        use kinf_policy::ProviderType as P;
+        let with_stops = |api: Api, n: usize| {
+            let stops: Vec<String> = (0..n).map(|i| format!("STOP{i}")).collect();
+            let key = if api == Api::Messages {
+                "stop_sequences"
+            } else {
+                "stop"
+            };
+            let mut b = obj(json!({"model": "m", "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}]}));
+            b.insert(key.into(), json!(stops));
+            parse_client(api, &b)
+        };
+        let parsed = (
+            with_stops(Api::Messages, OPENAI_MAX_STOPS),
+            with_stops(Api::Messages, OPENAI_MAX_STOPS + 1),
+            with_stops(Api::Chat, BEDROCK_MAX_STOPS + 1),
+        );
+        assert!(matches!(parsed, (Ok(_), Ok(_), Ok(_))), "{parsed:?}");
+        let (Ok(four), Ok(five), Ok(many)) = parsed else {
+            return;
+        };
+        assert_eq!(check_stop_count(&four, Api::Messages, P::OpenAI), Ok(()));
+        let e = check_stop_count(&five, Api::Messages, P::OpenAI);
+        assert!(
+            e.as_ref()
+                .is_err_and(|e| e.param == "stop_sequences" && e.message.contains("at most 4")),
+            "{e:?}"
+        );
+        // Bedrock and Anthropic take five.
+        assert_eq!(check_stop_count(&five, Api::Messages, P::Bedrock), Ok(()));
+        assert_eq!(check_stop_count(&five, Api::Messages, P::Anthropic), Ok(()));
+        // Bedrock Converse's own limit, named as the OpenAI client's field.
+        let e = check_stop_count(&many, Api::Chat, P::Bedrock);
+        assert!(e.as_ref().is_err_and(|e| e.param == "stop"), "{e:?}");
+        // Whitespace-only ones are not sent to Bedrock, so they do not count there.
+        let mut blank = five.clone();
+        blank.stop = vec![" ".into(); BEDROCK_MAX_STOPS + 1];
+        assert_eq!(check_stop_count(&blank, Api::Messages, P::Bedrock), Ok(()));
+    }
+
+    /// Anthropic `cache_control` (on system blocks, on content blocks, and the top-level
+    /// automatic one) becomes a Bedrock `cachePoint` right after the text it ends; before, it
+    /// was dropped. Pieces of one message stay in order, and nothing else changes.
+    #[test]
+    fn cache_control_becomes_bedrock_cache_points() {
+        let eph = json!({"type": "ephemeral"});
+        let body = obj(json!({
+            "model": "m", "max_tokens": 5,
+            "system": [
+                {"type": "text", "text": "You are a librarian.", "cache_control": eph},
+                {"type": "text", "text": "Today is Monday."},
+            ],
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": "BOOK TEXT", "cache_control": eph},
+                    {"type": "text", "text": "Who wrote it?"},
+                ]},
+                {"role": "assistant", "content": "Ann."},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "And when?", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+                ]},
+                {"role": "user", "content": "Briefly."},
+            ],
+            "cache_control": eph,
+        }));
+        let r = parse_client(Api::Messages, &body);
+        assert!(r.is_ok(), "{r:?}");
+        let Ok(r) = r else { return };
+        let cp = json!({"cachePoint": {"type": "default"}});
+        let b = Value::Object(to_bedrock(&r));
+        assert_eq!(
+            b["system"],
+            json!([{"text": "You are a librarian."}, cp, {"text": "\nToday is Monday."}])
+        );
+        assert_eq!(
+            b["messages"],
+            json!([
+                {"role": "user", "content": [{"text": "BOOK TEXT"}, cp, {"text": "\nWho wrote it?"}]},
+                {"role": "assistant", "content": [{"text": "Ann."}]},
+                // Two user turns joined (Converse refuses two in a row): each breakpoint
+                // stays at the end of its text; the top-level one is after the last block.
+                {"role": "user", "content": [{"text": "And when?"}, cp, {"text": "\n\nBriefly."}, cp]},
+            ])
+        );
+        // The text the model reads is the same as without caching.
+        let mut plain = r.clone();
+        plain.forget_cache_points();
+        let p = Value::Object(to_bedrock(&plain));
+        assert_eq!(
+            p["messages"][0]["content"],
+            json!([{"text": "BOOK TEXT\nWho wrote it?"}])
+        );
+        assert_eq!(
+            p["system"],
+            json!([{"text": "You are a librarian.\nToday is Monday."}])
+        );
+        // Other protocols have no cache points: their bodies are unchanged.
+        let o = Value::Object(to_openai(&r, "gpt", false, MaxTokensField::MaxTokens));
+        assert!(!o.to_string().contains("cache"), "{o}");
+        // A breakpoint on the last block of a message needs no empty text after it.
+        let body = obj(json!({"model": "m", "max_tokens": 5, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": eph}]}]}));
+        let r = parse_client(Api::Messages, &body);
+        assert!(r.is_ok(), "{r:?}");
+        let Ok(r) = r else { return };
+        assert_eq!(
+            to_bedrock(&r)["messages"][0]["content"],
+            json!([{"text": "hi"}, cp])
+        );
+    }
+
+    /// Bedrock refuses a cache point for a model without prompt caching: only Claude (3.5
+    /// Haiku, 3.5 Sonnet v2 and later) and Nova ids get them.
+    #[test]
+    fn only_models_with_prompt_caching_get_cache_points() {
+        for m in [
+            "anthropic.claude-3-5-haiku-20241022-v1:0",
+            "us.anthropic.claude-sonnet-4-20250514-v1:0",
+            "global.anthropic.claude-opus-4-5-20251101-v1:0",
+            "anthropic.claude-3-7-sonnet-20250219-v1:0",
+            "anthropic.claude-3-5-sonnet-20241022-v2:0",
+            "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+            "us.amazon.nova-pro-v1:0",
+        ] {
+            assert!(bedrock_caches(m), "{m}");
+        }
+        for m in [
+            "meta.llama3-3-70b-instruct-v1:0",
+            "mistral.mistral-large-2407-v1:0",
+            "anthropic.claude-v2:1",
+            "anthropic.claude-instant-v1",
+            "anthropic.claude-3-haiku-20240307-v1:0",
+            "anthropic.claude-3-5-sonnet-20240620-v1:0",
+            "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/abc123",
+        ] {
+            assert!(!bedrock_caches(m), "{m}");
+        }
+    }
+
     #[test]
     fn tools_are_refused() {
         let Value::Object(body) = json!({"messages": [], "tools": [{}]}) else {
@@ -1236,6 +1571,7 @@ mod tests {
         let msg = |role: &str, text: &str| Msg {
             role: role.into(),
             text: text.into(),
+            ..Msg::default()
         };
         let req = |messages: Vec<Msg>| ChatRequest {
             system: vec!["be brief".into()],
