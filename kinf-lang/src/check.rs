@@ -1043,20 +1043,13 @@ impl<'a> Checker<'a> {
         if scope.incomplete {
             return;
         }
-        let help = if scope.tags.is_empty() {
-            "no GatewayBackend serving the targeted pools configures a classifier; add one under `spec.classifiers` (e.g. `type: Pii`)".to_string()
-        } else {
-            let mut known: Vec<&str> = scope.tags.iter().map(|s| &**s).collect();
-            known.sort_unstable();
-            help_for(tag, known.iter().copied(), "tags produced")
-        };
         self.report(
             doc,
             path,
             Code::UnknownTag,
             format!("no configured classifier produces tag `{tag}`"),
             "never set",
-            Some(help),
+            Some(scope.unknown_tag_help(tag)),
         );
     }
 
@@ -1641,6 +1634,9 @@ pub(crate) struct Scope {
     /// Index in `dests` of each destination.
     id_index: AHashMap<DestId, usize>,
     pub tags: AHashSet<Arc<str>>,
+    /// The bundle has no GatewayBackend: the gateway classifies every request with its
+    /// default classifiers, whose tags are in `tags` (see [`default_classifier_tags`]).
+    pub default_classifiers: bool,
     /// Some resource that could define names failed to load: unresolved names are not reported.
     pub incomplete: bool,
 }
@@ -1649,6 +1645,25 @@ impl Scope {
     /// The first destination named `name` (as a scan of `dests` would find it).
     pub(crate) fn dest_named(&self, name: &str) -> Option<&(Arc<str>, DestId, BackendType)> {
         self.dest_index.get(name).and_then(|&i| self.dests.get(i))
+    }
+
+    /// The help of KINF0502 for `tag`: the closest tag produced (or the list of them), why
+    /// the targeted pools have the tags they have, or that no classifier serves them.
+    pub(crate) fn unknown_tag_help(&self, tag: &str) -> String {
+        let mut known: Vec<&str> = self.tags.iter().map(|s| &**s).collect();
+        known.sort_unstable();
+        if known.iter().all(|t| *t == OVER_LIMIT_TAG) {
+            // Only the gateway's own `over-limit`: no classifier at all.
+            return "no GatewayBackend serving the targeted pools configures a classifier; add one under `spec.classifiers` (e.g. `type: Pii`)".to_string();
+        }
+        let help = help_for(tag, known.iter().copied(), "tags produced");
+        if self.default_classifiers {
+            format!(
+                "{help} (the bundle has no GatewayBackend, so the gateway runs its default classifiers: `Pii` with every entity and `Complexity`)"
+            )
+        } else {
+            help
+        }
     }
 
     /// The name of destination `id`.
@@ -1682,6 +1697,12 @@ impl Scope {
                 tags.extend(g.tags.iter().cloned());
             }
         }
+        // Without any GatewayBackend the server classifies every request with its defaults
+        // (one front door for all pools, `Classifiers::default()`).
+        let default_classifiers = out.gateways.is_empty();
+        if default_classifiers {
+            tags.extend(default_classifier_tags());
+        }
         let mut dest_index = AHashMap::with_capacity(dests.len());
         let mut id_index = AHashMap::with_capacity(dests.len());
         for (i, (name, id, _)) in dests.iter().enumerate() {
@@ -1695,6 +1716,7 @@ impl Scope {
             dest_index,
             id_index,
             tags,
+            default_classifiers,
             incomplete: false,
         }
     }
@@ -1706,23 +1728,14 @@ pub fn classifier_tags(spec: &GatewayBackendSpec) -> Vec<Arc<str>> {
     for c in &spec.classifiers {
         match c.type_ {
             ClassifierType::Pii => {
-                tags.push("pii-detected".into());
-                let entities: Vec<PiiEntity> = if c.entities.is_empty() {
-                    PiiEntity::ALL.to_vec()
+                let entities: &[PiiEntity] = if c.entities.is_empty() {
+                    &PiiEntity::ALL
                 } else {
-                    c.entities.clone()
+                    &c.entities
                 };
-                tags.extend(
-                    entities
-                        .iter()
-                        .map(|e| Arc::from(format!("pii-{}", e.as_str()))),
-                );
+                tags.extend(pii_tags(entities));
             }
-            ClassifierType::Complexity => {
-                tags.extend(
-                    ["complexity-low", "complexity-medium", "complexity-high"].map(Arc::from),
-                );
-            }
+            ClassifierType::Complexity => tags.extend(COMPLEXITY_TAGS.map(Arc::from)),
             ClassifierType::External => {
                 tags.extend(c.tags.iter().map(|t| Arc::from(t.as_str())));
                 // Added when the classifier fails, unless it fails open. The built-in
@@ -1738,6 +1751,27 @@ pub fn classifier_tags(spec: &GatewayBackendSpec) -> Vec<Arc<str>> {
     tags.sort();
     tags.dedup();
     tags
+}
+
+/// The tags of the classifiers the gateway runs when the bundle has no GatewayBackend (the
+/// server's `Classifiers::default()`): `Pii` with every entity, and `Complexity`.
+pub fn default_classifier_tags() -> Vec<Arc<str>> {
+    let mut tags: Vec<Arc<str>> = pii_tags(&PiiEntity::ALL).collect();
+    tags.extend(COMPLEXITY_TAGS.map(Arc::from));
+    tags.sort();
+    tags
+}
+
+/// The tags of the `Complexity` classifier.
+const COMPLEXITY_TAGS: [&str; 3] = ["complexity-low", "complexity-medium", "complexity-high"];
+
+/// The tags of a `Pii` classifier detecting `entities`: `pii-detected` and `pii-<entity>`.
+fn pii_tags(entities: &[PiiEntity]) -> impl Iterator<Item = Arc<str>> + '_ {
+    std::iter::once(Arc::from("pii-detected")).chain(
+        entities
+            .iter()
+            .map(|e| Arc::from(format!("pii-{}", e.as_str()))),
+    )
 }
 
 #[cfg(test)]

@@ -78,18 +78,12 @@ pub(crate) fn check(
     };
     for (tag, start, end) in tag_literals(&expr) {
         if !scope.incomplete && !scope.tags.contains(tag.as_str()) {
-            let mut known: Vec<&str> = scope.tags.iter().map(|s| &**s).collect();
-            known.sort_unstable();
             let mut d = Diagnostic::new(
                 Code::UnknownTag,
                 format!("no configured classifier produces tag `{tag}`"),
             )
             .with_path(path.clone())
-            .with_help(crate::suggest::help_for(
-                &tag,
-                known.iter().copied(),
-                "tags produced",
-            ))
+            .with_help(scope.unknown_tag_help(&tag))
             .with_resource_opt(label.clone());
             if let Some(s) = span_of(start, end) {
                 d = d.at(s, "never set");

@@ -98,3 +98,42 @@ fn an_inert_failure_tag_is_not_a_tag_policies_can_test() {
     assert_eq!(codes("pii-unknown"), ["KINF0410", "KINF0410", "KINF0502"]);
     assert_eq!(codes("t-unknown"), ["KINF0410", "KINF0410", "KINF0502"]);
 }
+
+/// Without any GatewayBackend the gateway classifies every request with its default
+/// classifiers (`Pii` with every entity, and `Complexity`): the tags they produce are known
+/// (no KINF0502), in `matches[].tag`, `exclude[].if.tag` and `tag(...)` alike, and the help of a
+/// tag they do not produce says where the tags come from. With a GatewayBackend, its
+/// classifiers alone count: one without classifiers produces nothing, and the help says so.
+#[test]
+fn without_a_gateway_backend_the_default_classifiers_tags_are_known() {
+    let policy = |head: &str, tag: &str| {
+        format!(
+            "{head}{}  targetRefs: [{{ name: pool }}]\n  rules:\n  - name: r\n    matches: [ {{ tag: {tag} }} ]\n    route:\n      exclude:\n      - {{ name: x, if: {{ tag: {tag} }}, drop: {{ backend: {{ type: Provider }} }} }}\n      select: [ {{ type: Local, minimize: PredictedTTFT }} ]\n  - name: w\n    matches: [ {{ when: 'tag(\"{tag}\")' }} ]\n    route:\n      select: [ {{ type: Local, minimize: PredictedTTFT }} ]\n",
+            policy_head!()
+        )
+    };
+    for tag in [
+        "pii-detected",
+        "pii-ssn",
+        "pii-email",
+        "pii-credential",
+        "complexity-low",
+        "complexity-high",
+        "over-limit",
+    ] {
+        assert_eq!(lint(&policy(cluster!(), tag)), "", "{tag}");
+    }
+    insta::assert_snapshot!(
+        "default_classifiers_typo",
+        lint(&policy(cluster!(), "pii-detect"))
+    );
+    // A GatewayBackend without classifiers: the defaults are not run, nothing is produced.
+    let bare = format!(
+        "{}---\napiVersion: kinference.buoyant.io/v1alpha1\nkind: GatewayBackend\nmetadata: {{ name: g, namespace: inference }}\nspec:\n  pool: pool\n",
+        cluster!()
+    );
+    insta::assert_snapshot!(
+        "gateway_without_classifiers",
+        lint(&policy(&bare, "pii-detected"))
+    );
+}

@@ -597,3 +597,35 @@ fn request_files_read_anthropic_tool_use_blocks() {
         [false, true, true]
     );
 }
+
+/// The tags lint assumes for a bundle without any GatewayBackend (so that KINF0502 does not
+/// warn about them) are those of the classifiers the gateway runs there,
+/// `Classifiers::default()`: `Pii` with every entity, and `Complexity`.
+#[test]
+fn lint_knows_the_tags_of_the_default_classifiers() {
+    let c = Classifiers::default();
+    let mut produced: Vec<String> = vec!["pii-detected".into()];
+    produced.extend(
+        c.pii()
+            .unwrap()
+            .entities()
+            .iter()
+            .map(|e| format!("pii-{}", e.as_str())),
+    );
+    assert!(c.complexity().is_some());
+    produced.extend(["complexity-low", "complexity-medium", "complexity-high"].map(String::from));
+    produced.sort();
+    let lint: Vec<String> = kinf_lang::check::default_classifier_tags()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    assert_eq!(lint, produced);
+    // And they are what the classifiers say.
+    let out = c.classify(&[Message::new(
+        "user",
+        "SSN 123-45-6789, mail jane@example.com, card 4111 1111 1111 1111",
+    )]);
+    for t in &out.tags {
+        assert!(lint.contains(&t.to_string()), "{t} is unknown to lint");
+    }
+}

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::errors::{Api, ApiError};
 use kinf_router::classify::Message;
-use kinf_router::classify::eval::{is_tool_use, tool_call_text};
+use kinf_router::classify::eval::{Piece, is_tool_use, part_pieces, tool_call_text};
 use kinf_router::tokenize::ChatMessage;
 
 /// Default output budget assumed for estimates when the request sets none.
@@ -315,9 +315,13 @@ fn sampling(body: &Map<String, Value>, api: Api) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The text of a `content` value: a string, or an array of parts whose `text` fields are
-/// joined by newlines, as vLLM joins them for a chat template (images and other non-text parts
-/// contribute nothing).
+/// The text of a `content` value: a string, or an array of parts whose text is joined by
+/// newlines, as vLLM joins text parts for a chat template. A part contributes what
+/// [`part_pieces`] finds (as `kinfctl classify` reads it): its `text`; the `title`, `context`
+/// and text source (`data`, or `content`) of a `document` block; the `title`, `source` and
+/// `content` of a `search_result` block; the `content` of a `tool_result` block (read the same
+/// way). Images and documents without text (a PDF, a URL) contribute nothing. A member of the
+/// wrong type is a 400 naming its path (`messages[0].content[1].source.data`).
 fn content_text(v: &Value, field: &str) -> Result<String, ApiError> {
     match v {
         Value::Null => Ok(String::new()),
@@ -325,24 +329,23 @@ fn content_text(v: &Value, field: &str) -> Result<String, ApiError> {
         Value::Array(parts) => {
             let mut texts: Vec<String> = Vec::with_capacity(parts.len());
             for (i, p) in parts.iter().enumerate() {
-                let Value::Object(o) = p else {
+                if !p.is_object() {
                     return Err(ApiError::invalid(
                         format!("{field}[{i}]"),
                         format!("`{field}[{i}]` must be an object"),
                     ));
-                };
-                match o.get("text") {
-                    Some(Value::String(t)) => texts.push(t.clone()),
-                    Some(_) => {
-                        return Err(ApiError::invalid(
-                            format!("{field}[{i}].text"),
-                            format!("`{field}[{i}].text` must be a string"),
-                        ));
-                    }
-                    // tool_result blocks carry their text in `content`.
-                    None => {
-                        if let Some(c) = o.get("content") {
-                            texts.push(content_text(c, &format!("{field}[{i}].content"))?);
+                }
+                let pieces = part_pieces(p).map_err(|b| {
+                    ApiError::invalid(
+                        format!("{field}[{i}]{}", b.at),
+                        format!("`{field}[{i}]{}` must be {}", b.at, b.expected),
+                    )
+                })?;
+                for piece in pieces {
+                    match piece {
+                        Piece::Text(t) => texts.push(t.to_owned()),
+                        Piece::Content(c, at) => {
+                            texts.push(content_text(c, &format!("{field}[{i}]{at}"))?);
                         }
                     }
                 }
@@ -747,6 +750,122 @@ mod tests {
             classified(Api::Completions, r#"{"model":"m","prompt":["a","b"]}"#),
             [read("user", "a", false), read("user", "b", true)]
         );
+    }
+
+    /// Anthropic `document` blocks with a text source (`text`, `content`) are read like text:
+    /// their `title` and `context`, then the source's text, for the classifiers and the prompt
+    /// (what is tokenized) alike, in a message or inside a `tool_result`. A PDF or a URL has no
+    /// text here and is accepted. `search_result` blocks are read with their `title` and
+    /// `source`. Before, a document's text reached neither, so PII in one went unseen.
+    #[test]
+    fn anthropic_document_and_search_result_blocks_reach_the_classifiers() {
+        let body = r#"{"model":"m","max_tokens":5,"messages":[
+            {"role":"user","content":[
+                {"type":"text","text":"Summarize these."},
+                {"type":"document","source":{"type":"text","media_type":"text/plain","data":"SSN 123-45-6789"},
+                 "title":"HR record","context":"from the HR system","citations":{"enabled":true}},
+                {"type":"document","source":{"type":"content","content":[
+                    {"type":"text","text":"mail jane@example.com"},
+                    {"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]}},
+                {"type":"document","source":{"type":"content","content":"a plain string"},"title":null},
+                {"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERi0xLjQ="}},
+                {"type":"document","source":{"type":"url","url":"https://example.com/a.pdf"}},
+                {"type":"search_result","source":"https://example.com/r","title":"Result",
+                 "content":[{"type":"text","text":"card 4111 1111 1111 1111"}]}
+            ]},
+            {"role":"assistant","content":[
+                {"type":"tool_use","id":"t1","name":"fetch","input":{}}]},
+            {"role":"user","content":[
+                {"type":"tool_result","tool_use_id":"t1","content":[
+                    {"type":"document","source":{"type":"text","media_type":"text/plain","data":"IBAN inside"}}]}]}
+        ]}"#;
+        let first = "Summarize these.\nHR record\nfrom the HR system\nSSN 123-45-6789\n\
+                     mail jane@example.com\na plain string\n\
+                     Result\nhttps://example.com/r\ncard 4111 1111 1111 1111";
+        assert_eq!(
+            classified(Api::Messages, body),
+            [
+                read("user", first, false),
+                read("assistant", "", false),
+                read("user", "IBAN inside", false),
+                read("assistant", "fetch {}", true),
+            ]
+        );
+        // The same text is the prompt that is tokenized (the prompt token estimate).
+        let p = parse(Api::Messages, body.as_bytes()).unwrap_or_else(|e| panic!("{e:?}"));
+        let Prompt::Chat(msgs) = &p.prompt else {
+            panic!("{:?}", p.prompt)
+        };
+        assert_eq!(msgs[0].content, first);
+        assert_eq!(msgs[2].content, "IBAN inside");
+    }
+
+    /// A `document` or `search_result` block of the wrong shape is a 400 naming the member,
+    /// as a `text` that is not a string is.
+    #[test]
+    fn a_malformed_document_block_is_refused_naming_the_member() {
+        let body = |block: &str| {
+            format!(
+                r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":[{{"type":"text","text":"x"}},{block}]}}]}}"#
+            )
+        };
+        for (block, param, says) in [
+            (
+                r#"{"type":"document","source":{"type":"text","media_type":"text/plain","data":5}}"#,
+                "messages[0].content[1].source.data",
+                "a string",
+            ),
+            (
+                r#"{"type":"document","source":{"type":"text","media_type":"text/plain"}}"#,
+                "messages[0].content[1].source.data",
+                "a string",
+            ),
+            (
+                r#"{"type":"document","title":"t"}"#,
+                "messages[0].content[1].source",
+                "an object",
+            ),
+            (
+                r#"{"type":"document","source":"https://example.com/a.pdf"}"#,
+                "messages[0].content[1].source",
+                "an object",
+            ),
+            (
+                r#"{"type":"document","title":["t"],"source":{"type":"url","url":"https://x"}}"#,
+                "messages[0].content[1].title",
+                "a string",
+            ),
+            (
+                r#"{"type":"document","context":{},"source":{"type":"url","url":"https://x"}}"#,
+                "messages[0].content[1].context",
+                "a string",
+            ),
+            (
+                r#"{"type":"document","source":{"type":"content","content":[{"type":"text","text":1}]}}"#,
+                "messages[0].content[1].source.content[0].text",
+                "a string",
+            ),
+            (
+                r#"{"type":"document","source":{"type":"content","content":7}}"#,
+                "messages[0].content[1].source.content",
+                "a string or an array of content parts",
+            ),
+            (
+                r#"{"type":"search_result","source":1,"title":"t","content":[]}"#,
+                "messages[0].content[1].source",
+                "a string",
+            ),
+            (
+                r#"{"type":"search_result","source":"s","title":"t","content":[{"type":"text","text":null}]}"#,
+                "messages[0].content[1].content[0].text",
+                "a string",
+            ),
+        ] {
+            let e = err(Api::Messages, &body(block));
+            assert_eq!(e.param.as_deref(), Some(param), "{block}: {e:?}");
+            assert_eq!(e.message, format!("`{param}` must be {says}"), "{block}");
+            assert_eq!(e.status, 400, "{block}");
+        }
     }
 
     #[test]

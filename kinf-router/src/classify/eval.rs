@@ -56,9 +56,11 @@ impl OwnedMessage {
 /// - a completions request: each string of `prompt` (a string or an array of strings; token
 ///   ids carry no text) as a user message, those after the first marked `also_seen`.
 ///
-/// A `content` is a string, `null`, or an array of parts whose `text` strings (for a part
-/// without one, such as a `tool_result` block, its `content` read the same way) are joined by
-/// newlines; parts with neither (images, audio) add nothing.
+/// A `content` is a string, `null`, or an array of parts whose text, as [`part_pieces`] finds
+/// it (a part's `text`; the `title`, `context` and text source of an Anthropic `document`
+/// block; the `title`, `source` and `content` of a `search_result` block; the `content` of a
+/// `tool_result` block, read the same way), is joined by newlines; parts without text (images,
+/// audio, documents from a PDF, a URL or a file) add nothing.
 pub fn messages_from_json(v: &Value) -> Result<Vec<OwnedMessage>, String> {
     if let Some(t) = v.get("text").and_then(Value::as_str) {
         return Ok(vec![OwnedMessage::new("user", t.to_string())]);
@@ -137,6 +139,110 @@ pub fn tool_call_text(call: &Value, args: &str) -> String {
     format!("{name} {args}")
 }
 
+/// A piece of the text of a content part, as [`part_pieces`] finds it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Piece<'a> {
+    /// Text, as it is.
+    Text(&'a str),
+    /// A `content` value nested in the part (a string, `null`, or an array of parts, read as
+    /// the message's own `content` is), and where it is below the part: `.content` (a
+    /// `tool_result` or `search_result` block), `.source.content` (a `document` block).
+    Content(&'a Value, &'static str),
+}
+
+/// A member of a content part of the wrong type: where it is below the part (`.text`,
+/// `.source.data`) and what it must be (`a string`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadMember {
+    /// The member's path below the part, starting with `.`.
+    pub at: &'static str,
+    /// What it must be, as in "must be {expected}".
+    pub expected: &'static str,
+}
+
+/// The text a content part (an element of a `content` array) carries, in the order the model
+/// reads it, for the classifiers, the prompt token estimate and `kinfctl classify` alike:
+///
+/// - an Anthropic `document` block: its `title` and `context`, then the text of its `source`:
+///   `data` of a `text` source (plain text), `content` of a `content` source (a string or text
+///   blocks); a `base64`, `url` or `file` source (a PDF, a document to fetch) has no text to
+///   read here and adds nothing;
+/// - an Anthropic `search_result` block: its `title`, its `source` (a URL or name) and its
+///   `content` (text blocks);
+/// - any other part with `text` (`text`, `input_text`): that string;
+/// - any other part with `content` (a `tool_result` block): that content;
+/// - anything else (images, audio, files), and a part that is not an object: nothing.
+///
+/// `title`, `context` and a `search_result`'s `source` may be absent or `null`; a `document`'s
+/// `source` must be an object and a `text` source's `data` a string, as the Anthropic API
+/// requires.
+pub fn part_pieces(part: &Value) -> Result<Vec<Piece<'_>>, BadMember> {
+    let Value::Object(o) = part else {
+        return Ok(Vec::new());
+    };
+    let opt_str = |key: &str, at: &'static str| match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(Piece::Text(s))),
+        Some(_) => Err(BadMember {
+            at,
+            expected: "a string",
+        }),
+    };
+    let mut out = Vec::new();
+    match o.get("type").and_then(Value::as_str) {
+        Some("document") => {
+            out.extend(opt_str("title", ".title")?);
+            out.extend(opt_str("context", ".context")?);
+            let Some(Value::Object(source)) = o.get("source") else {
+                return Err(BadMember {
+                    at: ".source",
+                    expected: "an object",
+                });
+            };
+            match source.get("type").and_then(Value::as_str) {
+                Some("text") => match source.get("data") {
+                    Some(Value::String(d)) => out.push(Piece::Text(d)),
+                    _ => {
+                        return Err(BadMember {
+                            at: ".source.data",
+                            expected: "a string",
+                        });
+                    }
+                },
+                Some("content") => {
+                    if let Some(c) = source.get("content") {
+                        out.push(Piece::Content(c, ".source.content"));
+                    }
+                }
+                // `base64` (a PDF), `url`, `file`: no text here.
+                _ => {}
+            }
+        }
+        Some("search_result") => {
+            out.extend(opt_str("title", ".title")?);
+            out.extend(opt_str("source", ".source")?);
+            if let Some(c) = o.get("content") {
+                out.push(Piece::Content(c, ".content"));
+            }
+        }
+        _ => match o.get("text") {
+            Some(Value::String(t)) => out.push(Piece::Text(t)),
+            Some(_) => {
+                return Err(BadMember {
+                    at: ".text",
+                    expected: "a string",
+                });
+            }
+            None => {
+                if let Some(c) = o.get("content") {
+                    out.push(Piece::Content(c, ".content"));
+                }
+            }
+        },
+    }
+    Ok(out)
+}
+
 /// The text of a `content` value (see [`messages_from_json`]).
 fn content_text(v: &Value, field: &str) -> Result<String, String> {
     match v {
@@ -145,13 +251,15 @@ fn content_text(v: &Value, field: &str) -> Result<String, String> {
         Value::Array(parts) => {
             let mut texts = Vec::with_capacity(parts.len());
             for (i, p) in parts.iter().enumerate() {
-                if let Some(t) = p.get("text") {
-                    let t = t
-                        .as_str()
-                        .ok_or_else(|| format!("{field}[{i}].text: expected a string"))?;
-                    texts.push(t.to_string());
-                } else if let Some(c) = p.get("content") {
-                    texts.push(content_text(c, &format!("{field}[{i}].content"))?);
+                let pieces = part_pieces(p)
+                    .map_err(|b| format!("{field}[{i}]{}: expected {}", b.at, b.expected))?;
+                for piece in pieces {
+                    match piece {
+                        Piece::Text(t) => texts.push(t.to_string()),
+                        Piece::Content(c, at) => {
+                            texts.push(content_text(c, &format!("{field}[{i}]{at}"))?);
+                        }
+                    }
                 }
             }
             Ok(texts.join("\n"))
@@ -317,5 +425,53 @@ pub fn evaluate(classifiers: &Classifiers, examples: &[Example]) -> EvalReport {
             })
             .collect(),
         mistakes,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// `kinfctl classify --file` and `test-classifiers` read `document` and `search_result`
+    /// blocks as the gateway does (the text of a text or content source, with `title` and
+    /// `context`; a PDF or URL adds nothing), and name the member of a wrong shape.
+    #[test]
+    fn document_and_search_result_blocks_are_read_as_the_gateway_reads_them() {
+        let v = serde_json::json!({"model": "m", "max_tokens": 5, "messages": [
+            {"role": "user", "content": [
+                {"type": "document", "title": "HR record", "context": "from HR",
+                 "source": {"type": "text", "media_type": "text/plain", "data": "SSN 123-45-6789"}},
+                {"type": "document", "source": {"type": "content", "content": [
+                    {"type": "text", "text": "mail jane@example.com"}]}},
+                {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}},
+                {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+                {"type": "search_result", "source": "https://example.com/r", "title": "Result",
+                 "content": [{"type": "text", "text": "found"}]}
+            ]}
+        ]});
+        let msgs = messages_from_json(&v).unwrap();
+        assert_eq!(
+            msgs,
+            [OwnedMessage::new(
+                "user",
+                "HR record\nfrom HR\nSSN 123-45-6789\nmail jane@example.com\n\
+                 Result\nhttps://example.com/r\nfound"
+                    .to_string()
+            )]
+        );
+        let bad = serde_json::json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "x"},
+            {"type": "document", "source": {"type": "text", "data": 1}}]}]});
+        assert_eq!(
+            messages_from_json(&bad),
+            Err("messages[0].content[1].source.data: expected a string".to_string())
+        );
+        let bad = serde_json::json!({"messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "content", "content": [{"text": 2}]}}]}]});
+        assert_eq!(
+            messages_from_json(&bad),
+            Err("messages[0].content[0].source.content[0].text: expected a string".to_string())
+        );
     }
 }
