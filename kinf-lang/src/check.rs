@@ -1233,6 +1233,9 @@ impl<'a> Checker<'a> {
             }
             if let Some(t) = &d.kv_cache_usage {
                 drop.kv_cache_usage = self.range(doc, &dp.key("kvCacheUsage"), t, Unit::Ratio);
+                drop.kv_cache_usage_percent = [&t.greater_than, &t.less_than]
+                    .into_iter()
+                    .any(|q| matches!(q, Some(Quantity::Text(t)) if t.trim_end().ends_with('%')));
                 if let Some(r) = drop.kv_cache_usage {
                     join_part(&mut text, format_args!("kvCacheUsage {r}"));
                 }
@@ -1261,7 +1264,9 @@ impl<'a> Checker<'a> {
                         alone,
                         f.if_.is_some(),
                     );
-                    join_part(&mut text, format_args!("when {e}"));
+                    let when_text: Arc<str> = e.to_string().into();
+                    join_part(&mut text, format_args!("when {when_text}"));
+                    drop.when_text = Some(when_text);
                 }
             }
             let has_load = d.queued_prompts.is_some()

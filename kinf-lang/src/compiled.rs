@@ -407,12 +407,36 @@ pub struct DropCond {
     pub running_prompts: Option<Range>,
     /// Average KV-cache usage (0..1).
     pub kv_cache_usage: Option<Range>,
+    /// Whether the `kvCacheUsage` threshold was written as a percentage (`90%`, not `0.9`), so
+    /// that traces show its values the same way.
+    pub kv_cache_usage_percent: bool,
     /// Predicted TTFT in seconds.
     pub predicted_ttft: Option<Range>,
     /// A type-checked `when:` expression over request and endpoint variables.
     pub when: Option<TypedExpr>,
+    /// The `when:` expression as text (normalized), for traces.
+    pub when_text: Option<Arc<str>>,
     /// Normalized text, for traces.
     pub text: Arc<str>,
+}
+
+impl DropCond {
+    /// Whether the condition reads a load measure averaged over the filter's `window`:
+    /// `queuedPrompts`, `runningPrompts` or `kvCacheUsage`, as a threshold or inside `when`.
+    /// Nothing else depends on the window (`predictedTTFT` is predicted from the newest sample).
+    pub fn reads_load(&self) -> bool {
+        self.queued_prompts.is_some()
+            || self.running_prompts.is_some()
+            || self.kv_cache_usage.is_some()
+            || self.when.as_ref().is_some_and(|w| {
+                w.vars().iter().any(|v| {
+                    matches!(
+                        *v,
+                        crate::env::VAR_QUEUED | crate::env::VAR_RUNNING | crate::env::VAR_KV_USAGE
+                    )
+                })
+            })
+    }
 }
 
 /// One select tier.

@@ -335,13 +335,16 @@ pub fn render_pool(pool: &CompiledPool, policy: &CompiledPolicy) -> String {
                 .as_ref()
                 .map(|c| format!(" if {}", c.text))
                 .unwrap_or_default();
+            // The window matters only to the load measures the filter reads.
+            let window = if f.drop.reads_load() {
+                format!(" (window {}s)", f.window.as_secs_f64())
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "    exclude  {}:{} drop {} (window {}s)",
-                f.name,
-                cond,
-                f.drop.text,
-                f.window.as_secs_f64()
+                "    exclude  {}:{} drop {}{window}",
+                f.name, cond, f.drop.text
             );
         }
         for (t, s) in r.select.iter().enumerate() {

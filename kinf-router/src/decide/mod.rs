@@ -7,8 +7,8 @@ use std::time::Duration;
 use kinf_grammar::{EvalContext, Value};
 use kinf_lang::check::DEFAULT_WINDOW;
 use kinf_lang::compiled::{
-    CompiledPolicy, CompiledPool, CompiledRule, ConsiderEntry, DestId, Destination, DropCond, Pick,
-    Range, RequestCond, SelectTier,
+    CompiledPolicy, CompiledPool, CompiledRule, ConsiderEntry, DestId, Destination, DropCond,
+    ExcludeFilter, Pick, Range, RequestCond, SelectTier,
 };
 use kinf_lang::env;
 use kinf_policy::{BackendType, Measure, OnEmpty};
@@ -379,7 +379,7 @@ impl<'a> Ctx<'a> {
                         continue;
                     }
                     let load = self.load_of(c, f.window);
-                    if let Some(reason) = drop_reason(&f.drop, c, load, self.req, self.policy) {
+                    if let Some(reason) = drop_reason(f, c, load, self.req, self.policy) {
                         if full {
                             st.dropped.push(DropTrace {
                                 filter: f.name.clone(),
@@ -793,15 +793,17 @@ fn drop_holds(
         && within(&d.predicted_ttft, Some(predicted_ttft))
 }
 
-/// The reason a drop condition holds for a candidate, or `None` when it does not. Values are
-/// kept, not formatted: the text is built only when the trace is displayed or serialized.
+/// The reason filter `f`'s drop condition holds for a candidate, or `None` when it does not.
+/// Values are kept, not formatted: the text is built only when the trace is displayed or
+/// serialized.
 fn drop_reason(
-    d: &DropCond,
+    f: &ExcludeFilter,
     c: &Candidate<'_>,
     load: Option<Load>,
     req: &Request,
     policy: &CompiledPolicy,
 ) -> Option<DropReason> {
+    let d = &f.drop;
     if !drop_holds(d, c.backend, c.dest, load, c.ttft.total_s) {
         return None;
     }
@@ -820,29 +822,48 @@ fn drop_reason(
         destination: d
             .destination
             .and_then(|x| policy.destination(x).map(|d| d.name.clone())),
-        when: d.when.as_ref().map(|_| d.text.clone()),
+        when: d.when_text.clone(),
+        window: d.reads_load().then_some(f.window),
         ..DropReason::default()
     };
-    for (name, range, value) in [
+    let ratio = if d.kv_cache_usage_percent {
+        MeasureUnit::Percent
+    } else {
+        MeasureUnit::Ratio
+    };
+    for (name, range, value, unit) in [
         (
             "queuedPrompts",
             d.queued_prompts,
             load.map(|l| l.queued_prompts),
+            MeasureUnit::Prompts,
         ),
         (
             "runningPrompts",
             d.running_prompts,
             load.map(|l| l.running_prompts),
+            MeasureUnit::Prompts,
         ),
         (
             "kvCacheUsage",
             d.kv_cache_usage,
             load.map(|l| l.kv_cache_usage),
+            ratio,
         ),
-        ("predictedTTFT", d.predicted_ttft, Some(c.ttft.total_s)),
+        (
+            "predictedTTFT",
+            d.predicted_ttft,
+            Some(c.ttft.total_s),
+            MeasureUnit::Seconds,
+        ),
     ] {
         if let (Some(range), Some(value)) = (range, value) {
-            why.measures.push((name, value, range));
+            why.measures.push(DropMeasure {
+                name,
+                value,
+                range,
+                unit,
+            });
         }
     }
     Some(why)
