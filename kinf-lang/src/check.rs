@@ -933,6 +933,8 @@ impl<'a> Checker<'a> {
             .collect();
         let exclude = self.filters(p.doc, &route_path.key("exclude"), &route.exclude, scope);
         let select = self.tiers(p.doc, &route_path.key("select"), &route.select, scope);
+        let on_empty = route.on_empty.unwrap_or(OnEmpty::Reject);
+        let reject_message = self.reject_message(p.doc, &route_path, route, on_empty);
         let compiled = CompiledRule {
             policy: policy_name.clone(),
             name,
@@ -940,13 +942,58 @@ impl<'a> Checker<'a> {
             consider,
             exclude,
             select,
-            on_empty: route.on_empty.unwrap_or(OnEmpty::Reject),
+            on_empty,
+            reject_message,
             source: self.source_ref(p.doc, &base.key("name")),
         };
         if scope.incomplete || name_error || self.error_count() > errors_before {
             self.broken_rules.insert((p.doc, base.clone()));
         }
         (Arc::new(compiled), p.doc, base)
+    }
+
+    /// A rule's `route.rejectMessage`: refused (KINF0106) with a control character (the
+    /// length is the schema's), not read (KINF0410) with `onEmpty: NextRule`.
+    fn reject_message(
+        &mut self,
+        doc: usize,
+        route_path: &FieldPath,
+        route: &kinf_policy::Route,
+        on_empty: OnEmpty,
+    ) -> Option<Arc<str>> {
+        let msg = route.reject_message.as_deref()?;
+        let path = route_path.key("rejectMessage");
+        if let Some(c) = msg.chars().find(|c| c.is_control()) {
+            self.report(
+                doc,
+                &path,
+                Code::InvalidValue,
+                format!(
+                    "`rejectMessage` contains the control character {:?}: it is sent to \
+                     clients in an error message, on one line",
+                    c
+                ),
+                "control character",
+                Some("write the message on one line, without tabs or control characters".into()),
+            );
+            return None;
+        }
+        if on_empty == OnEmpty::NextRule {
+            self.report_key(
+                doc,
+                &path,
+                Code::IgnoredField,
+                "`rejectMessage` is not read: with `onEmpty: NextRule` this rule never rejects"
+                    .into(),
+                "not read",
+                Some(
+                    "remove `rejectMessage`, or set `onEmpty: Reject` if the rule should fail \
+                     closed"
+                        .into(),
+                ),
+            );
+        }
+        Some(Arc::from(msg))
     }
 
     pub(crate) fn request_cond(

@@ -263,6 +263,8 @@ pub struct CompiledRule {
     pub select: Vec<SelectTier>,
     /// What to do when no tier has a candidate.
     pub on_empty: OnEmpty,
+    /// `route.rejectMessage`: what the client is told when the rule rejects.
+    pub reject_message: Option<Arc<str>>,
     /// Where it was written.
     pub source: SourceRef,
 }

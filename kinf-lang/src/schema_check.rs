@@ -507,13 +507,20 @@ fn map_error(
                 .at(value_span, "invalid")
                 .with_help(help)
         }
-        ValidationErrorKind::MinLength { limit } | ValidationErrorKind::MaxLength { limit } => {
-            Diagnostic::new(
-                Code::InvalidValue,
-                format!("`{field}` has the wrong length (limit {limit})"),
-            )
-            .at(value_span, "invalid length")
-        }
+        ValidationErrorKind::MinLength { limit } => Diagnostic::new(
+            Code::InvalidValue,
+            if *limit == 1 {
+                format!("`{field}` must not be empty")
+            } else {
+                format!("`{field}` must be at least {limit} characters long")
+            },
+        )
+        .at(value_span, "too short"),
+        ValidationErrorKind::MaxLength { limit } => Diagnostic::new(
+            Code::InvalidValue,
+            format!("`{field}` must be at most {limit} characters long"),
+        )
+        .at(value_span, "too long"),
         ValidationErrorKind::AnyOf { .. } | ValidationErrorKind::OneOfNotValid { .. } => {
             Diagnostic::new(
                 Code::WrongType,

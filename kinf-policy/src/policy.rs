@@ -171,6 +171,12 @@ pub struct Route {
     /// What happens when no tier has a candidate. Default `Reject`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_empty: Option<OnEmpty>,
+    /// With `onEmpty: Reject`: what the client is told when this rule rejects (the error's
+    /// message, followed by the rule's and the policy's names). 1 to 1024 characters, no
+    /// control characters. Default: a generic message naming the rule and the policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub reject_message: Option<String>,
 }
 
 /// One entry of `consider`; the fields given are AND-ed.

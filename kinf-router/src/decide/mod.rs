@@ -242,10 +242,16 @@ impl Decider {
                             outcome: Outcome::Reject(Reject {
                                 status: 503,
                                 code: "policy_rejected",
-                                message: format!(
-                                    "rejected by rule `{}` of policy `{}`: no candidate for model `{}` is left (none ready, dropped by the rule's filters, or of no select tier's type; onEmpty: Reject)",
-                                    rule.name, rule.policy, req.model
-                                ),
+                                message: match &rule.reject_message {
+                                    Some(m) => format!(
+                                        "{m} (rejected by rule `{}` of policy `{}`)",
+                                        rule.name, rule.policy
+                                    ),
+                                    None => format!(
+                                        "rejected by rule `{}` of policy `{}`: no candidate for model `{}` is left (none ready, dropped by the rule's filters, or of no select tier's type; onEmpty: Reject)",
+                                        rule.name, rule.policy, req.model
+                                    ),
+                                },
                             }),
                             policy: Some(rule.policy.clone()),
                             rule: Some(rule.name.clone()),
