@@ -73,6 +73,28 @@ impl CompiledPolicy {
                 .find(|p| &*p.name == n || format!("{}/{}", p.namespace, p.name) == n),
         }
     }
+
+    /// The tags a request to `pool` can carry: those the classifiers of the GatewayBackends in
+    /// front of it produce (with no GatewayBackend in the bundle, the gateway's default
+    /// classifiers'), and `over-limit`, which a `whenExceeded: Tag` limit sets. Sorted.
+    pub fn producible_tags(&self, pool: &CompiledPool) -> Vec<Arc<str>> {
+        let mut tags: Vec<Arc<str>> = vec![Arc::from(crate::check::OVER_LIMIT_TAG)];
+        if self.gateways.is_empty() {
+            tags.extend(crate::check::default_classifier_tags());
+        }
+        for g in &self.gateways {
+            let serves = self
+                .pools
+                .get(g.pool)
+                .is_some_and(|p| p.namespace == pool.namespace && p.name == pool.name);
+            if serves {
+                tags.extend(g.tags.iter().cloned());
+            }
+        }
+        tags.sort();
+        tags.dedup();
+        tags
+    }
 }
 
 /// A worker set or provider.

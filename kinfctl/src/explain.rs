@@ -235,6 +235,13 @@ pub fn prompt_tags(policy: &kinf_lang::CompiledPolicy, request: &RequestFile) ->
     let Some(pool) = policy.find_pool(request.pool.as_deref()) else {
         return Vec::new();
     };
+    let message = [kinf_router::classify::Message::new("user", text)];
+    // Without any GatewayBackend the gateway runs its default classifiers on every request.
+    if policy.gateways.is_empty() {
+        return kinf_router::classify::Classifiers::default()
+            .classify(&message)
+            .tags;
+    }
     let Some(g) = policy.gateways.iter().find(|g| {
         policy
             .pools
@@ -244,8 +251,42 @@ pub fn prompt_tags(policy: &kinf_lang::CompiledPolicy, request: &RequestFile) ->
         return Vec::new();
     };
     kinf_router::classify::Classifiers::from_specs(&g.spec.classifiers)
-        .classify(&[kinf_router::classify::Message::new("user", text)])
+        .classify(&message)
         .tags
+}
+
+/// Warnings about the request's own `tags` that no classifier in front of its pool produces
+/// ([`kinf_lang::CompiledPolicy::producible_tags`]): the gateway never sets them, so the
+/// scenario describes a request that cannot happen (often a misspelt tag, which matches
+/// nothing). One message per such tag, with the closest tag produced or the list of them.
+pub fn tag_warnings(policy: &kinf_lang::CompiledPolicy, request: &RequestFile) -> Vec<String> {
+    let Some(pool) = policy.find_pool(request.pool.as_deref()) else {
+        return Vec::new();
+    };
+    let produced = policy.producible_tags(pool);
+    let mut seen: Vec<&str> = Vec::new();
+    let mut out = Vec::new();
+    for tag in &request.tags {
+        if produced.iter().any(|p| **p == **tag) || seen.contains(&tag.as_str()) {
+            continue;
+        }
+        seen.push(tag);
+        let help =
+            kinf_lang::suggest::help_for(tag, produced.iter().map(|t| &**t), "tags produced");
+        let by = if policy.gateways.is_empty() {
+            "none of the default classifiers (the bundle has no GatewayBackend)".to_string()
+        } else {
+            format!(
+                "no classifier in front of pool `{}/{}`",
+                pool.namespace, pool.name
+            )
+        };
+        out.push(format!(
+            "request tag `{tag}` is produced by {by}: the gateway never sets it, so no real \
+             request carries it; {help}"
+        ));
+    }
+    out
 }
 
 /// `kinfctl explain`.
@@ -277,6 +318,7 @@ pub fn run(
         Err(e) => return report::error(json, out, err, e),
     };
     let classified = prompt_tags(&policy, &req);
+    let warnings = tag_warnings(&policy, &req);
     match format {
         Format::Json => {
             let mut v = decision_json(&d);
@@ -285,6 +327,7 @@ pub fn run(
                     "promptTags".into(),
                     serde_json::json!(classified.iter().map(|t| &**t).collect::<Vec<_>>()),
                 );
+                o.insert("warnings".into(), serde_json::json!(warnings));
             }
             let _ = writeln!(
                 out,
@@ -293,11 +336,15 @@ pub fn run(
             );
         }
         Format::Human => {
+            for w in &warnings {
+                let _ = writeln!(err, "warning: {w}");
+            }
             if req.prompt.is_some() {
                 let tags: Vec<&str> = classified.iter().map(|t| &**t).collect();
                 let _ = writeln!(
                     out,
-                    "prompt classified (built-in classifiers of the pool's GatewayBackend): {}",
+                    "prompt classified (built-in classifiers of the pool's GatewayBackend, or the \
+                     default ones without any): {}",
                     if tags.is_empty() {
                         "no tags".to_string()
                     } else {

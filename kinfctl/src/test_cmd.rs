@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use kinf_lang::yaml::{Node, Value};
 
 use crate::cli::Format;
-use crate::explain::{decide_files, decision_json, load_policy};
+use crate::explain::{decide_files, decision_json, load_policy, tag_warnings};
 use crate::input::{Errors, Input};
 use crate::report::{self, Error, ErrorKind};
 use crate::scenario::{RequestFile, StateFile};
@@ -331,6 +331,12 @@ pub fn run(
             // The place of `e` (in the case file) stays a place; the case is named before it.
             Err(e) => return report::error(json, out, err, e.about(name)),
         };
+        let warnings = tag_warnings(&policy, &case.request);
+        if format == Format::Human {
+            for w in &warnings {
+                let _ = writeln!(err, "warning: {name}: {w}");
+            }
+        }
         let mismatches: Vec<(String, serde_json::Value, serde_json::Value)> = case
             .expect
             .iter()
@@ -361,7 +367,7 @@ pub fn run(
             }
         }
         results.push(serde_json::json!({
-            "name": name, "passed": mismatches.is_empty(),
+            "name": name, "passed": mismatches.is_empty(), "warnings": warnings,
             "mismatches": mismatches.iter().map(|(k, w, h)| serde_json::json!({"field": k, "expected": w, "actual": h})).collect::<Vec<_>>(),
         }));
     }
