@@ -657,3 +657,212 @@ async fn a_request_before_any_policy_is_refused_not_ready_and_counted() {
         Some(1.0)
     );
 }
+
+/// `config` with a pool-wide token limit, so that each response's `x-ratelimit-remaining-tokens`
+/// shows what the request reserved (the bucket starts full).
+fn config_with_token_limit(endpoint: &str) -> String {
+    format!(
+        r#"{}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {{ name: limits, namespace: test }}
+spec:
+  limits:
+  - name: tokens
+    tokensPerMinute: 100000
+"#,
+        config(&[endpoint.to_owned()], "64Ki").trim_end()
+    )
+}
+
+/// OpenAI's and vLLM's completions take a batch of token-id prompts (`[[1, 2], [3]]`), as
+/// they take a batch of strings: it is forwarded unchanged. Before, the gateway refused it with
+/// a 400 naming `prompt`.
+#[tokio::test]
+async fn completions_take_a_batch_of_token_id_prompts() {
+    let (up, seen) = start_upstream(false).await;
+    let dir = temp_dir("token-batch");
+    std::fs::write(dir.join("c.yaml"), config(&[up.to_string()], "64Ki")).unwrap();
+    let (_gw, addr) = start_gateway(&dir).await;
+    let body = r#"{"model":"tiny","prompt":[[1,2,3],[4,5]],"max_tokens":4}"#;
+    let r = call(addr, "/v1/completions", body, &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let sent = seen.lock().bodies[0].clone();
+    assert_eq!(sent["prompt"], serde_json::json!([[1, 2, 3], [4, 5]]));
+    assert_eq!(sent["model"], "tiny-llama");
+    // What no API accepts is still refused here, in the caller's shape, naming the prompt.
+    for bad in [
+        r#"{"model":"tiny","prompt":[[1,2],"x"]}"#,
+        r#"{"model":"tiny","prompt":[[1,-2]]}"#,
+        r#"{"model":"tiny","prompt":[[1,[2]]]}"#,
+    ] {
+        let r = call(addr, "/v1/completions", bad, &[]).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}: {}", r.body);
+        assert!(
+            r.json()["error"]["param"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("prompt")),
+            "{bad}: {}",
+            r.body
+        );
+    }
+    assert_eq!(
+        seen.lock().bodies.len(),
+        1,
+        "nothing malformed was forwarded"
+    );
+}
+
+/// vLLM sends `stream_options.continuous_usage_stats` (usage on every chunk) only with
+/// `include_usage`. A client that asked for the first without the second gets no usage from
+/// vLLM; through the gateway, which asks for `include_usage` on its behalf, it got `usage` on
+/// every chunk but the last (only the final usage chunk was removed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continuous_usage_stats_without_include_usage_stay_off() {
+    let worker = support::tiny_sim("50", &[]).await;
+    let dir = temp_dir("continuous");
+    std::fs::write(
+        dir.join("c.yaml"),
+        config(&[worker.http.to_string()], "64Ki"),
+    )
+    .unwrap();
+    let (gw, addr) = start_gateway(&dir).await;
+    let body = |opts: &str| {
+        format!(
+            r#"{{"model":"tiny","messages":[{{"role":"user","content":"Hi"}}],"max_tokens":4,"stream":true,"stream_options":{opts}}}"#
+        )
+    };
+    // Straight at the worker (vLLM's behaviour), then through the gateway.
+    let quiet = body(r#"{"continuous_usage_stats":true}"#);
+    let direct = call(worker.http, "/v1/chat/completions", &quiet, &[]).await;
+    assert!(!direct.body.contains("\"usage\""), "{}", direct.body);
+    let r = call(addr, "/v1/chat/completions", &quiet, &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.body.ends_with("data: [DONE]\n\n"), "{}", r.body);
+    assert!(!r.body.contains("\"usage\""), "usage leaked: {}", r.body);
+    // The gateway still learnt the usage.
+    let output = || {
+        gw.metrics.value(
+            "kinference_tokens_total",
+            &[
+                ("model", "tiny-llama"),
+                ("destination", "tiny"),
+                ("destination_namespace", "test"),
+                ("kind", "output"),
+            ],
+        )
+    };
+    assert_eq!(output(), Some(4.0));
+    // A client that asked for both gets usage on every chunk, as from vLLM.
+    let both = body(r#"{"include_usage":true,"continuous_usage_stats":true}"#);
+    let r = call(addr, "/v1/chat/completions", &both, &[]).await;
+    let chunks: Vec<&str> = r
+        .body
+        .split("\n\n")
+        .filter(|e| e.starts_with("data: {"))
+        .collect();
+    assert!(chunks.len() > 4, "{}", r.body);
+    assert!(chunks.iter().all(|c| c.contains("\"usage\"")), "{}", r.body);
+    assert_eq!(output(), Some(8.0));
+}
+
+/// Anthropic's `max_tokens` is at least 1. vLLM refuses 0 with a request-schema error, which
+/// its `/v1/messages` answers in OpenAI's shape (`{"error": {..., "param":
+/// "body.max_tokens"}}`): an Anthropic SDK cannot read it. The gateway refuses it itself, in
+/// Anthropic's shape, and the worker never sees it.
+#[tokio::test]
+async fn messages_refuse_max_tokens_0_in_anthropics_shape() {
+    let (up, seen) = start_upstream(false).await;
+    let dir = temp_dir("messages-max0");
+    std::fs::write(dir.join("c.yaml"), config(&[up.to_string()], "64Ki")).unwrap();
+    let (_gw, addr) = start_gateway(&dir).await;
+    let r = call(
+        addr,
+        "/v1/messages",
+        r#"{"model":"tiny","max_tokens":0,"messages":[{"role":"user","content":"x"}]}"#,
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["type"], "error", "{e}");
+    assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`max_tokens`"),
+        "{e}"
+    );
+    assert!(seen.lock().bodies.is_empty(), "forwarded to the worker");
+    // 1 is fine.
+    let r = call(
+        addr,
+        "/v1/messages",
+        r#"{"model":"tiny","max_tokens":1,"messages":[{"role":"user","content":"x"}]}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+/// What a request reserves under a token limit is what vLLM may generate: on
+/// `/v1/completions`, `max_tokens` (vLLM's default 16 when absent or null; vLLM's completions
+/// know no `max_completion_tokens`), for every choice (`n`) of every prompt of a batch, plus
+/// the prompts of the whole batch. Before, a completions request without `max_tokens`
+/// reserved 256, one with `max_completion_tokens` reserved that, and `n` and later prompts
+/// were not counted.
+#[tokio::test]
+async fn token_reservations_count_what_vllm_will_generate() {
+    let (up, _seen) = start_upstream(false).await;
+    let dir = temp_dir("estimates");
+    std::fs::write(dir.join("c.yaml"), config_with_token_limit(&up.to_string())).unwrap();
+    let (_gw, addr) = start_gateway(&dir).await;
+    // The bucket holds 100000; each response settles its usage (the replayed answer's 102
+    // tokens), and 100 ms refill more than that, so every request below starts from a full
+    // bucket and its remaining tokens say what it reserved.
+    // (0 for a request that was refused: it reserved nothing.)
+    let reserved = |r: &Reply| {
+        let Some(left) = r.headers.get("x-ratelimit-remaining-tokens") else {
+            assert_ne!(r.status, StatusCode::OK, "{}", r.body);
+            return 0;
+        };
+        100_000 - left.to_str().unwrap().parse::<u64>().unwrap()
+    };
+    let mut got = Vec::new();
+    for body in [
+        // 3 prompt tokens (token ids are exact) + vLLM's default of 16.
+        r#"{"model":"tiny","prompt":[1,2,3]}"#,
+        r#"{"model":"tiny","prompt":[1,2,3],"max_tokens":null}"#,
+        // `max_completion_tokens` is no field of vLLM's completions: still 16.
+        r#"{"model":"tiny","prompt":[1,2,3],"max_completion_tokens":5000}"#,
+        // `max_tokens` is.
+        r#"{"model":"tiny","prompt":[1,2,3],"max_tokens":10}"#,
+        // Two choices of 10.
+        r#"{"model":"tiny","prompt":[1,2,3],"max_tokens":10,"n":2}"#,
+        // A batch of two prompts (3 + 4 tokens), two choices each.
+        r#"{"model":"tiny","prompt":[[1,2,3],[4,5,6,7]],"max_tokens":10,"n":2}"#,
+    ] {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        got.push(reserved(&call(addr, "/v1/completions", body, &[]).await));
+    }
+    assert_eq!(got, [19, 19, 19, 13, 23, 47]);
+    // Chat: `max_completion_tokens` first, then `max_tokens`; `n` choices of it each.
+    let chat = |extra: &str| {
+        format!(r#"{{"model":"tiny","messages":[{{"role":"user","content":"Hi"}}]{extra}}}"#)
+    };
+    let mut chat_got = Vec::new();
+    for extra in [
+        r#","max_tokens":10"#,
+        r#","max_tokens":10,"n":3"#,
+        r#","max_completion_tokens":10,"max_tokens":99,"n":3"#,
+    ] {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        chat_got.push(reserved(
+            &call(addr, "/v1/chat/completions", &chat(extra), &[]).await,
+        ));
+    }
+    let prompt = chat_got[0] - 10;
+    assert_eq!(chat_got, [prompt + 10, prompt + 30, prompt + 30]);
+}

@@ -19,7 +19,7 @@ use kinf_router::{Decider, Decision, Outcome};
 use smallvec::SmallVec;
 
 use super::errors::{Api, ApiError};
-use super::parse::{DEFAULT_MAX_TOKENS, Parsed};
+use super::parse::Parsed;
 use super::sse_tap::{SseTap, body_usage};
 use super::tokens::prompt_tokens;
 use super::{Gateway, host, not_ready};
@@ -459,6 +459,19 @@ pub struct Admitted {
     pub limiter: Option<Arc<crate::tenants::Limiter>>,
 }
 
+impl Admitted {
+    /// The tokens the request may use, reserved under its pool's token limits: the prompt
+    /// tokens of every prompt of the batch, and `max_tokens` for each sequence generated (`n`
+    /// per prompt), as the worker counts them in its usage.
+    pub fn token_estimate(&self) -> crate::tenants::TokenEstimate {
+        crate::tenants::TokenEstimate {
+            prompt: u64::from(self.request.prompt_tokens)
+                .saturating_add(self.parsed.later_prompt_tokens),
+            output: u64::from(self.request.max_tokens).saturating_mul(self.parsed.sequences()),
+        }
+    }
+}
+
 /// The first half of admission: the request parsed, its tenant resolved, the front door's
 /// body and message limits checked. What the `External` classifiers read.
 #[derive(Debug)]
@@ -647,7 +660,7 @@ pub fn complete(
         prompt_tokens,
         token_ids: Some(tokens.ids.clone()),
         block_hashes: None,
-        max_tokens: parsed.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        max_tokens: parsed.max_output_tokens(),
         headers: headers
             .iter()
             .filter_map(|(k, v)| Some((Arc::from(k.as_str()), Arc::from(v.to_str().ok()?))))
@@ -669,6 +682,10 @@ pub fn complete(
         }
         if let serde_json::Value::Object(o) = opts {
             o.insert("include_usage".into(), serde_json::Value::Bool(true));
+            // vLLM honours `continuous_usage_stats` (usage on every chunk) only with
+            // `include_usage`: without it the client gets no usage, and must not get it now
+            // on every chunk that is passed through.
+            o.remove("continuous_usage_stats");
         }
     }
     Ok(Admitted {
@@ -831,7 +848,7 @@ pub async fn reserve(
     };
     let mut skipped: SmallVec<[Arc<str>; 2]> = SmallVec::new();
     loop {
-        let estimate = crate::tenants::TokenEstimate::of(&admitted.request);
+        let estimate = admitted.token_estimate();
         match l
             .admit_skipping(&admitted.request, estimate, &skipped)
             .await

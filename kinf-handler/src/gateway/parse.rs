@@ -10,8 +10,11 @@ use kinf_router::classify::Message;
 use kinf_router::classify::eval::{Piece, is_tool_use, part_pieces, tool_call_text};
 use kinf_router::tokenize::ChatMessage;
 
-/// Default output budget assumed for estimates when the request sets none.
+/// Default output budget assumed for estimates when a chat or Anthropic request sets none.
 pub const DEFAULT_MAX_TOKENS: u32 = 256;
+
+/// vLLM's (and OpenAI's) `max_tokens` of a completions request that sets none, or `null`.
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
 
 /// The prompt of a request.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,8 +40,18 @@ pub struct Parsed {
     pub stream: bool,
     /// Whether the client asked for the usage chunk (`stream_options.include_usage`).
     pub client_wants_usage: bool,
-    /// `max_tokens` / `max_completion_tokens`, when given.
+    /// The output limit per sequence, when given: `max_completion_tokens`, else `max_tokens`
+    /// (chat); `max_tokens` (completions, whose vLLM API knows no `max_completion_tokens`,
+    /// and Anthropic messages).
     pub max_tokens: Option<u32>,
+    /// Sequences generated per prompt: `n` (1 when unset, and for Anthropic messages).
+    pub choices: u32,
+    /// Prompts: those of a completions batch (`prompt: ["a", "b"]`, `[[1, 2], [3]]`), else 1.
+    pub prompts: u32,
+    /// Estimated prompt tokens of a completions batch's prompts after the first (which alone
+    /// is tokenized): exact for token ids, one per 4 bytes of text (the stand-in tokenizer's
+    /// ratio).
+    pub later_prompt_tokens: u64,
     /// The prompt.
     pub prompt: Prompt,
     /// Text the model also reads that `prompt` leaves out, for the classifiers only (it is not
@@ -49,6 +62,21 @@ pub struct Parsed {
 }
 
 impl Parsed {
+    /// The most tokens each sequence may generate, as the worker applies it: `max_tokens`,
+    /// else vLLM's default of 16 for completions, else [`DEFAULT_MAX_TOKENS`] (vLLM lets a chat
+    /// request without a limit fill the context, which the gateway does not know).
+    pub fn max_output_tokens(&self) -> u32 {
+        self.max_tokens.unwrap_or(match self.api {
+            Api::Completions => COMPLETIONS_DEFAULT_MAX_TOKENS,
+            Api::Chat | Api::Messages => DEFAULT_MAX_TOKENS,
+        })
+    }
+
+    /// Sequences the request generates: `n` for each prompt of the batch.
+    pub fn sequences(&self) -> u64 {
+        u64::from(self.choices) * u64::from(self.prompts)
+    }
+
     /// Number of messages (1 for completions).
     pub fn message_count(&self) -> usize {
         match &self.prompt {
@@ -125,10 +153,18 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<Parsed, ApiError> {
     };
     let max_tokens = max_tokens(&body, api)?;
     sampling(&body, api)?;
-    let prompt = match api {
-        Api::Chat => Prompt::Chat(chat_messages(&body)?),
+    let choices = match api {
+        // Checked by `sampling`: an integer of at least 1 (or one above `i64::MAX`).
+        Api::Chat | Api::Completions => body
+            .get("n")
+            .and_then(Value::as_u64)
+            .map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        Api::Messages => 1,
+    };
+    let (prompt, prompts, later_prompt_tokens) = match api {
+        Api::Chat => (Prompt::Chat(chat_messages(&body)?), 1, 0),
         Api::Completions => completion_prompt(&body)?,
-        Api::Messages => Prompt::Chat(anthropic_messages(&body)?),
+        Api::Messages => (Prompt::Chat(anthropic_messages(&body)?), 1, 0),
     };
     let also_seen = match api {
         Api::Chat => tool_call_texts(&body),
@@ -142,6 +178,9 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<Parsed, ApiError> {
         stream,
         client_wants_usage,
         max_tokens,
+        choices,
+        prompts,
+        later_prompt_tokens,
         prompt,
         also_seen,
     })
@@ -211,14 +250,24 @@ pub fn parse_limited(api: Api, bytes: &[u8], max_depth: usize) -> Result<Parsed,
 
 fn max_tokens(body: &Map<String, Value>, api: Api) -> Result<Option<u32>, ApiError> {
     // Anthropic's Messages API knows only `max_tokens` (a `max_completion_tokens` there is no
-    // limit, and would reach the worker without the one it requires).
+    // limit, and would reach the worker without the one it requires); so do vLLM's
+    // completions (OpenAI's legacy API): a `max_completion_tokens` there is ignored by vLLM,
+    // which generates its default of 16.
     let fields: &[&str] = match api {
-        Api::Messages => &["max_tokens"],
-        Api::Chat | Api::Completions => &["max_completion_tokens", "max_tokens"],
+        Api::Messages | Api::Completions => &["max_tokens"],
+        Api::Chat => &["max_completion_tokens", "max_tokens"],
     };
     for &field in fields {
         match body.get(field) {
             None | Some(Value::Null) => {}
+            // Anthropic's `max_tokens` is at least 1. vLLM refuses 0 with a schema error that
+            // its `/v1/messages` answers in OpenAI's shape: refused here in Anthropic's.
+            Some(v) if api == Api::Messages => {
+                let n = v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+                    ApiError::invalid(field, format!("`{field}` must be an integer of at least 1"))
+                })?;
+                return Ok(Some(u32::try_from(n).unwrap_or(u32::MAX)));
+            }
             Some(v) => {
                 let n = v.as_u64().ok_or_else(|| {
                     ApiError::invalid(field, format!("`{field}` must be a non-negative integer"))
@@ -483,37 +532,69 @@ fn anthropic_messages(body: &Map<String, Value>) -> Result<Vec<ChatMessage>, Api
     Ok(out)
 }
 
-fn completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiError> {
+/// The token ids of `items` (each an integer from 0 to `u32::MAX`), else `None`.
+fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
+    items
+        .iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+/// A completions `prompt` in any of the forms OpenAI's API and vLLM take: a string, an array of
+/// strings, an array of token ids, or an array of arrays of token ids (a batch). Returns the
+/// prompt that decides placement (a batch's first), the number of prompts, and the estimated
+/// tokens of the others ([`Parsed::later_prompt_tokens`]).
+fn completion_prompt(body: &Map<String, Value>) -> Result<(Prompt, u32, u64), ApiError> {
     let bad = || {
         ApiError::invalid(
             "prompt",
-            "`prompt` must be a string, an array of strings, or an array of token ids",
+            "`prompt` must be a string, an array of strings, an array of token ids, or an array \
+             of arrays of token ids",
         )
     };
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     match body.get("prompt") {
         None => Err(ApiError::invalid("prompt", "`prompt` is required")),
-        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::String(s)) => Ok((Prompt::Text(s.clone()), 1, 0)),
         Some(Value::Array(items)) if items.is_empty() => {
             Err(ApiError::invalid("prompt", "`prompt` is empty"))
         }
         Some(Value::Array(items)) => {
             if items.iter().all(Value::is_string) {
                 // Several prompts are several sequences; the first decides placement.
-                Ok(Prompt::Text(
-                    items[0].as_str().map(str::to_owned).unwrap_or_default(),
-                ))
-            } else if items.iter().all(Value::is_u64) {
-                let ids = items
+                let later = items
                     .iter()
-                    .map(|v| {
-                        v.as_u64()
-                            .and_then(|n| u32::try_from(n).ok())
-                            .ok_or_else(bad)
-                    })
-                    .collect::<Result<Vec<u32>, ApiError>>()?;
-                Ok(Prompt::Tokens(ids))
+                    .skip(1)
+                    .filter_map(Value::as_str)
+                    .map(|s| s.len().div_ceil(4) as u64)
+                    .sum();
+                Ok((
+                    Prompt::Text(items[0].as_str().map(str::to_owned).unwrap_or_default()),
+                    count(items.len()),
+                    later,
+                ))
+            } else if items.iter().all(Value::is_array) {
+                // A batch of token-id prompts, likewise.
+                let mut batch = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    let ids = item.as_array().and_then(|a| token_ids(a)).ok_or_else(|| {
+                        ApiError::invalid(
+                            format!("prompt[{i}]"),
+                            format!(
+                                "`prompt[{i}]` must be an array of token ids (integers from 0 \
+                                 to {})",
+                                u32::MAX
+                            ),
+                        )
+                    })?;
+                    batch.push(ids);
+                }
+                let later = batch.iter().skip(1).map(|ids| ids.len() as u64).sum();
+                let n = count(batch.len());
+                let first = batch.into_iter().next().unwrap_or_default();
+                Ok((Prompt::Tokens(first), n, later))
             } else {
-                Err(bad())
+                Ok((Prompt::Tokens(token_ids(items).ok_or_else(bad)?), 1, 0))
             }
         }
         Some(_) => Err(bad()),
@@ -878,6 +959,82 @@ mod tests {
         assert!(p.stream && p.client_wants_usage);
         assert_eq!(p.prompt, Prompt::Tokens(vec![1, 2, 3]));
         assert_eq!(p.max_tokens, Some(7));
+    }
+
+    /// A completions batch (strings or token-id arrays) is placed by its first prompt; the
+    /// others and `n` count for what the request may use. Output limits are read per API as
+    /// vLLM reads them.
+    #[test]
+    fn batches_choices_and_output_limits() {
+        let ok = |api: Api, body: &str| {
+            parse(api, body.as_bytes()).unwrap_or_else(|e| panic!("{body}: {e:?}"))
+        };
+        let p = ok(
+            Api::Completions,
+            r#"{"model":"m","prompt":[[1,2,3],[4,5,6,7],[]],"n":2}"#,
+        );
+        assert_eq!(p.prompt, Prompt::Tokens(vec![1, 2, 3]));
+        assert_eq!((p.prompts, p.choices, p.later_prompt_tokens), (3, 2, 4));
+        assert_eq!(p.sequences(), 6);
+        let p = ok(
+            Api::Completions,
+            r#"{"model":"m","prompt":["abcd","abcdefgh","a"]}"#,
+        );
+        assert_eq!(p.prompt, Prompt::Text("abcd".into()));
+        assert_eq!((p.prompts, p.later_prompt_tokens, p.sequences()), (3, 3, 3));
+        let e = err(
+            Api::Completions,
+            r#"{"model":"m","prompt":[[1],[2,4294967296]]}"#,
+        );
+        assert_eq!(e.param.as_deref(), Some("prompt[1]"));
+        assert_eq!(
+            err(Api::Completions, r#"{"model":"m","prompt":[[1],"a"]}"#)
+                .param
+                .as_deref(),
+            Some("prompt")
+        );
+        // Completions: `max_tokens` only, vLLM's 16 without it.
+        for body in [
+            r#"{"model":"m","prompt":"x"}"#,
+            r#"{"model":"m","prompt":"x","max_tokens":null,"max_completion_tokens":500}"#,
+        ] {
+            let p = ok(Api::Completions, body);
+            assert_eq!((p.max_tokens, p.max_output_tokens()), (None, 16), "{body}");
+        }
+        // Chat: `max_completion_tokens`, else `max_tokens`, else the gateway's default.
+        let chat = |extra: &str| {
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}]{extra}}}"#)
+        };
+        assert_eq!(
+            ok(
+                Api::Chat,
+                &chat(r#","max_completion_tokens":5,"max_tokens":9"#)
+            )
+            .max_output_tokens(),
+            5
+        );
+        assert_eq!(
+            ok(Api::Chat, &chat(r#","max_tokens":9,"n":4"#)).sequences(),
+            4
+        );
+        assert_eq!(
+            ok(Api::Chat, &chat("")).max_output_tokens(),
+            DEFAULT_MAX_TOKENS
+        );
+        // Anthropic: at least 1.
+        for bad in ["0", "-1", "1.5", "\"5\""] {
+            let e = err(
+                Api::Messages,
+                &format!(
+                    r#"{{"model":"m","max_tokens":{bad},"messages":[{{"role":"user","content":"a"}}]}}"#
+                ),
+            );
+            assert_eq!(e.param.as_deref(), Some("max_tokens"), "{bad}");
+            assert_eq!(
+                e.message, "`max_tokens` must be an integer of at least 1",
+                "{bad}"
+            );
+        }
     }
 
     #[test]
