@@ -662,6 +662,104 @@ fn a_front_door_without_its_key_secret_says_requests_get_503() {
 }
 
 #[test]
+fn a_front_door_whose_key_secret_is_refused_is_not_ready_and_says_why() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let mut door = gateway();
+    door.data["spec"]["tenants"] = json!({"apiKeys": {"secretRef": {"name": "tenant-keys"}}});
+    s.apply_object_event(ResourceKind::GatewayBackend, Event::Apply(door));
+    // The Secret exists, but its content is refused: a tenant may not be named `anonymous`.
+    s.set_secret(
+        "llm",
+        "tenant-keys",
+        Some(&secret(
+            "tenant-keys",
+            &[("anonymous", "key-anon-123"), ("team-a", "key-a-456")],
+        )),
+    );
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    assert!(matches!(outcome, ApplyOutcome::Applied { .. }), "{diags:?}");
+    // Every request to the door is refused (503 `tenant_identity_unavailable`).
+    assert!(tenant_of(&gw, "key-a-456").is_err());
+    let live = kinf_handler::kube::live_counts(&gw, &s.selected_pods());
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live);
+    let ready = condition(&p, "GatewayBackend/llm/front", "Ready");
+    assert_eq!(ready["status"], "False", "{ready}");
+    assert_eq!(ready["reason"], "TenantIdentityUnavailable", "{ready}");
+    let msg = ready["message"].as_str().unwrap();
+    assert!(
+        msg.contains("`anonymous` is reserved")
+            && msg.contains("503 `tenant_identity_unavailable`"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("key-anon-123") && !msg.contains("key-a-456"),
+        "no key in status: {msg}"
+    );
+    // Fixed: the door serves again and says so.
+    s.set_secret(
+        "llm",
+        "tenant-keys",
+        Some(&secret("tenant-keys", &[("team-a", "key-a-456")])),
+    );
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    assert_eq!(tenant_of(&gw, "key-a-456"), Ok(Some("team-a".to_owned())));
+    let live = kinf_handler::kube::live_counts(&gw, &s.selected_pods());
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live);
+    let ready = condition(&p, "GatewayBackend/llm/front", "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("True"), Some("InForce")),
+        "{ready}"
+    );
+}
+
+#[test]
+fn a_front_door_naming_a_key_file_reads_no_file_in_kubernetes_mode() {
+    // A file the controller can read (as its ServiceAccount token, or keys mounted for another
+    // team): a namespace user must not be able to make a front door accept its keys.
+    let dir = std::env::temp_dir().join(format!("kinf-kube-keyfile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keys.txt");
+    std::fs::write(&file, "team-a: key-from-file\n").unwrap();
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let mut door = gateway();
+    door.data["spec"]["tenants"] = json!({"apiKeys": {"file": file.to_str().unwrap()}});
+    s.apply_object_event(ResourceKind::GatewayBackend, Event::Apply(door));
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    assert!(matches!(outcome, ApplyOutcome::Applied { .. }), "{diags:?}");
+    let refused = tenant_of(&gw, "key-from-file").unwrap_err();
+    assert!(refused.contains("not read in Kubernetes mode"), "{refused}");
+    let live = kinf_handler::kube::live_counts(&gw, &s.selected_pods());
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live);
+    let ready = condition(&p, "GatewayBackend/llm/front", "Ready");
+    assert_eq!(ready["status"], "False", "{ready}");
+    assert_eq!(ready["reason"], "TenantIdentityUnavailable", "{ready}");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("apiKeys.secretRef"),
+        "{ready}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_second_front_door_without_hosts_is_not_ready_and_names_the_one_that_serves() {
     let mut s = initial_store(policy(1, "if"));
     s.set_secret(

@@ -482,6 +482,7 @@ impl Gateway {
                 &self.options.limit_store,
                 &resolved.secrets,
                 resolved.key_files.as_deref(),
+                resolved.kubernetes,
             );
             rt.unknown_hosts = self.options.unknown_hosts;
             for p in &rt.problems {

@@ -127,6 +127,15 @@ fn quantity_bytes(q: &Quantity) -> Option<usize> {
     }
 }
 
+/// Why a front door's `tenants.apiKeys.file` is not read in Kubernetes mode.
+pub fn key_file_in_kubernetes(file: &str) -> String {
+    format!(
+        "API keys from file `{file}` are not read in Kubernetes mode (the controller's own files \
+         are not for namespace users to authenticate with): put the keys in a Secret of the \
+         front door's namespace and use `apiKeys.secretRef`"
+    )
+}
+
 /// The identity of a front door without `tenants`: none configured, so requests are served
 /// anonymously (no key required, keys ignored).
 fn anonymous_tenants() -> Result<crate::tenants::TenantResolver, String> {
@@ -163,12 +172,16 @@ impl Runtime {
         limit_store: &Arc<dyn crate::tenants::LimitStore>,
         secrets: &crate::bundle::SecretValues,
     ) -> Self {
-        Self::build_with_key_files(applied, base_dir, cache, limit_store, secrets, None)
+        Self::build_with_key_files(applied, base_dir, cache, limit_store, secrets, None, false)
     }
 
     /// Like [`Runtime::build_with_secrets`]; `tenants.apiKeys.file` is taken from `key_files`
     /// when they hold it (directory mode reads and checks them before a bundle is applied, so
-    /// that the keys checked are the keys used), else read from `base_dir`.
+    /// that the keys checked are the keys used), else read from `base_dir`. In Kubernetes mode
+    /// (`kubernetes`) no key file is read: the resources come from whoever may write a
+    /// `GatewayBackend` in a watched namespace, and the controller's own files (its
+    /// ServiceAccount token, files mounted for others) are not theirs to authenticate with; such
+    /// a front door's identity is an error (every request gets 503).
     pub fn build_with_key_files(
         applied: Arc<Applied>,
         base_dir: &Path,
@@ -176,6 +189,7 @@ impl Runtime {
         limit_store: &Arc<dyn crate::tenants::LimitStore>,
         secrets: &crate::bundle::SecretValues,
         key_files: Option<&crate::tenants::identity::KeyFiles>,
+        kubernetes: bool,
     ) -> Self {
         let policy: &CompiledPolicy = &applied.policy;
         let mut problems = Vec::new();
@@ -221,9 +235,12 @@ impl Runtime {
                                         .collect(),
                                 )
                             }),
-                        None => crate::tenants::TenantResolver::from_spec_with_files(
-                            t, base_dir, key_files,
-                        ),
+                        None => match t.api_keys.as_ref().and_then(|k| k.file.as_deref()) {
+                            Some(file) if kubernetes => Err(key_file_in_kubernetes(file)),
+                            _ => crate::tenants::TenantResolver::from_spec_with_files(
+                                t, base_dir, key_files,
+                            ),
+                        },
                     })
                     .map_err(|e| {
                         format!(

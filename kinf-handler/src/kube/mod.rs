@@ -997,6 +997,17 @@ pub fn live_counts(gw: &Gateway, selected: &BTreeMap<String, store::SelectedPods
     for (k, e) in pool.credential_errors() {
         out.provider_credential_errors.insert(k.to_string(), e);
     }
+    // Front doors whose tenant identity could not be built refuse every request (503): the
+    // runtime in force says which and why (never a key).
+    if let Some(rt) = gw.runtime() {
+        for door in &rt.doors {
+            if let (Some(g), Err(e)) = (&door.gateway, &door.tenants) {
+                let prefix = format!("GatewayBackend {g}: tenant identity: ");
+                let why = e.strip_prefix(&prefix).unwrap_or(e);
+                out.front_door_errors.insert(g.to_string(), why.to_owned());
+            }
+        }
+    }
     for (k, s) in selected {
         out.worker_sets
             .entry(k.clone())

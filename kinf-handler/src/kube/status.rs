@@ -53,6 +53,10 @@ pub struct LiveCounts {
     /// Provider `namespace/name` → why its credentials were not resolved (e.g. `env`/`file`
     /// refused in Kubernetes mode).
     pub provider_credential_errors: BTreeMap<String, String>,
+    /// Front door `namespace/name` → why its tenant identity could not be built (the API-key
+    /// Secret's content is refused, `apiKeys.file` in Kubernetes mode, …): every request to it
+    /// gets 503 `tenant_identity_unavailable`. Never holds a key.
+    pub front_door_errors: BTreeMap<String, String>,
 }
 
 /// What is known of a referenced Secret: `None` not found, `Some(keys)` found with these keys.
@@ -764,6 +768,15 @@ fn ready_condition(
                     "the API-key Secret cannot be read: every request gets 503 \
                      `tenant_identity_unavailable` (see ResolvedRefs)"
                         .to_owned(),
+                )
+            } else if let Some(e) = input.live.front_door_errors.get(&key) {
+                (
+                    false,
+                    "TenantIdentityUnavailable",
+                    format!(
+                        "{e}: every request gets 503 `tenant_identity_unavailable` (help: fix \
+                         the API-key Secret or `spec.tenants`)"
+                    ),
                 )
             } else if serving != Serving::No {
                 (true, "InForce", "serving".to_owned())
