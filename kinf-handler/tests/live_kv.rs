@@ -880,3 +880,226 @@ async fn a_changed_block_size_catches_the_kv_events_up_again() {
     // (The fixture's events are of the old size: not indexed at the new one.)
     assert_eq!(index(&shared).0, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_scrape_interval_leaves_the_kv_subscription_in_sequence() {
+    let fr = frames();
+    let mut publ = Publisher::bind().await;
+    let shared = state(NO_HTTP);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    let before = spec(NO_HTTP, Some(publ.port), None);
+    ingest.sync_endpoints(vec![before.clone()]);
+    publ.await_subscriber(&ingest, NO_HTTP).await;
+    publ.publish(&fr[0]).await;
+    publ.publish(&fr[1]).await;
+    wait_until("seq 1 applied", || kv(&ingest, NO_HTTP).last_seq == Some(1)).await;
+
+    // A policy change touches only the metrics settings: the scraper is restarted, the KV
+    // subscriber is not. (Restarted, it would take the next message, 2, for a gap from 0 and,
+    // without a replay socket, forget what the endpoint caches; vLLM never reports those
+    // blocks again.)
+    let mut changed = before.clone();
+    changed.metrics_interval = Duration::from_secs(1800);
+    changed.metrics_path = "/other-metrics".into();
+    ingest.sync_endpoints(vec![changed.clone()]);
+    assert_eq!(ingest.endpoints(), vec![changed.clone()]);
+    publ.await_subscriber(&ingest, NO_HTTP).await;
+    publ.publish(&fr[2]).await;
+    publ.publish(&fr[3]).await;
+    wait_until("seq 3 applied", || kv(&ingest, NO_HTTP).last_seq == Some(3)).await;
+    let k = kv(&ingest, NO_HTTP);
+    assert_eq!((k.gaps, k.resets, k.reconnects), (0, 0, 0), "{k:?}");
+    assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
+
+    // A changed `kvEvents` does renew the subscription (fresh `kv` counters): here a replay
+    // socket was added, which the new subscriber catches up from.
+    let buffer: Buffer = Arc::new(parking_lot::Mutex::new(fr[..4].to_vec()));
+    let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let replay_port = replay_server(buffer, requests.clone()).await;
+    let mut with_replay = changed.clone();
+    with_replay.kv_events.as_mut().unwrap().replay_port = Some(replay_port);
+    ingest.sync_endpoints(vec![with_replay]);
+    wait_until("caught up", || kv(&ingest, NO_HTTP).replays == 1).await;
+    let k = kv(&ingest, NO_HTTP);
+    assert_eq!((k.messages, k.last_seq), (0, Some(3)), "{k:?}");
+    assert_eq!(
+        k.replay_endpoints,
+        vec![format!("tcp://127.0.0.1:{replay_port}")]
+    );
+    assert_eq!(index(&shared), reference(&fr, &[0, 1, 2, 3]));
+}
+
+/// A ZMTP 3.0 `PUB` peer written by hand, to send what zeromq's `PubSocket` does not: after
+/// the handshake, its first connection gets a second `READY` command (the zeromq crate's
+/// `SubSocket::recv` panics on a command frame), every later one `message`. Returns its port
+/// and the number of connections accepted.
+async fn raw_publisher(message: Vec<Vec<u8>>) -> (u16, Arc<std::sync::atomic::AtomicU32>) {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let count = accepted.clone();
+    let mut greeting = [0u8; 64];
+    greeting[0] = 0xff;
+    greeting[9] = 0x7f;
+    greeting[10] = 3; // ZMTP 3.0
+    greeting[12..16].copy_from_slice(b"NULL");
+    let mut ready = vec![5u8];
+    ready.extend_from_slice(b"READY");
+    ready.push(11);
+    ready.extend_from_slice(b"Socket-Type");
+    ready.extend_from_slice(&3u32.to_be_bytes());
+    ready.extend_from_slice(b"PUB");
+    let ready = [vec![0x04, ready.len() as u8], ready].concat();
+    let mut wire = Vec::new();
+    for (i, f) in message.iter().enumerate() {
+        let more = u8::from(i + 1 < message.len());
+        if f.len() > 255 {
+            wire.push(more | 0x02);
+            wire.extend_from_slice(&(f.len() as u64).to_be_bytes());
+        } else {
+            wire.push(more);
+            wire.push(f.len() as u8);
+        }
+        wire.extend_from_slice(f);
+    }
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (ready, wire) = (ready.clone(), wire.clone());
+            tokio::spawn(async move {
+                stream.write_all(&greeting).await.unwrap();
+                stream.write_all(&ready).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let after = if n == 0 { &ready } else { &wire };
+                let _ = stream.write_all(after).await;
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            });
+        }
+    });
+    (port, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_panics_is_restarted_and_the_endpoint_reset() {
+    let fr = frames();
+    let (port, accepted) = raw_publisher(vec![
+        TOPIC.into(),
+        0i64.to_be_bytes().to_vec(),
+        fr[0].payload.clone(),
+    ])
+    .await;
+    let shared = state(NO_HTTP);
+    // What the index knew of the endpoint before: a panic may leave a batch half applied,
+    // and the restarted subscriber has lost its place in the stream.
+    shared.with(|st| {
+        let ws = st.worker_sets.get_mut(WS).unwrap();
+        let (_, events, _) = decode_payload(&fr[3].payload).unwrap();
+        ws.apply_kv_events(NO_HTTP, &events);
+    });
+    assert_eq!(index(&shared).0, reference(&fr, &[3]).0);
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    ingest.sync_endpoints(vec![spec(NO_HTTP, Some(port), None)]);
+    // The first connection makes the zeromq crate panic inside the subscriber. It used to end
+    // the task: no reconnect, no more events, `connected` true and no error, ever.
+    wait_until("the publisher's message after the panic", || {
+        kv(&ingest, NO_HTTP).last_seq == Some(0)
+    })
+    .await;
+    assert!(accepted.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+    let k = kv(&ingest, NO_HTTP);
+    assert!(
+        k.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("subscriber panicked")),
+        "{k:?}"
+    );
+    assert!(k.connected && k.resets >= 1 && k.reconnects >= 1, "{k:?}");
+    // What was known before the panic is forgotten; what came after is indexed.
+    let held = |shared: &SharedState| {
+        shared.with(|st| match &st.worker_sets[WS].prefix {
+            PrefixTracking::Exact(i) => {
+                let mut h = i.engine_hashes(EndpointId(0));
+                h.sort_unstable();
+                h
+            }
+            PrefixTracking::Approximate(_) => panic!("approximate"),
+        })
+    };
+    let mut after = PrefixIndex::new(32);
+    let (_, events, _) = decode_payload(&fr[0].payload).unwrap();
+    after.apply_all(EndpointId(0), &events);
+    let mut expected = after.engine_hashes(EndpointId(0));
+    expected.sort_unstable();
+    assert!(!expected.is_empty());
+    assert_eq!(held(&shared), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_catch_up_lets_decisions_in_between_its_slices() {
+    use kinf_handler::live::kv_subscriber::MAX_BLOCKS_PER_LOCK;
+    use kinf_router::kv_events::{BlockStored, KvEvent, Medium, encode_payload};
+    // The worker's replay buffer holds many long prompts: 20 times what is applied under one
+    // lock.
+    let per_batch = 256usize;
+    let batches = 20 * MAX_BLOCKS_PER_LOCK / per_batch;
+    let buffered: Vec<Frame> = (0..batches)
+        .map(|i| {
+            let stored = BlockStored {
+                block_hashes: (0..per_batch).map(|b| (i * per_batch + b) as u64).collect(),
+                parent: None,
+                token_ids: (0..per_batch * 32)
+                    .map(|t| (i * 1_000_000 + t) as u32)
+                    .collect(),
+                block_size: 32,
+                medium: Some(Medium::Gpu),
+                ..BlockStored::default()
+            };
+            Frame {
+                seq: i as i64,
+                payload: encode_payload(1.0, &[KvEvent::BlockStored(stored)], Some(0)),
+            }
+        })
+        .collect();
+    let total = batches * per_batch;
+    let buffer: Buffer = Arc::new(parking_lot::Mutex::new(buffered));
+    let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let replay_port = replay_server(buffer, requests).await;
+    let publ = Publisher::bind().await;
+    let shared = state(NO_HTTP);
+    // A decision's view of the index while the catch-up is applied.
+    let watcher = {
+        let shared = shared.clone();
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let mut partial = std::collections::BTreeSet::new();
+            loop {
+                let blocks = index(&shared).0;
+                if blocks == total || std::time::Instant::now() > deadline {
+                    return (blocks, partial);
+                }
+                if blocks > 0 {
+                    partial.insert(blocks);
+                }
+            }
+        })
+    };
+    let ingest = LiveIngest::with_config(shared.clone(), config());
+    ingest.sync_endpoints(vec![spec(NO_HTTP, Some(publ.port), Some(replay_port))]);
+    let (blocks, partial) = tokio::task::spawn_blocking(move || watcher.join().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(blocks, total);
+    // Applied at once, the catch-up would have held the lock, and every decision, from the
+    // empty index to the full one.
+    assert!(
+        !partial.is_empty(),
+        "no decision got in during the catch-up"
+    );
+    assert!(partial.iter().all(|&b| b < total));
+    wait_until("every batch counted", || {
+        kv(&ingest, NO_HTTP).last_seq == Some(batches as i64 - 1)
+    })
+    .await;
+}

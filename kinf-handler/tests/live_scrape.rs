@@ -199,7 +199,8 @@ async fn sync_keeps_unchanged_endpoints_and_stops_removed_ones() {
     assert_eq!(st[0].address, a);
     // Still the same task: its counters continue.
     assert!(scrape(&ingest, &a).scrapes_ok >= before);
-    // A changed interval restarts the endpoint's tasks.
+    // A changed interval restarts the endpoint's scraper (its KV subscriber, if any, keeps
+    // running: see `live_kv.rs`).
     let mut changed = spec(&a);
     changed.metrics_interval = Duration::from_millis(60);
     ingest.sync_endpoints(vec![changed.clone()]);

@@ -6,7 +6,8 @@
 //! [`kinf_router::kv_events::decode_message`]. Sequence numbers are tracked with a
 //! [`SeqTracker`]:
 //!
-//! * in order: applied to the worker set's prefix index, whole receive bursts under one lock;
+//! * in order: applied to the worker set's prefix index, a receive burst (or a replay) under
+//!   one lock per [`MAX_BLOCKS_PER_LOCK`] blocks;
 //! * duplicate: dropped;
 //! * gap (`expected..got` missing): when a replay endpoint is known, a `DEALER` asks vLLM's
 //!   replay `ROUTER` for `expected` onwards (`["", expected]`, answers `["", topic, seq,
@@ -35,7 +36,7 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use kinf_lang::compiled::KvEventsInfo;
 use kinf_router::kv_events::{
-    EventBatch, ReplayItem, SeqStatus, SeqTracker, decode_message, decode_replay_reply,
+    EventBatch, KvEvent, ReplayItem, SeqStatus, SeqTracker, decode_message, decode_replay_reply,
     replay_request_frames,
 };
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
@@ -46,8 +47,14 @@ use super::discovery::{KvSource, parse_sources, tcp_endpoint};
 use super::http_get::HttpGet;
 use super::status::EndpointStats;
 
-/// Most messages applied under one lock.
+/// Most messages received in one burst.
 const MAX_BURST: usize = 256;
+
+/// Most blocks (stored or removed; an event without blocks counts as one) applied under one
+/// lock of the state. Decisions take the same lock: a replay of vLLM's whole buffer (10,000
+/// batches by default) applied at once would hold every request's routing for as long as
+/// indexing all of it takes.
+pub const MAX_BLOCKS_PER_LOCK: usize = 4096;
 
 /// The KV events of one endpoint.
 #[derive(Clone, Debug, PartialEq)]
@@ -292,10 +299,21 @@ impl Ctx {
                 Ok(b) => b,
                 Err(e) => {
                     let now = self.shared.now_ms();
+                    let mut count = 0;
                     self.stats.kv(|k| {
                         k.decode_errors += 1;
+                        count = k.decode_errors;
                         k.error(format!("decode: {e}"), now);
                     });
+                    // Logged at the 1st, 2nd, 4th, 8th… error: a publisher sending nothing but
+                    // undecodable messages (a newer wire format) does not flood the log.
+                    if count.is_power_of_two() {
+                        tracing::warn!(
+                            endpoint = %self.target.address, publisher = %src.endpoint,
+                            decode_errors = count, error = %e,
+                            "undecodable KV-event message skipped"
+                        );
+                    }
                     continue;
                 }
             };
@@ -377,25 +395,52 @@ impl Ctx {
         self.flush(rank, &mut pending);
     }
 
-    /// Applies batches of data-parallel rank `rank` under one lock.
+    /// Applies batches of data-parallel rank `rank`, in order, taking the state's lock once
+    /// per [`MAX_BLOCKS_PER_LOCK`] blocks (a batch may be split between two).
     fn flush(&self, rank: u32, pending: &mut Vec<EventBatch>) {
         let Some(last) = pending.last().map(|b| b.seq) else {
             return;
         };
         let events: usize = pending.iter().map(|b| b.events.len()).sum();
-        let (key, addr) = (&*self.target.worker_set, &*self.target.address);
-        self.shared.with(|st| {
-            if let Some(ws) = st.worker_sets.get_mut(key) {
-                for b in pending.iter() {
-                    ws.apply_rank_kv_events(addr, rank, &b.events);
+        {
+            let mut slices: Vec<&[KvEvent]> = Vec::new();
+            let mut blocks = 0usize;
+            for b in pending.iter() {
+                let mut start = 0;
+                for (i, e) in b.events.iter().enumerate() {
+                    blocks += event_blocks(e);
+                    if blocks >= MAX_BLOCKS_PER_LOCK {
+                        slices.extend(b.events.get(start..=i));
+                        self.apply_slices(rank, &mut slices);
+                        start = i + 1;
+                        blocks = 0;
+                    }
                 }
+                slices.extend(b.events.get(start..).filter(|s| !s.is_empty()));
             }
-        });
+            self.apply_slices(rank, &mut slices);
+        }
         pending.clear();
         self.stats.kv(|k| {
             k.events += events as u64;
             k.last_seq = Some(last);
         });
+    }
+
+    /// Applies `slices` (events of rank `rank`, in order) under one lock, and empties it.
+    fn apply_slices(&self, rank: u32, slices: &mut Vec<&[KvEvent]>) {
+        if slices.is_empty() {
+            return;
+        }
+        let (key, addr) = (&*self.target.worker_set, &*self.target.address);
+        self.shared.with_fair(|st| {
+            if let Some(ws) = st.worker_sets.get_mut(key) {
+                for events in slices.iter() {
+                    ws.apply_rank_kv_events(addr, rank, events);
+                }
+            }
+        });
+        slices.clear();
     }
 
     /// Forgets what rank `rank` of the endpoint caches (its other ranks keep theirs).
@@ -408,6 +453,15 @@ impl Ctx {
             }
         });
         self.stats.kv(|k| k.resets += 1);
+    }
+}
+
+/// What applying `e` costs, in blocks (at least 1).
+fn event_blocks(e: &KvEvent) -> usize {
+    match e {
+        KvEvent::BlockStored(s) => s.block_hashes.len().max(1),
+        KvEvent::BlockRemoved(r) => r.block_hashes.len().max(1),
+        KvEvent::AllBlocksCleared | KvEvent::Unknown(_) => 1,
     }
 }
 

@@ -90,4 +90,14 @@ impl SharedState {
     pub fn with<R>(&self, f: impl FnOnce(&mut ClusterState) -> R) -> R {
         f(&mut self.state.lock())
     }
+
+    /// Like [`with`](Self::with), then hands the lock to a thread waiting for it, if any,
+    /// rather than letting the caller take it again at once: for ingestion that applies a long
+    /// series of updates one slice at a time, so that decisions get in between the slices.
+    pub fn with_fair<R>(&self, f: impl FnOnce(&mut ClusterState) -> R) -> R {
+        let mut guard = self.state.lock();
+        let r = f(&mut guard);
+        parking_lot::MutexGuard::unlock_fair(guard);
+        r
+    }
 }

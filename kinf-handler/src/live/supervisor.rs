@@ -17,7 +17,7 @@ use super::config::LiveConfig;
 use super::http_get::HttpGet;
 use super::kv_subscriber::{KvTarget, run_kv_subscriber};
 use super::scraper::{ScrapeTarget, run_scraper};
-use super::status::{EndpointStats, EndpointStatus};
+use super::status::{EndpointStats, EndpointStatus, KvStatus, ScrapeStatus};
 
 /// What is ingested from one endpoint.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,15 +56,21 @@ impl EndpointSpec {
     }
 }
 
+/// The tasks of one endpoint. Each is restarted only when its own settings change: a KV
+/// subscriber restarted because the scrape interval changed would lose its place in the
+/// sequence (without a replay socket its next message is a gap from 0, which resets what the
+/// index knows of the endpoint; vLLM never reports the blocks it still caches again).
 struct Running {
     spec: EndpointSpec,
     stats: Arc<EndpointStats>,
-    tasks: Vec<JoinHandle<()>>,
+    scraper: JoinHandle<()>,
+    kv: Option<JoinHandle<()>>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        self.scraper.abort();
+        if let Some(t) = &self.kv {
             t.abort();
         }
     }
@@ -146,44 +152,117 @@ impl LiveIngest {
         for s in specs {
             want.insert((s.worker_set.clone(), s.address.clone()), s);
         }
-        running.retain(|k, r| want.get(k).is_some_and(|s| *s == r.spec));
+        running.retain(|k, _| want.contains_key(k));
         for (k, spec) in want {
-            if running.contains_key(&k) {
-                continue;
+            match running.get_mut(&k) {
+                Some(r) => self.update(r, spec),
+                None => {
+                    let r = self.spawn(spec);
+                    running.insert(k, r);
+                }
             }
-            let r = self.spawn(spec);
-            running.insert(k, r);
         }
     }
 
     fn spawn(&self, spec: EndpointSpec) -> Running {
         let stats = EndpointStats::new(spec.kv_events.is_some());
-        let mut tasks = vec![self.spawn_task(run_scraper(
+        let scraper = self.spawn_scraper(&spec, &stats);
+        let kv = self.spawn_kv(&spec, &stats);
+        Running {
+            spec,
+            stats,
+            scraper,
+            kv,
+        }
+    }
+
+    /// Follows changed settings of a running endpoint: a new scraper (with fresh `scrape`
+    /// counters) when its `metrics` settings changed, a new KV subscriber (with fresh `kv`
+    /// counters) when its `kvEvents` did; the other task keeps running.
+    fn update(&self, r: &mut Running, spec: EndpointSpec) {
+        if r.spec == spec {
+            return;
+        }
+        if (&r.spec.metrics_path, r.spec.metrics_interval)
+            != (&spec.metrics_path, spec.metrics_interval)
+        {
+            r.scraper.abort();
+            *r.stats.scrape.lock() = ScrapeStatus {
+                ready: true,
+                ..ScrapeStatus::default()
+            };
+            r.scraper = self.spawn_scraper(&spec, &r.stats);
+        }
+        if r.spec.kv_events != spec.kv_events {
+            if let Some(t) = r.kv.take() {
+                t.abort();
+            }
+            *r.stats.kv.lock() = spec.kv_events.is_some().then(KvStatus::default);
+            r.kv = self.spawn_kv(&spec, &r.stats);
+        }
+        r.spec = spec;
+    }
+
+    fn spawn_scraper(&self, spec: &EndpointSpec, stats: &Arc<EndpointStats>) -> JoinHandle<()> {
+        let (shared, config, stats, http) = (
             self.shared.clone(),
-            ScrapeTarget {
-                worker_set: spec.worker_set.clone(),
-                address: spec.address.clone(),
-                metrics_path: spec.metrics_path.clone(),
-                interval: spec.metrics_interval,
-            },
             self.config,
             stats.clone(),
             self.http.clone(),
-        ))];
-        if let Some(kv) = &spec.kv_events {
-            tasks.push(self.spawn_task(run_kv_subscriber(
-                self.shared.clone(),
-                KvTarget {
-                    worker_set: spec.worker_set.clone(),
-                    address: spec.address.clone(),
-                    kv: kv.clone(),
-                },
-                self.config,
-                stats.clone(),
-                self.http.clone(),
-            )));
-        }
-        Running { spec, stats, tasks }
+        );
+        let target = ScrapeTarget {
+            worker_set: spec.worker_set.clone(),
+            address: spec.address.clone(),
+            metrics_path: spec.metrics_path.clone(),
+            interval: spec.metrics_interval,
+        };
+        self.spawn_task(supervised(
+            Task::Scraper,
+            target.address.clone(),
+            stats.clone(),
+            shared.clone(),
+            config.retry_delay,
+            move || {
+                run_scraper(
+                    shared.clone(),
+                    target.clone(),
+                    config,
+                    stats.clone(),
+                    http.clone(),
+                )
+            },
+        ))
+    }
+
+    fn spawn_kv(&self, spec: &EndpointSpec, stats: &Arc<EndpointStats>) -> Option<JoinHandle<()>> {
+        let kv = spec.kv_events.as_ref()?;
+        let (shared, config, stats, http) = (
+            self.shared.clone(),
+            self.config,
+            stats.clone(),
+            self.http.clone(),
+        );
+        let target = KvTarget {
+            worker_set: spec.worker_set.clone(),
+            address: spec.address.clone(),
+            kv: kv.clone(),
+        };
+        Some(self.spawn_task(supervised(
+            Task::KvSubscriber(target.worker_set.clone()),
+            target.address.clone(),
+            stats.clone(),
+            shared.clone(),
+            config.retry_delay,
+            move || {
+                run_kv_subscriber(
+                    shared.clone(),
+                    target.clone(),
+                    config,
+                    stats.clone(),
+                    http.clone(),
+                )
+            },
+        )))
     }
 
     /// Stops every task.
@@ -249,6 +328,71 @@ impl LiveIngest {
     /// Appends the ingestion metrics in Prometheus text format (with `# HELP`/`# TYPE`).
     pub fn render_metrics(&self, out: &mut String) {
         render_metrics(&self.status(), out);
+    }
+}
+
+/// Which task [`supervised`] runs.
+enum Task {
+    Scraper,
+    /// The KV subscriber of an endpoint of this worker set.
+    KvSubscriber(Arc<str>),
+}
+
+/// Runs the task `start()` returns until it ends; when it panics, logs it and starts it again
+/// after `retry_delay`. A panic would otherwise end the endpoint's ingestion for good and
+/// silently: a dead KV subscriber leaves the endpoint's index as it was, `connected` true and
+/// no error, and a dead scraper leaves its last load in place without the endpoint ever going
+/// stale. (The zeromq crate panics on some input a peer controls: an unexpected ZMTP command,
+/// a connection lost right after the handshake.)
+///
+/// A restarted KV subscriber has lost its place in the event stream, and a panic may have left
+/// a batch half applied: the endpoint's index is reset first, as for a restart of the worker
+/// (the new subscriber catches up from the replay buffer when there is one).
+async fn supervised<F, Fut>(
+    task: Task,
+    address: Arc<str>,
+    stats: Arc<EndpointStats>,
+    shared: Arc<SharedState>,
+    retry_delay: Duration,
+    mut start: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    use futures_util::FutureExt;
+    loop {
+        let Err(panic) = std::panic::AssertUnwindSafe(start()).catch_unwind().await else {
+            return;
+        };
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_owned());
+        let now = shared.now_ms();
+        match &task {
+            Task::Scraper => {
+                tracing::error!(endpoint = %address, panic = %why, "metrics scraper panicked: restarting it");
+                let mut s = stats.scrape.lock();
+                s.last_error = Some(format!("scraper panicked: {why}"));
+                s.last_error_ms = Some(now);
+            }
+            Task::KvSubscriber(worker_set) => {
+                tracing::error!(endpoint = %address, panic = %why, "KV-event subscriber panicked: resetting the endpoint's prefix index and restarting it");
+                shared.with(|st| {
+                    if let Some(ws) = st.worker_sets.get_mut(&**worker_set) {
+                        ws.reset_endpoint(&address);
+                    }
+                });
+                stats.kv(|k| {
+                    k.connected = false;
+                    k.resets += 1;
+                    k.reconnects += 1;
+                    k.error(format!("subscriber panicked: {why}"), now);
+                });
+            }
+        }
+        tokio::time::sleep(retry_delay).await;
     }
 }
 
