@@ -98,6 +98,13 @@ TM = f"{T},{M}"
 def q(metric, quant, by):
     return f"histogram_quantile({quant}, sum by ({by}, le) (rate({metric}_bucket{{{TM}}}[$__rate_interval])))"
 
+def share(metric):
+    """Each tenant's share of a destination's total (as the `tenant:*_share:ratio_rate1h`
+    rules): a share of every worker set and provider together is no share of any one's GPUs."""
+    return (f"sum by (destination_namespace, destination, tenant) (rate({metric}{{{TM}}}[$__rate_interval]))"
+            f" / on (destination_namespace, destination) group_left ()"
+            f" sum by (destination_namespace, destination) (rate({metric}[$__rate_interval]))")
+
 tenants = dashboard("kinference-tenants", "Kinference / Tenants", grid([
     dict(title="Requests by tenant and outcome", unit="reqps", targets=[
         (f"sum by (tenant, outcome) (rate(kinference_tenant_requests_total{{{TM}}}[$__rate_interval]))", "{{tenant}} {{outcome}}")]),
@@ -109,10 +116,10 @@ tenants = dashboard("kinference-tenants", "Kinference / Tenants", grid([
         (f"sum by (tenant) (rate(kinference_tenant_cost_usd_total{{{TM}}}[$__rate_interval])) * 3600", "{{tenant}}")]),
     dict(title="Cost over the range by tenant", unit="currencyUSD", kind="stat", targets=[
         (f"sum by (tenant) (increase(kinference_tenant_cost_usd_total{{{TM}}}[$__range]))", "{{tenant}}")]),
-    dict(title="Share of decode-slot time", unit="percentunit", targets=[
-        (f"sum by (tenant) (rate(kinference_tenant_decode_seconds_total{{{TM}}}[$__rate_interval])) / scalar(sum(rate(kinference_tenant_decode_seconds_total[$__rate_interval])))", "{{tenant}}")]),
-    dict(title="Share of KV-cache occupancy", unit="percentunit", targets=[
-        (f"sum by (tenant) (rate(kinference_tenant_kv_token_seconds_total{{{TM}}}[$__rate_interval])) / scalar(sum(rate(kinference_tenant_kv_token_seconds_total[$__rate_interval])))", "{{tenant}}")]),
+    dict(title="Share of decode-slot time, per destination", unit="percentunit", targets=[
+        (share("kinference_tenant_decode_seconds_total"), "{{tenant}} on {{destination_namespace}}/{{destination}}")]),
+    dict(title="Share of KV-cache occupancy, per destination", unit="percentunit", targets=[
+        (share("kinference_tenant_kv_token_seconds_total"), "{{tenant}} on {{destination_namespace}}/{{destination}}")]),
     dict(title="TTFT p90 by tenant", unit="s", targets=[(q("kinference_ttft_seconds", 0.9, "tenant"), "{{tenant}}")]),
     dict(title="TPOT p90 by tenant", unit="s", targets=[(q("kinference_tpot_seconds", 0.9, "tenant"), "{{tenant}}")]),
     dict(title="Estimated usage (responses cut short)", unit="reqps", targets=[

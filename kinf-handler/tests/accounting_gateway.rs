@@ -294,7 +294,8 @@ async fn a_stream_cut_mid_way_is_accounted_as_incomplete_with_what_it_used() {
 async fn a_reported_response_is_accounted_to_its_tenant() {
     let (gw, _addr) = setup("tenant", false).await;
     let rt = gw.runtime().unwrap();
-    let admitted = forward::admit(&rt, Api::Chat, &HeaderMap::new(), HELLO.as_bytes()).unwrap();
+    // A stream: only a stream has a first token, and counts for `ttft` objectives.
+    let admitted = forward::admit(&rt, Api::Chat, &HeaderMap::new(), STREAM.as_bytes()).unwrap();
     let mut chosen = forward::plan(&gw, &admitted).unwrap();
     chosen.tenant = Some("acme".into());
     assert_eq!(chosen.cost.output, OUTPUT);

@@ -9,7 +9,12 @@
 #   - every kinference_* metric the rules and dashboards use is documented in
 #     docs/reference/metrics.md (recording-rule names aside)
 #   - every label a rule or dashboard selects or groups by is one metrics.md documents for
-#     the metric (scripts/e2e/metrics_labels.py, which first checks itself with --selftest)
+#     the metric (scripts/e2e/metrics_labels.py, which first checks itself with --selftest); the
+#     same for the PromQL of docs/capacity.md and docs/reference/metrics.md, whose recorded
+#     series must be ones rules.yaml records; metrics.md's tables match the families
+#     kinf-handler/src/metrics.rs registers (names, types, labels), both ways
+#   - the PromQL of every dashboard panel and of those docs parses (promtool check rules on
+#     them as recording rules)
 #   - with KINF_METRICS_FILE=path (a saved /metrics body): promtool check metrics on it
 # Needs promtool (Debian: apt-get install -y prometheus), python3 and PyYAML (python3-yaml).
 set -euo pipefail
@@ -73,6 +78,12 @@ PY
 
 python3 scripts/e2e/metrics_labels.py --selftest
 python3 scripts/e2e/metrics_labels.py
+
+# The dashboards' and the docs' PromQL parses (the rules' is checked above).
+exprs=$(mktemp -d)
+python3 scripts/e2e/metrics_labels.py --rules-file >"$exprs/dashboards_and_docs.yaml"
+promtool check rules "$exprs/dashboards_and_docs.yaml"
+rm -rf "$exprs"
 
 if [[ -n "${KINF_METRICS_FILE:-}" ]]; then
   promtool check metrics <"$KINF_METRICS_FILE"

@@ -207,7 +207,9 @@ impl Served<'_> {
         } else {
             1.0
         };
-        let per_sequence = self.usage.output_tokens as f64 * share;
+        // A whole number of tokens: the product drifts off it (49 × (2/49) is 1.999…), which
+        // would drop a two-token choice (or shift the divisor).
+        let per_sequence = (self.usage.output_tokens as f64 * share).round();
         if per_sequence < 2.0 {
             return None;
         }
@@ -369,10 +371,11 @@ pub fn account_response(m: &Metrics, s: &Served<'_>) {
         let good = |v: f64| v <= o.threshold_s;
         let verdict = match o.metric {
             SloMetric::Ttft => match s.ttft_s {
-                Some(t) => Some(ok && good(t)),
                 // A non-streamed request has no first-token time, however it ended: counting
-                // only its failures would bias attainment low.
-                None if !s.streamed => None,
+                // only its failures would bias attainment low. A `Report` may still give it
+                // one (the time to its whole body, which is no TTFT): not counted either.
+                _ if !s.streamed => None,
+                Some(t) => Some(ok && good(t)),
                 // A stream that completed without a token.
                 None if ok && s.completed => None,
                 None => Some(false),
@@ -461,11 +464,18 @@ mod tests {
             ..served(Some(0.5), 13, 1.5)
         };
         assert!((uneven.tpot_s().unwrap() - 0.1).abs() < 1e-9);
+        // Two choices of one token each: no gap.
         let short = Served {
             longest_share: 0.5,
-            ..served(Some(0.5), 3, 1.5)
+            ..served(Some(0.5), 2, 1.5)
         };
         assert_eq!(short.tpot_s(), None);
+        // The longest choice has a whole number of tokens, however the share rounds: 2 of 49.
+        let drift = Served {
+            longest_share: 2.0 / 49.0,
+            ..served(Some(0.5), 49, 1.5)
+        };
+        assert_eq!(drift.tpot_s(), Some(1.0));
         // Unknown (0): one choice.
         let unknown = Served {
             longest_share: 0.0,

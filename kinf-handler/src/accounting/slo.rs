@@ -404,14 +404,16 @@ pub fn parse_duration(s: &str) -> Option<f64> {
         .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: f64 = num.parse().ok()?;
-    let scale = match unit.trim() {
-        "" | "s" => 1.0,
-        "ms" => 1e-3,
-        "us" | "µs" => 1e-6,
-        "m" => 60.0,
+    // Divided, not multiplied by 1e-3 or 1e-6 (not exact in binary): `1400 / 1000` is 1.4,
+    // `1400 × 1e-3` is 1.4000000000000001 (in the threshold gauge and the default name), and
+    // `5 × 1e-6` is below 5 µs.
+    Some(match unit.trim() {
+        "" | "s" => n,
+        "ms" => n / 1e3,
+        "us" | "µs" => n / 1e6,
+        "m" => n * 60.0,
         _ => return None,
-    };
-    Some(n * scale)
+    })
 }
 
 /// Glob match with `*` (any run) and `?` (one character).
