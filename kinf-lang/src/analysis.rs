@@ -372,7 +372,8 @@ fn possible_destinations(
             None
         };
     // When every match entry names an exact model, only destinations serving one of them can
-    // ever be a candidate of this rule.
+    // be a candidate for the requested model: without `consider`, or by a `consider` entry
+    // without `models` (one with `models` considers those models instead).
     let exact_models: Option<Vec<&Arc<str>>> = (!rule.matches.is_empty())
         .then(|| {
             rule.matches
@@ -390,24 +391,30 @@ fn possible_destinations(
         {
             continue;
         }
-        if let Some(models) = &exact_models
-            && !models.iter().any(|m| {
-                pool.models
-                    .get(*m)
-                    .is_some_and(|v| v.iter().any(|(d, _)| *d == id))
+        let serves_requested = || {
+            exact_models.as_ref().is_none_or(|models| {
+                models.iter().any(|m| {
+                    pool.models
+                        .get(*m)
+                        .is_some_and(|v| v.iter().any(|(d, _)| *d == id))
+                })
             })
-        {
-            continue;
-        }
+        };
         let Some(d) = out.destination(id) else {
             continue;
         };
-        let considered = rule.consider.is_empty()
-            || rule.consider.iter().zip(&served).any(|(c, served)| {
+        let considered = if rule.consider.is_empty() {
+            serves_requested()
+        } else {
+            rule.consider.iter().zip(&served).any(|(c, served)| {
                 c.backend.is_none_or(|b| b == d.backend)
                     && c.destination.is_none_or(|x| x == id)
-                    && served.as_ref().is_none_or(|bits| has(bits, id))
-            });
+                    && match served {
+                        Some(bits) => has(bits, id),
+                        None => serves_requested(),
+                    }
+            })
+        };
         if !considered {
             continue;
         }

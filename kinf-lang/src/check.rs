@@ -1064,6 +1064,24 @@ impl<'a> Checker<'a> {
             }
         }
         if let Some(h) = &m.header {
+            if !valid_header_name(&h.name) {
+                self.report(
+                    doc,
+                    &path.key("header").key("name"),
+                    Code::InvalidValue,
+                    format!(
+                        "{:?} is not an HTTP header name: no request has such a header, so \
+                         the condition never holds",
+                        h.name
+                    ),
+                    "not a header name",
+                    Some(
+                        "write the header's name alone, e.g. `x-team`: letters, digits and \
+                         punctuation such as `-`, without spaces, `:` or the value"
+                            .into(),
+                    ),
+                );
+            }
             c.header = Some((h.name.to_ascii_lowercase().into(), h.value.as_str().into()));
             join_part(
                 &mut text,
@@ -1587,6 +1605,15 @@ impl<'a> Checker<'a> {
             less_than: lt,
         })
     }
+}
+
+/// Whether `name` is an HTTP header name (RFC 9110 `token`: one or more letters, digits and
+/// ``!#$%&'*+-.^_`|~``), which a request header can have.
+pub fn valid_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// The longest rule or limit name.

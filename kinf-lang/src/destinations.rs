@@ -67,7 +67,8 @@ pub fn valid_endpoint(s: &str) -> bool {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
     };
-    host_ok && p.parse::<u16>().is_ok_and(|p| p > 0)
+    // Digits only: `parse` would also take a sign (`+8000`), which no URL can carry.
+    host_ok && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
 /// The operators of a Kubernetes label selector's `matchExpressions` (the CRD's enum too).

@@ -194,7 +194,8 @@ struct OutOfDomain {
 /// `promptTokens < 0`. Such a comparison is always true or always false, so it is an error in
 /// the policy, as the structured forms of the same tests are. Also names that the targeted
 /// pools do not have, compared (`==`, `!=`, `in`, `not in`) with `model`, `servedModel` or
-/// `destination` where `env` has them: `model == "gpt-4o-mni"` (a warning, KINF0509).
+/// `destination`: `model == "gpt-4o-mni"` (a warning, KINF0509). Only variables of `env`:
+/// another context's (`backend` in a request condition) are the type check's, as unknown.
 fn literals_out_of_domain(expr: &kinf_grammar::Expr, env: &Env, scope: &Scope) -> Vec<OutOfDomain> {
     use kinf_grammar::expr::{CompareOp, ExprKind, Literal};
     let mut out = Vec::new();
@@ -207,6 +208,9 @@ fn literals_out_of_domain(expr: &kinf_grammar::Expr, env: &Env, scope: &Scope) -
                     (_, ExprKind::Var(v)) => Some((v, &**lhs)),
                     _ => None,
                 };
+                // A variable of another context (`backend` in a request condition) is reported
+                // by the type check as unknown here, with where to test it: not its values.
+                let pair = pair.filter(|(var, _)| env.lookup_var(var).is_some());
                 if let Some((var, other)) = pair {
                     let literals: Vec<&kinf_grammar::Expr> = match &other.kind {
                         ExprKind::List(items) => items.iter().collect(),
@@ -246,7 +250,6 @@ fn literals_out_of_domain(expr: &kinf_grammar::Expr, env: &Env, scope: &Scope) -
                                         | CompareOp::NotIn
                                 );
                                 if by_name
-                                    && env.lookup_var(var).is_some()
                                     && let Some((message, help)) =
                                         crate::when_names::unknown_name(var, s, scope)
                                 {

@@ -56,6 +56,39 @@ impl FieldPath {
         p
     }
 
+    /// Parses a JSON pointer into the document `root` (`/spec/rules/0/name`): a segment is an
+    /// index where `root` has a list, a key everywhere else, so that a mapping key made of
+    /// digits (the label `"8080"`) stays a key. Past the end of `root`, as
+    /// [`FieldPath::from_json_pointer`].
+    pub fn from_json_pointer_in(ptr: &str, root: &crate::yaml::Node) -> Self {
+        use crate::yaml::Value;
+        let mut node = Some(root);
+        let segs = ptr
+            .split('/')
+            .skip(1)
+            .map(|s| {
+                let s = s.replace("~1", "/").replace("~0", "~");
+                let (seg, next) = match node.map(|n| &n.value) {
+                    Some(Value::Map(entries)) => {
+                        let next = entries.iter().find(|e| e.key == s).map(|e| &e.value);
+                        (Seg::Key(Cow::Owned(s)), next)
+                    }
+                    Some(Value::Seq(items)) => match s.parse::<usize>() {
+                        Ok(i) => (Seg::Index(i), items.get(i)),
+                        Err(_) => (Seg::Key(Cow::Owned(s)), None),
+                    },
+                    _ => match s.parse::<usize>() {
+                        Ok(i) => (Seg::Index(i), None),
+                        Err(_) => (Seg::Key(Cow::Owned(s)), None),
+                    },
+                };
+                node = next;
+                seg
+            })
+            .collect();
+        FieldPath(segs)
+    }
+
     /// Parses a JSON pointer (`/spec/rules/0/name`). Numeric segments become indices.
     pub fn from_json_pointer(ptr: &str) -> Self {
         let segs = ptr

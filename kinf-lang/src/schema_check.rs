@@ -203,7 +203,7 @@ pub fn validate(kind: ResourceKind, root: &Node, text: &str) -> Vec<Diagnostic> 
     }
     let mut out = Vec::new();
     for err in validator.iter_errors(root) {
-        let path = FieldPath::from_json_pointer(err.instance_path().as_str());
+        let path = FieldPath::from_json_pointer_in(err.instance_path().as_str(), root);
         map_error(&ks.schema, root, text, &path, err.kind(), &mut out);
     }
     // A value of a field with allowed names (`onEmpty: 3`) fails both the schema's `type` and

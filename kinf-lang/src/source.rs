@@ -72,7 +72,8 @@ impl SourceFile {
         }
     }
 
-    /// 1-based line and column (in characters) of a byte offset.
+    /// 1-based line and column (in characters) of a byte offset. A byte order mark that starts
+    /// the line is not a column (editors do not show it).
     pub fn line_col(&self, byte: usize) -> (usize, usize) {
         let byte = byte.min(self.text.len());
         let line = match self.line_starts.binary_search(&byte) {
@@ -80,6 +81,7 @@ impl SourceFile {
             Err(i) => i.saturating_sub(1),
         };
         let start = self.line_starts.get(line).copied().unwrap_or(0);
+        let start = self.after_bom(start).min(byte);
         let col = self
             .text
             .get(start..byte)
@@ -89,6 +91,9 @@ impl SourceFile {
     }
 
     /// Byte offset of a 1-based line and 0-based character column, clamped to the text.
+    ///
+    /// A byte order mark that starts the line is not counted: the YAML parser skips it without
+    /// a column (a UTF-8 file saved with a BOM has one before its first line).
     pub fn byte_at(&self, line: usize, col_chars: usize) -> usize {
         let Some(&start) = self.line_starts.get(line.saturating_sub(1)) else {
             return self.text.len();
@@ -97,6 +102,7 @@ impl SourceFile {
             // One byte per character: no scan (long lines would make it quadratic).
             return (start + col_chars).min(self.text.len());
         }
+        let start = self.after_bom(start);
         let rest = self.text.get(start..).unwrap_or("");
         let offset = rest
             .char_indices()
@@ -104,6 +110,15 @@ impl SourceFile {
             .map(|(i, _)| i)
             .unwrap_or(rest.len());
         start + offset
+    }
+
+    /// `line_start`, past a byte order mark that starts the line.
+    fn after_bom(&self, line_start: usize) -> usize {
+        const BOM: &str = "\u{feff}";
+        match self.text.get(line_start..) {
+            Some(rest) if !self.ascii && rest.starts_with(BOM) => line_start + BOM.len(),
+            _ => line_start,
+        }
     }
 }
 

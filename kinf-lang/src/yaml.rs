@@ -1,7 +1,8 @@
 //! YAML with source spans: a small tree built from `saphyr-parser` events.
 //!
 //! Scalars are resolved with the YAML 1.2 core schema (plain `true`, `2`, `0.7`, `null`, `~`;
-//! quoted scalars are always strings). Duplicate keys are reported, the first one kept.
+//! quoted scalars are always strings). Duplicate keys are reported, the first one kept. Merge
+//! keys (`<<: *defaults`) are resolved, as `kubectl` resolves them.
 //!
 //! Two limits keep hostile input (the gateway compiles objects users submit) from exhausting
 //! the stack or memory: collections nest at most [`MAX_DEPTH`] levels, and the aliases of one
@@ -28,6 +29,9 @@ pub const MAX_DEPTH: usize = 128;
 /// all: each alias counts the values of the node it repeats, expanded aliases included. Keeps a
 /// small file of nested aliases (a "billion laughs") from expanding exponentially.
 pub const MAX_ALIAS_NODES: usize = 100_000;
+
+/// The key of a YAML merge (`<<: *defaults`).
+const MERGE_KEY: &str = "<<";
 
 /// How a scalar was written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -251,7 +255,10 @@ pub fn parse_documents_full(
                 }
             }
             Some(Err(err)) => {
-                let at = builder.byte(*err.marker());
+                let mut at = builder.byte(*err.marker());
+                if err.info().contains("tab") {
+                    at = offending_tab(&file.text, at);
+                }
                 let span = Span::new(id, at, at + 1);
                 // The scanner's own bound on flow nesting (255 levels), found while it scans
                 // ahead of the events: the same problem as `MAX_DEPTH`.
@@ -282,6 +289,34 @@ fn too_deep(span: Span, label: String) -> Diagnostic {
         "a resource needs only a few levels of mappings and lists; look for a `[` or `{` that \
          is never closed, or an alias repeated inside itself",
     )
+}
+
+/// The tab that a scanner error about tabs at byte `at` is about. The parser marks what follows
+/// a tab of indentation (`\trules:` is marked at `r`), or the start of a plain scalar whose
+/// next line is indented with a tab (a line above the tab): the tab is the one at `at`, else
+/// the first tab of indentation from `at`'s line on. `at` when there is none.
+fn offending_tab(text: &str, at: usize) -> usize {
+    if text.as_bytes().get(at) == Some(&b'\t') {
+        return at;
+    }
+    let Some(before) = text.get(..at) else {
+        return at;
+    };
+    let mut line_start = before.rfind(['\n', '\r']).map_or(0, |i| i + 1);
+    while let Some(line) = text.get(line_start..) {
+        let content = line.trim_start_matches([' ', '\t']);
+        let indent = line.len() - content.len();
+        // A blank line may hold tabs.
+        let blank = content.is_empty() || content.starts_with(['\n', '\r']);
+        if !blank && let Some(tab) = line.get(..indent).and_then(|lead| lead.find('\t')) {
+            return line_start + tab;
+        }
+        match line.find(['\n', '\r']) {
+            Some(end) => line_start += end + 1,
+            None => break,
+        }
+    }
+    at
 }
 
 fn describe_scan_error(info: &str) -> (String, String) {
@@ -317,8 +352,16 @@ enum Frame {
         base: usize,
         pending_key: Option<(CompactString, Span)>,
         shape: Shape,
+        /// The keys so far and where they are written, once the mapping has
+        /// [`INDEXED_KEYS`] of them (smaller ones are scanned).
+        keys: Option<HashMap<CompactString, Span>>,
     },
 }
+
+/// Entries from which an open mapping looks its keys up in an index rather than scanning them
+/// for duplicates: a mapping of n keys then costs O(n), not O(n²) (a hostile document may hold
+/// a mapping of a hundred thousand keys).
+const INDEXED_KEYS: usize = 32;
 
 /// What the limits need of an open collection: the document's value count when it opened, and
 /// the height of its tallest child so far.
@@ -436,6 +479,7 @@ impl<'a> Builder<'a> {
                     base: self.entries.len(),
                     pending_key: None,
                     shape,
+                    keys: None,
                 });
             }
             Event::SequenceEnd | Event::MappingEnd => {
@@ -457,12 +501,7 @@ impl<'a> Builder<'a> {
                         base,
                         shape,
                         ..
-                    }) => (
-                        Value::Map(self.entries.drain(base..).collect()),
-                        start,
-                        anchor,
-                        shape,
-                    ),
+                    }) => (Value::Map(self.merge_keys(base)), start, anchor, shape),
                     None => return false,
                 };
                 let end = self.collection_end(&value, frame_start, end);
@@ -486,6 +525,61 @@ impl<'a> Builder<'a> {
             }
         }
         false
+    }
+
+    /// The entries of the mapping that closes (from `base` on), its merge keys resolved as
+    /// YAML 1.1 and Kubernetes' YAML reader (so `kubectl apply`) resolve them: `<<: *defaults`
+    /// or `<<: [*a, *b]` adds the entries of the merged mappings that the mapping does not set
+    /// itself, an earlier mapping of the list winning over a later one. A merge key whose value
+    /// is not a mapping (or a list of mappings) is reported.
+    fn merge_keys(&mut self, base: usize) -> Vec<Entry> {
+        if !self
+            .entries
+            .get(base..)
+            .is_some_and(|open| open.iter().any(|e| e.key == MERGE_KEY))
+        {
+            return self.entries.drain(base..).collect();
+        }
+        let mut own: Vec<Entry> = Vec::new();
+        let mut merged: Vec<Entry> = Vec::new();
+        for e in self.entries.drain(base..).collect::<Vec<_>>() {
+            if e.key != MERGE_KEY {
+                own.push(e);
+                continue;
+            }
+            let sources = match e.value.value {
+                Value::Seq(items) => items,
+                _ => vec![e.value],
+            };
+            for n in sources {
+                match n.value {
+                    Value::Map(entries) => merged.extend(entries),
+                    other => self.diags.push(
+                        Diagnostic::error(
+                            Code::YamlSyntax,
+                            format!(
+                                "a merge key (`<<`) takes a mapping or a list of mappings, found {}",
+                                other.type_name()
+                            ),
+                        )
+                        .at(n.span, "not a mapping")
+                        .with_help(
+                            "merge the fields of an anchored mapping with `<<: *name`, or write \
+                             the fields out",
+                        ),
+                    ),
+                }
+            }
+        }
+        // A set, not a scan of `own` per entry: a merged mapping may be large.
+        let mut keys: std::collections::HashSet<CompactString> =
+            own.iter().map(|e| e.key.clone()).collect();
+        for m in merged {
+            if keys.insert(m.key.clone()) {
+                own.push(m);
+            }
+        }
+        own
     }
 
     /// Counts a collection that opens, and returns its [`Shape`].
@@ -577,7 +671,11 @@ impl<'a> Builder<'a> {
     fn collection_end(&self, value: &Value, start: usize, reported: usize) -> usize {
         let last = match value {
             Value::Seq(items) => items.last().map(|n| n.span.end),
-            Value::Map(entries) => entries.last().map(|e| e.value.span.end.max(e.key_span.end)),
+            // The furthest entry: entries merged in (`<<: *a`) come last, from their anchor.
+            Value::Map(entries) => entries
+                .iter()
+                .map(|e| e.value.span.end.max(e.key_span.end))
+                .max(),
             _ => None,
         };
         match last {
@@ -621,6 +719,7 @@ impl<'a> Builder<'a> {
                 base,
                 pending_key,
                 shape,
+                keys,
                 ..
             }) => match pending_key.take() {
                 None => {
@@ -648,11 +747,15 @@ impl<'a> Builder<'a> {
                 Some((key, key_span)) => {
                     shape.child_height = shape.child_height.max(height);
                     let entries = &mut self.entries;
-                    if let Some(first) = entries
-                        .get(*base..)
-                        .and_then(|open| open.iter().find(|e| e.key == key))
-                    {
-                        let first_span = first.key_span;
+                    let open = entries.get(*base..).unwrap_or(&[]);
+                    if keys.is_none() && open.len() >= INDEXED_KEYS {
+                        *keys = Some(open.iter().map(|e| (e.key.clone(), e.key_span)).collect());
+                    }
+                    let first = match keys {
+                        Some(index) => index.get(&key).copied(),
+                        None => open.iter().find(|e| e.key == key).map(|e| e.key_span),
+                    };
+                    if let Some(first_span) = first {
                         self.diags.push(
                             Diagnostic::error(Code::DuplicateKey, format!("duplicate key `{key}`"))
                                 .at(key_span, "repeated here")
@@ -662,6 +765,9 @@ impl<'a> Builder<'a> {
                                 ),
                         );
                     } else {
+                        if let Some(index) = keys {
+                            index.insert(key.clone(), key_span);
+                        }
                         entries.push(Entry {
                             key,
                             key_span,

@@ -194,3 +194,26 @@ fn the_alias_budget_is_the_files_and_anchors_are_the_documents() {
         "{out}"
     );
 }
+
+#[test]
+fn a_mapping_of_many_keys_is_read_in_linear_time() {
+    // 100,000 keys (about 1.2 MB, what an object of the API server's size limit can hold):
+    // duplicates are looked up in an index, not by comparing each key with every earlier one.
+    let mut text = format!("{HEAD}spec: {{}}\nx:\n");
+    for i in 0..100_000 {
+        text.push_str(&format!("  k{i}: 1\n"));
+    }
+    // A repeated key is still found, and related to the first one.
+    text.push_str("  k77777: 2\n");
+    let start = Instant::now();
+    let out = lint("keys.yaml", text);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        out.contains("keys.yaml:100006:3: error[KINF0003]: duplicate key `k77777`\n  note: keys.yaml:77783:3: first written here"),
+        "{out}"
+    );
+}

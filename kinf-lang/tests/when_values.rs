@@ -121,3 +121,15 @@ fn names_are_not_checked_without_a_targeted_pool() {
     let out = lint(&text);
     assert!(!out.contains("KINF0509"), "{out}");
 }
+
+#[test]
+fn candidate_variables_in_a_request_condition_are_unknown_not_out_of_domain() {
+    // `backend` and `kvCacheUsage` are not variables of `matches[].when`: the error says so
+    // (and where to test them), not that their values are wrong: fixing the values would only
+    // lead to that error.
+    let text = rule(
+        r#"backend == "local" || kvCacheUsage > 90 || servedModel == "nope""#,
+        r#"backend == "Local""#,
+    );
+    insta::assert_snapshot!("candidate_variables_in_request", lint(&text));
+}
