@@ -494,7 +494,7 @@ spec:
       select: [ {{ type: Provider, order: [bedrock] }} ]
   limits:
   - name: budget
-    tokensPerMinute: 100
+    tokensPerMinute: 200
 "#,
             url = bedrock.url,
             region = fake_provider::REGION,
@@ -502,7 +502,8 @@ spec:
     )
     .unwrap();
     let (_gw, addr) = gateway(&dir).await;
-    // Each reserves its prompt plus 60 of the 100 tokens.
+    // Each reserves its prompt plus 2 × 60 of the 200 tokens: a second would not fit if the
+    // first stayed charged. (A request over the whole 200 would be refused as too large.)
     let mut body = chat("hello", 60);
     body["n"] = json!(2);
     for attempt in 0..3 {

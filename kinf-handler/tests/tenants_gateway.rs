@@ -164,6 +164,65 @@ async fn budgets_identity_and_accounting_per_tenant() {
     assert_eq!(output("globex"), 160.0, "{m}");
 }
 
+/// A request whose estimate exceeds the tenant's whole `tokensPerMinute` can never be admitted:
+/// it is refused at once with a 400 in the caller's shape naming the limit, without
+/// `retry-after` (a 429 would have clients retry it forever), and the tenant's other requests
+/// keep their whole budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_larger_than_the_budget_is_refused_at_once() {
+    let worker = tiny_sim("50", &[]).await;
+    let dir = temp_dir("oversize");
+    std::fs::write(dir.join("keys.txt"), "acme: sk-acme-1\n").unwrap();
+    std::fs::write(dir.join("c.yaml"), config(worker.http)).unwrap();
+    let (_gw, addr) = gateway(&dir).await;
+    let acme = [("authorization", "Bearer sk-acme-1")];
+    let big = json!({"model": "tiny", "max_tokens": 500,
+                     "messages": [{"role": "user", "content": "hello there"}]});
+    let (s, h, v) = post(addr, "/v1/chat/completions", &big, &acme).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["code"], "request_over_token_limit", "{v}");
+    assert_eq!(v["error"]["type"], "tokens", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("acme-budget") && msg.contains("limit 200") && msg.contains("max_tokens"),
+        "{msg}"
+    );
+    assert!(
+        !h.contains_key("retry-after") && !h.contains_key("retry-after-ms"),
+        "{h:?}"
+    );
+    let (s, h, v) = post(
+        addr,
+        "/v1/messages",
+        &json!({"model": "tiny", "max_tokens": 500,
+                "messages": [{"role": "user", "content": "hello there"}]}),
+        &[("x-api-key", "sk-acme-1")],
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("acme-budget"),
+        "{v}"
+    );
+    assert!(!h.contains_key("retry-after"), "{h:?}");
+    // The budget is whole: a request within it goes through, with 200 minus its estimate left.
+    let chat = json!({"model": "tiny", "max_tokens": 40,
+                      "messages": [{"role": "user", "content": "hello there"}]});
+    let (s, h, v) = post(addr, "/v1/chat/completions", &chat, &acme).await;
+    assert_eq!(s, 200, "{v}");
+    let left: u64 = h["x-ratelimit-remaining-tokens"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((100..160).contains(&left), "{left}");
+}
+
 /// A limit with `whenExceeded: Tag` does not refuse: over-limit requests go through uncharged,
 /// tagged `over-limit`, and a rule routes them to a cheaper model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,6 +308,13 @@ spec:
     );
     let last = served_by.last().unwrap();
     assert_eq!(last, "tiny-small", "{served_by:?}");
+    // Larger than the whole budget: over a `Tag` limit it is tagged and served elsewhere too,
+    // not refused as too large.
+    let big = json!({"model": "tiny", "max_tokens": 200,
+                     "messages": [{"role": "user", "content": "hello there"}]});
+    let (s, h, v) = post(addr, "/v1/chat/completions", &big, &acme).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(h["x-kinference-model"], "tiny-small");
 }
 
 /// How often the key-file tests' directory is polled (`--reload-interval`).

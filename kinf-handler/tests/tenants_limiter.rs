@@ -143,12 +143,15 @@ fn matches_restrict_the_limit() {
     assert!(free.headers().is_empty());
     assert_eq!(free.limits().count(), 0);
     r.qos = Qos::Batch;
-    // Larger than the whole budget: admitted on a full bucket (leaving a debt), then refused.
-    let big = admit(&l, &r).unwrap();
-    assert_eq!(big.limits().collect::<Vec<_>>(), vec!["p/batch"]);
-    let e = exceeded(admit(&l, &req_batch()).unwrap_err());
-    assert_eq!(&*e.limit, "p/batch");
-    drop(big);
+    // Larger than the whole budget: refused at once (it can never fit), charging nothing.
+    let e = exceeded(admit(&l, &r).unwrap_err());
+    assert_eq!(
+        (&*e.limit, e.too_large),
+        ("p/batch", Some(TokenCount::Total))
+    );
+    let fits = admit(&l, &req_batch()).unwrap();
+    assert_eq!(fits.limits().collect::<Vec<_>>(), vec!["p/batch"]);
+    drop(fits);
 }
 
 fn req_batch() -> Request {
@@ -353,4 +356,225 @@ fn admission_future_is_send() {
     let f = l.admit(&r, TokenEstimate::of(&r));
     assert_send(&f);
     assert_send(&l);
+}
+
+/// A request whose estimate exceeds the bucket's whole capacity can never be admitted: it is
+/// refused at once with a 400 naming the limit (no `retry-after`: waiting cannot help), without
+/// touching the store, and leaves the tenant's budget as it was. (It used to be admitted on a
+/// full bucket, draining it into debt for every other request of the tenant, and, while the
+/// tenant's other requests kept the bucket from ever being full, refused forever with a
+/// `retry-after` that lied.)
+#[test]
+fn oversize_request_refused_at_once_and_drains_nothing() {
+    let store = Arc::new(MemoryStore::new());
+    let l = Limiter::new(
+        &[Arc::new(CompiledLimit {
+            tokens_per_minute: Some(1000),
+            ..limit("p/tpm")
+        })],
+        store.clone(),
+    );
+    // 1200 + 300 > 1000, on a full bucket.
+    let err = admit(&l, &req(Some("a"), 1200, 300)).unwrap_err();
+    assert_eq!(err.status(), 400);
+    assert_eq!(err.code(), "request_over_token_limit");
+    assert_eq!(err.retry_after(), None);
+    let msg = err.to_string();
+    for part in [
+        "p/tpm",
+        "tenant a",
+        "limit 1000",
+        "requested 1500",
+        "max_tokens",
+    ] {
+        assert!(msg.contains(part), "{part:?} not in {msg}");
+    }
+    let e = exceeded(err);
+    assert_eq!(e.kind, BudgetKind::Tokens);
+    assert_eq!((e.requested, e.bound), (1500, 1000));
+    assert!(!e.is_retryable());
+    assert!(
+        e.header_pairs()
+            .iter()
+            .all(|(n, _)| !n.starts_with("retry-after")),
+        "{:?}",
+        e.header_pairs()
+    );
+    // Nothing was charged, or even looked up; it is a client error, not among the 429s.
+    assert!(store.is_empty());
+    assert_eq!(l.stats().rejected, 0);
+    // The tenant's other requests see the whole budget.
+    let small = admit(&l, &req(Some("a"), 900, 100)).unwrap();
+    assert_eq!(
+        header(&small.headers().pairs(), "x-ratelimit-remaining-tokens"),
+        "0"
+    );
+    // While the bucket is not full, the large request is still refused as too large (not as
+    // a 429 to retry later), and the bucket's debt-free state is unchanged.
+    let e = exceeded(admit(&l, &req(Some("a"), 1200, 300)).unwrap_err());
+    assert!(e.too_large.is_some());
+    small.complete(&usage(900, 0, 100));
+    // Each count advises what to lower: the output limit counts only max_tokens.
+    let out = Limiter::new(
+        &[Arc::new(CompiledLimit {
+            tokens_per_minute: Some(100),
+            count: TokenCount::Output,
+            ..limit("p/out")
+        })],
+        Arc::new(MemoryStore::new()),
+    );
+    // A long prompt is fine there; 101 output tokens are not.
+    drop(admit(&out, &req(None, 5000, 100)).unwrap());
+    let e = exceeded(admit(&out, &req(None, 1, 101)).unwrap_err());
+    assert_eq!(e.too_large, Some(TokenCount::Output));
+    let msg = e.to_string();
+    assert!(
+        msg.contains("requests without a tenant") && !msg.contains("prompt"),
+        "{msg}"
+    );
+}
+
+/// Exactly the capacity still fits a full bucket (the boundary is "larger than").
+#[test]
+fn request_of_exactly_the_capacity_fits() {
+    let l = Limiter::new(
+        &[Arc::new(CompiledLimit {
+            tokens_per_minute: Some(1000),
+            ..limit("p/tpm")
+        })],
+        Arc::new(MemoryStore::new()),
+    );
+    let r = admit(&l, &req(Some("a"), 700, 300)).unwrap();
+    assert_eq!(
+        header(&r.headers().pairs(), "x-ratelimit-remaining-tokens"),
+        "0"
+    );
+    let e = exceeded(admit(&l, &req(Some("a"), 700, 300)).unwrap_err());
+    assert!(e.is_retryable(), "{e}");
+    assert_eq!(LimitError::Exceeded(Box::new(e)).status(), 429);
+    drop(r);
+}
+
+/// An admission that a later limit refuses charges nothing, and no other request can see the
+/// earlier limits charged meanwhile: the memory store decides all the limits of a request at
+/// one instant (it used to charge them one by one, then give back, so that a request refused
+/// by its second limit made another request fail the first one).
+#[test]
+fn refused_admission_never_shows_a_transient_charge() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let store = Arc::new(MemoryStore::new());
+    let l = Limiter::new(
+        &[
+            Arc::new(CompiledLimit {
+                tokens_per_minute: Some(100),
+                ..limit("p/all")
+            }),
+            Arc::new(CompiledLimit {
+                condition: Some(RequestCond {
+                    qos: Some(Qos::Batch),
+                    ..RequestCond::default()
+                }),
+                requests_per_minute: Some(1),
+                ..limit("p/batch")
+            }),
+        ],
+        store,
+    );
+    let mut batch = req(Some("t"), 100, 0);
+    batch.qos = Qos::Batch;
+    // Spend p/batch's one request; its 100 tokens come back.
+    admit(&l, &batch).unwrap().complete(&usage(0, 0, 0));
+    let l = Arc::new(l);
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammer = {
+        let (l, stop) = (l.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // Fits p/all (when nothing else holds it), always refused by p/batch.
+                let e = exceeded(admit(&l, &batch).unwrap_err());
+                assert!(e.is_retryable());
+                n += 1;
+            }
+            n
+        })
+    };
+    // Meanwhile an interactive request of the whole budget, given back each time, always fits.
+    let spurious = AtomicU64::new(0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+    let mut tries = 0u64;
+    while std::time::Instant::now() < deadline {
+        match admit(&l, &req(Some("t"), 100, 0)) {
+            Ok(r) => r.complete(&usage(0, 0, 0)),
+            Err(e) => {
+                spurious.fetch_add(1, Ordering::Relaxed);
+                assert_eq!(&*exceeded(e).limit, "p/all");
+            }
+        }
+        tries += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let refused_batches = hammer.join().unwrap();
+    assert!(refused_batches > 0 && tries > 0);
+    assert_eq!(
+        spurious.load(Ordering::Relaxed),
+        0,
+        "an interactive request saw a batch request's charge that was being undone \
+         ({tries} tries, {refused_batches} batch refusals)"
+    );
+}
+
+/// On a 429, every budget reported is as it is now: the refused limit's other bucket is
+/// refilled too (the memory store reported it as of its last use, unlike the Redis store).
+#[test]
+fn refusal_reports_every_bucket_refilled() {
+    let l = Limiter::new(
+        &[Arc::new(CompiledLimit {
+            tokens_per_minute: Some(100),
+            requests_per_minute: Some(60),
+            ..limit("p/both")
+        })],
+        Arc::new(MemoryStore::new()),
+    );
+    let r = admit(&l, &req(Some("t"), 100, 0)).unwrap();
+    assert_eq!(r.headers().requests.unwrap().remaining, 59);
+    std::mem::forget(r);
+    // A second later the request bucket is full again (one a second); tokens are not.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let e = exceeded(admit(&l, &req(Some("t"), 100, 0)).unwrap_err());
+    assert_eq!(e.kind, BudgetKind::Tokens);
+    let requests = e.headers.requests.unwrap();
+    assert_eq!(
+        (requests.remaining, requests.reset_ms),
+        (60, 0),
+        "{requests:?}"
+    );
+}
+
+/// `retry-after` is when the request would pass every limit, not just the first that refused
+/// it: the limit named is the one that keeps it out longest.
+#[test]
+fn retry_after_waits_for_every_limit() {
+    let l = Limiter::new(
+        &[
+            Arc::new(CompiledLimit {
+                tokens_per_minute: Some(600),
+                ..limit("p/tpm")
+            }),
+            Arc::new(CompiledLimit {
+                requests_per_minute: Some(1),
+                ..limit("p/rpm")
+            }),
+        ],
+        Arc::new(MemoryStore::new()),
+    );
+    std::mem::forget(admit(&l, &req(Some("t"), 600, 0)).unwrap());
+    // 60 tokens more: 6 s on p/tpm; one request more: 60 s on p/rpm.
+    let e = exceeded(admit(&l, &req(Some("t"), 60, 0)).unwrap_err());
+    assert_eq!((&*e.limit, e.kind), ("p/rpm", BudgetKind::Requests));
+    assert!(e.retry_after_secs() >= 59, "{}", e.retry_after_ms);
+    assert_eq!(
+        header(&e.header_pairs(), "x-ratelimit-remaining-requests"),
+        "0"
+    );
 }

@@ -394,3 +394,178 @@ fn memory_and_redis_decide_alike() {
         })
         .unwrap();
 }
+
+/// An admission whose caller goes away while Redis is slow (the client disconnected: hyper
+/// drops the handler's future mid-admission) does not keep the concurrency slot it takes when
+/// it runs: nobody would release it before its lease expired (15 minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_admission_releases_its_slot() {
+    let Some(server) = RedisServer::start("abandoned") else {
+        return;
+    };
+    let mut c = config(&server);
+    // Longer than Redis is kept busy below: only the caller gives up, not the store.
+    c.timeout = Duration::from_secs(3);
+    let l = Limiter::new(
+        &[Arc::new(CompiledLimit {
+            concurrent_requests: Some(1),
+            tokens_per_minute: Some(60_000),
+            ..limit("p/conc")
+        })],
+        Arc::new(RedisStore::new(c).unwrap()),
+    );
+    let r = req("t", 10, 10);
+    // Warm up the connection and the script cache.
+    drop(l.admit(&r, TokenEstimate::of(&r)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut other = server.conn().await;
+    let busy = tokio::spawn(async move {
+        let _: redis::RedisResult<i64> = redis::cmd("EVAL")
+            .arg(
+                "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+                 while true do local n = redis.call('TIME') \
+                 if n[1] * 1000000 + n[2] - s > 600000 then break end end return 1",
+            )
+            .arg(0)
+            .query_async(&mut other)
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The caller gives up after 100 ms; the admission is already on its way to Redis.
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(100),
+        l.admit(&r, TokenEstimate::of(&r)),
+    )
+    .await;
+    assert!(given_up.is_err(), "Redis answered while busy: {given_up:?}");
+    busy.await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match l.admit(&r, TokenEstimate::of(&r)).await {
+            Ok(_) => break,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "the slot of the abandoned admission is still held: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A request larger than a limit's capacity is refused at once as too large with either
+/// store, and whether Redis is up or not (the answer does not depend on the budget); the
+/// stores themselves never admit more than a bucket holds (they used to admit it on a full
+/// bucket, leaving a debt), and leave the bucket as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_refused_alike_by_both_stores() {
+    use kinf_handler::tenants::store::{Admission, Check};
+    let Some(mut server) = RedisServer::start("oversize") else {
+        return;
+    };
+    let limits = [Arc::new(CompiledLimit {
+        tokens_per_minute: Some(1000),
+        ..limit("p/tpm")
+    })];
+    let stores: [Arc<dyn LimitStore>; 2] = [
+        Arc::new(MemoryStore::new()),
+        Arc::new(RedisStore::new(config(&server)).unwrap()),
+    ];
+    let big = req("t", 1200, 300);
+    let small = req("t", 900, 100);
+    for store in &stores {
+        let l = Limiter::new(&limits, store.clone());
+        match l.admit(&big, TokenEstimate::of(&big)).await {
+            Err(e @ LimitError::Exceeded(_)) => {
+                assert_eq!(
+                    (e.status().as_u16(), e.code()),
+                    (400, "request_over_token_limit")
+                );
+                assert_eq!(e.retry_after(), None);
+                assert!(e.to_string().contains("p/tpm"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The store asked directly: refused, nothing charged.
+        let check = Check {
+            limit: "p/tpm".into(),
+            tenant: "direct".into(),
+            tokens_per_minute: Some(1000),
+            tokens: 1500,
+            requests_per_minute: None,
+            concurrent_requests: None,
+        };
+        match store.admit(std::slice::from_ref(&check)).await.unwrap() {
+            Admission::Refused { kind, states, .. } => {
+                assert_eq!(kind, BudgetKind::Tokens);
+                assert_eq!(states[0].tokens.unwrap().remaining, 1000);
+            }
+            other => panic!("a store admitted more than its bucket holds: {other:?}"),
+        }
+        let fits = Check {
+            tokens: 1000,
+            ..check
+        };
+        assert!(matches!(
+            store.admit(std::slice::from_ref(&fits)).await.unwrap(),
+            Admission::Admitted { .. }
+        ));
+        // The tenant's budget is whole.
+        let r = l.admit(&small, TokenEstimate::of(&small)).await.unwrap();
+        assert_eq!(r.headers().tokens.unwrap().remaining, 0);
+        std::mem::forget(r);
+    }
+    // Redis down, fail-closed: still the 400 (no 503), since no budget can ever admit it.
+    server.kill();
+    let l = Limiter::new(&limits, stores[1].clone());
+    match l.admit(&big, TokenEstimate::of(&big)).await {
+        Err(e) => assert_eq!(e.status(), 400, "{e}"),
+        Ok(r) => panic!("{r:?}"),
+    }
+}
+
+/// Both stores name, on a 429, the limit that keeps the request out longest, with the wait for
+/// every limit to pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redis_agree_on_the_longest_wait() {
+    let Some(server) = RedisServer::start("longest") else {
+        return;
+    };
+    let limits = [
+        Arc::new(CompiledLimit {
+            tokens_per_minute: Some(600),
+            requests_per_minute: Some(60),
+            ..limit("p/tpm")
+        }),
+        Arc::new(CompiledLimit {
+            requests_per_minute: Some(1),
+            ..limit("p/rpm")
+        }),
+    ];
+    let stores: [Arc<dyn LimitStore>; 2] = [
+        Arc::new(MemoryStore::new()),
+        Arc::new(RedisStore::new(config(&server)).unwrap()),
+    ];
+    let mut seen = Vec::new();
+    for store in stores {
+        let l = Limiter::new(&limits, store);
+        let r = req("t", 600, 0);
+        std::mem::forget(l.admit(&r, TokenEstimate::of(&r)).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        // 60 tokens: about 5 s more on p/tpm; a request: about 59 s more on p/rpm.
+        let r = req("t", 60, 0);
+        let e = match l.admit(&r, TokenEstimate::of(&r)).await {
+            Err(LimitError::Exceeded(e)) => e,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((&*e.limit, e.kind), ("p/rpm", BudgetKind::Requests));
+        assert!(
+            (50_000..=59_000).contains(&e.retry_after_ms),
+            "{}",
+            e.retry_after_ms
+        );
+        assert_eq!(e.headers.requests.unwrap().remaining, 0);
+        seen.push((e.limit.clone(), e.kind, e.retry_after_secs()));
+    }
+    assert_eq!((&seen[0].0, seen[0].1), (&seen[1].0, seen[1].1));
+    assert!(seen[0].2.abs_diff(seen[1].2) <= 1, "{seen:?}");
+}

@@ -867,7 +867,7 @@ pub async fn reserve(
             }
             Err(e) => {
                 let mut err = ApiError::new(e.status(), e.code(), e.to_string());
-                err.retry_after_s = Some(e.retry_after_secs());
+                err.retry_after_s = e.retry_after();
                 if let crate::tenants::LimitError::Exceeded(x) = &e {
                     err.extra = Some(Box::new(super::errors::ErrorExtra {
                         headers: x.header_pairs(),

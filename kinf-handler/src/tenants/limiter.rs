@@ -133,7 +133,8 @@ pub fn format_reset(ms: u64) -> String {
     }
 }
 
-/// A request over a limit: HTTP 429.
+/// A request over a limit: HTTP 429, or 400 when it is larger than the limit's whole token
+/// capacity ([`LimitExceeded::too_large`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LimitExceeded {
     /// `policy/limit`.
@@ -150,6 +151,12 @@ pub struct LimitExceeded {
     pub retry_after_ms: u64,
     /// The `x-ratelimit-*` headers to send with the 429.
     pub headers: RateLimitHeaders,
+    /// `Some(count)` when the request alone needs more tokens than the limit's whole capacity
+    /// (`requested > bound`, `kind` [`BudgetKind::Tokens`]): no wait would let it through, so
+    /// it is refused at once, without charging anything, with **400**
+    /// `request_over_token_limit` and no `retry-after` (a 429 would have clients retry it
+    /// forever). `count` is what the limit counts, for the message's advice.
+    pub too_large: Option<TokenCount>,
 }
 
 impl LimitExceeded {
@@ -158,12 +165,20 @@ impl LimitExceeded {
         self.retry_after_ms.div_ceil(1000).max(1)
     }
 
-    /// Every header of the 429: `retry-after`, `retry-after-ms` and the `x-ratelimit-*` ones.
+    /// Whether waiting can ever let the request through (`false` for a request larger than
+    /// the limit's capacity, see [`LimitExceeded::too_large`]).
+    pub fn is_retryable(&self) -> bool {
+        self.too_large.is_none()
+    }
+
+    /// Every header of the refusal: `retry-after` and `retry-after-ms` (only when waiting can
+    /// help) and the `x-ratelimit-*` ones.
     pub fn header_pairs(&self) -> Vec<(&'static str, String)> {
-        let mut out = vec![
-            ("retry-after", self.retry_after_secs().to_string()),
-            ("retry-after-ms", self.retry_after_ms.to_string()),
-        ];
+        let mut out = Vec::with_capacity(8);
+        if self.is_retryable() {
+            out.push(("retry-after", self.retry_after_secs().to_string()));
+            out.push(("retry-after-ms", self.retry_after_ms.to_string()));
+        }
         out.extend(self.headers.pairs());
         out
     }
@@ -185,6 +200,19 @@ impl fmt::Display for LimitExceeded {
         } else {
             format!("tenant {}", self.tenant)
         };
+        if let Some(count) = self.too_large {
+            let advice = match count {
+                TokenCount::Total => "lower `max_tokens` (or `n`) or shorten the prompt",
+                TokenCount::Prompt | TokenCount::UncachedPrompt => "shorten the prompt",
+                TokenCount::Output => "lower `max_tokens` (or `n`)",
+            };
+            return write!(
+                f,
+                "request too large for rate limit {} of {tenant} on tokens per minute: limit {}, requested {}; \
+                 it can never be admitted: {advice}, or raise the limit's `tokensPerMinute`",
+                self.limit, self.bound, self.requested
+            );
+        }
         let retry = format_reset(self.retry_after_ms);
         match self.kind {
             BudgetKind::Tokens => write!(
@@ -209,34 +237,48 @@ impl fmt::Display for LimitExceeded {
 /// Why a request was not admitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LimitError {
-    /// Over a limit: HTTP 429 `rate_limit_exceeded`.
+    /// Over a limit: HTTP 429 `rate_limit_exceeded`; larger than a limit's whole token
+    /// capacity ([`LimitExceeded::too_large`]): HTTP 400 `request_over_token_limit`.
     Exceeded(Box<LimitExceeded>),
     /// The store failed and the fail mode is `Closed`: HTTP 503 `rate_limiter_unavailable`.
     Unavailable(String),
 }
 
 impl LimitError {
-    /// HTTP status: 429 or 503.
+    /// HTTP status: 429, 400 (a request larger than a limit's capacity) or 503.
     pub fn status(&self) -> http::StatusCode {
         match self {
+            LimitError::Exceeded(e) if !e.is_retryable() => http::StatusCode::BAD_REQUEST,
             LimitError::Exceeded(_) => http::StatusCode::TOO_MANY_REQUESTS,
             LimitError::Unavailable(_) => http::StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
-    /// Error code: `rate_limit_exceeded` or `rate_limiter_unavailable`.
+    /// Error code: `rate_limit_exceeded`, `request_over_token_limit` or
+    /// `rate_limiter_unavailable`.
     pub fn code(&self) -> &'static str {
         match self {
+            LimitError::Exceeded(e) if !e.is_retryable() => "request_over_token_limit",
             LimitError::Exceeded(_) => "rate_limit_exceeded",
             LimitError::Unavailable(_) => "rate_limiter_unavailable",
         }
     }
 
-    /// `Retry-After` seconds.
+    /// `Retry-After` seconds (1 for a request that waiting cannot help: prefer
+    /// [`LimitError::retry_after`], which says `None` then).
     pub fn retry_after_secs(&self) -> u64 {
         match self {
             LimitError::Exceeded(e) => e.retry_after_secs(),
             LimitError::Unavailable(_) => 1,
+        }
+    }
+
+    /// The `Retry-After` seconds to send: `None` when waiting cannot help (a request larger
+    /// than a limit's capacity).
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            LimitError::Exceeded(e) if !e.is_retryable() => None,
+            other => Some(other.retry_after_secs()),
         }
     }
 }
@@ -475,6 +517,28 @@ impl Limiter {
             return Ok(Reservation::none(false));
         }
         let stats: &StoreStats = self.store.stats();
+        // A request needing more than a limit's whole capacity could only ever pass by leaving
+        // a debt on a full bucket, which other requests of the tenant keep from ever being
+        // full: it would be refused forever with a `retry-after` that lies, or, admitted, drain
+        // the bucket for everyone. Refused at once, before the store is asked (nothing is
+        // charged, and the answer does not depend on the store being reachable). A client
+        // error, like a prompt over `maxPromptTokens`: not counted among the 429s (`rejected`).
+        if let Some((c, count)) = checks
+            .iter()
+            .zip(&counts)
+            .find(|(c, _)| c.tokens_per_minute.is_some_and(|cap| c.tokens > cap))
+        {
+            return Err(LimitError::Exceeded(Box::new(LimitExceeded {
+                limit: c.limit.clone(),
+                tenant: c.tenant.clone(),
+                kind: BudgetKind::Tokens,
+                requested: c.tokens,
+                bound: c.tokens_per_minute.unwrap_or(0),
+                retry_after_ms: 0,
+                headers: RateLimitHeaders::default(),
+                too_large: Some(*count),
+            })));
+        }
         match self.store.admit(&checks).await {
             Ok(Admission::Admitted { states, lease }) => {
                 StoreStats::bump(&stats.admitted);
@@ -530,6 +594,7 @@ impl Limiter {
                     bound,
                     retry_after_ms,
                     headers,
+                    too_large: None,
                 })))
             }
             Err(e) => {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ahash::{AHashMap, RandomState};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::store::{
     Admission, Budget, BudgetKind, Check, CheckState, FailMode, LimitStore, Settle, StoreError,
@@ -26,6 +26,8 @@ pub(crate) struct Bucket {
     pub level: f64,
     /// When `level` was computed, in ms since the store started.
     pub at_ms: f64,
+    /// The capacity it was last refilled with (for the idle sweep, which has no limit at hand).
+    pub capacity: u64,
 }
 
 impl Bucket {
@@ -33,6 +35,7 @@ impl Bucket {
         Bucket {
             level: capacity as f64,
             at_ms: now,
+            capacity,
         }
     }
 
@@ -46,15 +49,22 @@ impl Bucket {
         if self.level > cap {
             self.level = cap;
         }
+        self.capacity = capacity;
     }
 
-    /// Whether `need` fits now. A request larger than the whole capacity fits only in a full
-    /// bucket (it then leaves a debt), so that it is not refused forever.
-    fn fits(&self, capacity: u64, need: f64) -> bool {
-        need <= self.level || (need > capacity as f64 && self.level >= capacity as f64)
+    /// Whether the bucket is full at `now` (whatever it holds has been earned back).
+    fn is_full_at(&self, now: f64) -> bool {
+        let cap = self.capacity as f64;
+        self.level + (now - self.at_ms).max(0.0) * cap / 60_000.0 >= cap
     }
 
-    /// Milliseconds until `need` fits.
+    /// Whether `need` fits now. A request larger than the whole capacity never fits (the
+    /// [`Limiter`](super::Limiter) refuses it before asking the store).
+    fn fits(&self, need: f64) -> bool {
+        need <= self.level
+    }
+
+    /// Milliseconds until `need` fits (until the bucket is full, for more than it holds).
     fn wait_ms(&self, capacity: u64, need: f64) -> u64 {
         let cap = capacity as f64;
         let target = need.min(cap);
@@ -123,11 +133,15 @@ impl MemoryStore {
         self.start.elapsed().as_secs_f64() * 1000.0
     }
 
-    fn shard(&self, limit: &str, tenant: &str) -> &Mutex<AHashMap<Key, Entry>> {
+    fn shard_index(&self, limit: &str, tenant: &str) -> usize {
         let mut h = self.hasher.build_hasher();
         limit.hash(&mut h);
         tenant.hash(&mut h);
-        let i = (h.finish() as usize) % self.shards.len();
+        (h.finish() as usize) % self.shards.len()
+    }
+
+    fn shard(&self, limit: &str, tenant: &str) -> &Mutex<AHashMap<Key, Entry>> {
+        let i = self.shard_index(limit, tenant);
         // `i` is in range by construction; fall back to the first shard rather than panic.
         self.shards.get(i).unwrap_or(&self.shards[0])
     }
@@ -143,49 +157,69 @@ impl MemoryStore {
     }
 
     /// The synchronous admission ([`LimitStore::admit`] wraps it).
+    ///
+    /// Every check is decided and charged under the locks of all the shards it touches, taken
+    /// in index order (settlements and sweeps hold one shard at a time, so no deadlock): the
+    /// admission is all or nothing at one instant, as the Redis store's script is, and another
+    /// request never sees a charge that is about to be undone. When refused, the bound named is
+    /// the one that waits longest, so that `retry-after` is when the request would pass.
     pub fn admit_now(&self, checks: &[Check]) -> Admission {
         let now = self.now_ms();
-        let mut states = Vec::with_capacity(checks.len());
+        let shard_of: Vec<usize> = checks
+            .iter()
+            .map(|c| self.shard_index(&c.limit, &c.tenant))
+            .collect();
+        let mut order = shard_of.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, AHashMap<Key, Entry>>)> = order
+            .into_iter()
+            .filter_map(|i| self.shards.get(i).map(|s| (i, s.lock())))
+            .collect();
+        // Refill every bucket to now and find the bound that keeps the request out longest.
         let mut refused: Option<(usize, BudgetKind, u64)> = None;
-        // Charge one by one; on a refusal undo what was charged. Each budget is locked only
-        // while it is updated.
+        let mut refuse = |i: usize, kind: BudgetKind, wait: u64| {
+            if refused.is_none_or(|(_, _, longest)| wait > longest) {
+                refused = Some((i, kind, wait));
+            }
+        };
         for (i, c) in checks.iter().enumerate() {
-            let mut shard = self.shard(&c.limit, &c.tenant).lock();
-            let e = shard
-                .entry((c.limit.clone(), c.tenant.clone()))
-                .or_insert_with(|| Entry {
-                    tokens: None,
-                    requests: None,
-                    in_flight: 0,
-                    touched_ms: now,
-                });
+            let Some(e) = entry_in(&mut guards, shard_of.get(i).copied(), c, now) else {
+                continue;
+            };
             e.touched_ms = now;
-            let need = c.tokens as f64;
             if let Some(cap) = c.tokens_per_minute {
                 let b = e.tokens.get_or_insert_with(|| Bucket::full(cap, now));
                 b.refill(cap, now);
-                if !b.fits(cap, need) {
-                    refused = Some((i, BudgetKind::Tokens, b.wait_ms(cap, need)));
+                let need = c.tokens as f64;
+                if !b.fits(need) {
+                    refuse(i, BudgetKind::Tokens, b.wait_ms(cap, need));
                 }
             }
-            if refused.is_none()
-                && let Some(cap) = c.requests_per_minute
-            {
+            if let Some(cap) = c.requests_per_minute {
                 let b = e.requests.get_or_insert_with(|| Bucket::full(cap, now));
                 b.refill(cap, now);
-                if !b.fits(cap, 1.0) {
-                    refused = Some((i, BudgetKind::Requests, b.wait_ms(cap, 1.0)));
+                if !b.fits(1.0) {
+                    refuse(i, BudgetKind::Requests, b.wait_ms(cap, 1.0));
                 }
             }
-            if refused.is_none()
-                && let Some(max) = c.concurrent_requests
+            if let Some(max) = c.concurrent_requests
                 && e.in_flight >= max
             {
-                refused = Some((i, BudgetKind::Concurrency, 1000));
+                refuse(i, BudgetKind::Concurrency, 1000);
             }
+        }
+        // Charge them all, or none; the states are as charged (admitted) or as they are
+        // (refused).
+        let mut states = Vec::with_capacity(checks.len());
+        for (i, c) in checks.iter().enumerate() {
+            let Some(e) = entry_in(&mut guards, shard_of.get(i).copied(), c, now) else {
+                states.push(full_state(c));
+                continue;
+            };
             if refused.is_none() {
                 if let (Some(_), Some(b)) = (c.tokens_per_minute, e.tokens.as_mut()) {
-                    b.level -= need;
+                    b.level -= c.tokens as f64;
                 }
                 if let (Some(_), Some(b)) = (c.requests_per_minute, e.requests.as_mut()) {
                     b.level -= 1.0;
@@ -195,10 +229,8 @@ impl MemoryStore {
                 }
             }
             states.push(state_of(c, e));
-            if refused.is_some() {
-                break;
-            }
         }
+        drop(guards);
         let ops = self.ops.fetch_add(1, Ordering::Relaxed);
         if ops.is_multiple_of(SWEEP_EVERY) {
             self.sweep_shard((ops / SWEEP_EVERY) as usize % SHARDS, now);
@@ -208,49 +240,12 @@ impl MemoryStore {
                 states,
                 lease: self.lease.fetch_add(1, Ordering::Relaxed),
             },
-            Some((index, kind, retry_after_ms)) => {
-                // Undo the checks charged before the refused one.
-                for c in checks.iter().take(index) {
-                    self.give_back(c.limit.clone(), c.tenant.clone(), |e| {
-                        if let (Some(cap), Some(b)) = (c.tokens_per_minute, e.tokens.as_mut()) {
-                            b.level = (b.level + c.tokens as f64).min(cap as f64);
-                        }
-                        if let (Some(cap), Some(b)) = (c.requests_per_minute, e.requests.as_mut()) {
-                            b.level = (b.level + 1.0).min(cap as f64);
-                        }
-                        if c.concurrent_requests.is_some() {
-                            e.in_flight = e.in_flight.saturating_sub(1);
-                        }
-                    });
-                }
-                // States for headers, as nothing was charged (the checks before the refused
-                // one were charged, then given back) and refilled to now (the checks after it
-                // were not reached), as the Redis store reports them.
-                for (i, c) in checks.iter().enumerate() {
-                    if i == index {
-                        continue;
-                    }
-                    let mut shard = self.shard(&c.limit, &c.tenant).lock();
-                    let st = match shard.get_mut(&(c.limit.clone(), c.tenant.clone())) {
-                        Some(e) => {
-                            refill_entry(c, e, now);
-                            state_of(c, e)
-                        }
-                        None => full_state(c),
-                    };
-                    if let Some(s) = states.get_mut(i) {
-                        *s = st;
-                    } else {
-                        states.push(st);
-                    }
-                }
-                Admission::Refused {
-                    index,
-                    kind,
-                    retry_after_ms,
-                    states,
-                }
-            }
+            Some((index, kind, retry_after_ms)) => Admission::Refused {
+                index,
+                kind,
+                retry_after_ms,
+                states,
+            },
         }
     }
 
@@ -263,23 +258,37 @@ impl MemoryStore {
 
     fn sweep_shard(&self, i: usize, now: f64) {
         if let Some(shard) = self.shards.get(i) {
+            // Forgotten only when full: a debt (or a drained request bucket) is kept until it
+            // is earned back, however long that takes, and then forgotten.
             shard.lock().retain(|_, e| {
                 e.in_flight > 0
                     || now - e.touched_ms < IDLE_MS
-                    || e.tokens.is_some_and(|b| b.level < 0.0)
+                    || e.tokens.is_some_and(|b| !b.is_full_at(now))
+                    || e.requests.is_some_and(|b| !b.is_full_at(now))
             });
         }
     }
 }
 
-/// Refills the buckets of `c` in `e` to `now`.
-fn refill_entry(c: &Check, e: &mut Entry, now: f64) {
-    if let (Some(cap), Some(b)) = (c.tokens_per_minute, e.tokens.as_mut()) {
-        b.refill(cap, now);
-    }
-    if let (Some(cap), Some(b)) = (c.requests_per_minute, e.requests.as_mut()) {
-        b.refill(cap, now);
-    }
+/// The entry of `c` in the locked shard `shard` (created empty if absent); `None` only if that
+/// shard was not locked, which [`MemoryStore::admit_now`] rules out.
+fn entry_in<'g>(
+    guards: &'g mut [(usize, MutexGuard<'_, AHashMap<Key, Entry>>)],
+    shard: Option<usize>,
+    c: &Check,
+    now: f64,
+) -> Option<&'g mut Entry> {
+    let shard = shard?;
+    let (_, map) = guards.iter_mut().find(|(i, _)| *i == shard)?;
+    Some(
+        map.entry((c.limit.clone(), c.tenant.clone()))
+            .or_insert_with(|| Entry {
+                tokens: None,
+                requests: None,
+                in_flight: 0,
+                touched_ms: now,
+            }),
+    )
 }
 
 fn state_of(c: &Check, e: &Entry) -> CheckState {
@@ -354,5 +363,53 @@ impl LimitStore for MemoryStore {
 
     fn stats(&self) -> &StoreStats {
         &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(tokens: u64) -> Check {
+        Check {
+            limit: "p/tpm".into(),
+            tenant: "t".into(),
+            tokens_per_minute: Some(100),
+            tokens,
+            requests_per_minute: None,
+            concurrent_requests: None,
+        }
+    }
+
+    fn sweep_all(store: &MemoryStore, now: f64) {
+        for i in 0..SHARDS {
+            store.sweep_shard(i, now);
+        }
+    }
+
+    /// A budget left in debt is kept while the debt is not earned back (forgetting it would
+    /// hand the tenant a full bucket), and forgotten once it is, however long after: it used
+    /// to be kept until touched again, as its level when last touched was negative.
+    #[test]
+    fn idle_sweep_forgets_a_repaid_debt() {
+        let store = MemoryStore::new();
+        assert!(matches!(
+            store.admit_now(&[check(100)]),
+            Admission::Admitted { .. }
+        ));
+        // Used 1000 of the 100 reserved: 900 of debt, repaid after 10 minutes at 100/min.
+        store.settle(vec![Settle {
+            limit: "p/tpm".into(),
+            tenant: "t".into(),
+            tokens_per_minute: Some(100),
+            token_delta: -900,
+            release_concurrency: false,
+            lease: 1,
+        }]);
+        let now = store.now_ms();
+        sweep_all(&store, now + 5.0 * 60_000.0);
+        assert_eq!(store.len(), 1, "a debt still owed was forgotten");
+        sweep_all(&store, now + 11.0 * 60_000.0);
+        assert!(store.is_empty(), "a repaid debt is kept forever");
     }
 }

@@ -79,7 +79,12 @@ local function resetms(level, cap)
   return math.ceil(w)
 end
 local tl, rl, cc, args = {}, {}, {}, {}
-local refused, kind, wait = 0, 0, 0
+-- The bound that keeps the request out longest (the first of equals) is the one refused, so
+-- that the wait said is when every bound passes.
+local refused, kind, wait = 0, 0, -1
+local function refuse(i, k, w)
+  if w > wait then refused, kind, wait = i, k, w end
+end
 for i = 1, n do
   local a = 3 + (i - 1) * 4
   local tpm, need, rpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
@@ -91,16 +96,12 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', KEYS[2 * i], '-inf', now)
     cc[i] = redis.call('ZCARD', KEYS[2 * i])
   end
-  if refused == 0 then
-    if tpm > 0 and not (need <= tl[i] or (need > tpm and tl[i] >= tpm)) then
-      refused, kind, wait = i, 1, waitms(tl[i], tpm, need)
-    elseif rpm > 0 and rl[i] < 1 then
-      refused, kind, wait = i, 2, waitms(rl[i], rpm, 1)
-    elseif conc > 0 and cc[i] >= conc then
-      refused, kind, wait = i, 3, 1000
-    end
-  end
+  -- A request larger than the whole capacity never fits (the limiter refuses it before).
+  if tpm > 0 and need > tl[i] then refuse(i, 1, waitms(tl[i], tpm, need)) end
+  if rpm > 0 and rl[i] < 1 then refuse(i, 2, waitms(rl[i], rpm, 1)) end
+  if conc > 0 and cc[i] >= conc then refuse(i, 3, 1000) end
 end
+if wait < 0 then wait = 0 end
 local out = {refused == 0 and 1 or 0, refused, kind, wait}
 for i = 1, n do
   local tpm, need, rpm, conc = args[i][1], args[i][2], args[i][3], args[i][4]
@@ -299,27 +300,38 @@ impl RedisStore {
                 .arg(c.concurrent_requests.unwrap_or(0));
         }
         let mut conn = self.conn.clone();
+        // Until an answer is in hand, the admission's slots are released behind it if it is
+        // given up: timed out, failed in a way that may have let it run, or dropped by its
+        // caller (the client went away while Redis was slow: hyper drops the handler's future,
+        // and a slot taken then would be held by nobody until its lease expires).
+        let mut lost = LostAdmission {
+            store: self,
+            checks,
+            lease,
+            armed: checks.iter().any(|c| c.concurrent_requests.is_some()),
+        };
         let reply: Vec<i64> =
             match tokio::time::timeout(self.config.timeout, inv.invoke_async(&mut conn)).await {
                 Ok(Ok(reply)) => reply,
                 Ok(Err(e)) => {
-                    if !certainly_not_run(&e) {
-                        self.release_lost_admission(checks, lease);
+                    if certainly_not_run(&e) {
+                        lost.armed = false;
                     }
                     return Err(StoreError(format!("Redis: {e}")));
                 }
-                Err(_) => {
-                    self.release_lost_admission(checks, lease);
-                    return Err(StoreError("Redis did not answer in time".into()));
-                }
+                Err(_) => return Err(StoreError("Redis did not answer in time".into())),
             };
-        parse_admission(&reply, checks, lease)
+        let admission = parse_admission(&reply, checks, lease)?;
+        // Answered: an admitted request's slots are now its reservation's to release.
+        lost.armed = false;
+        Ok(admission)
     }
 
-    /// An admission whose answer was lost (timeout, connection broken after sending) may still
-    /// run on Redis, taking concurrency slots nobody would release before the lease expires:
-    /// release them behind it (same connection, so after it). Its tokens stay charged, as for
-    /// a request dropped without usage: whether they were taken is unknown.
+    /// An admission whose answer was lost (timeout, connection broken after sending, its
+    /// caller gone) may still run on Redis, taking concurrency slots nobody would release
+    /// before the lease expires: release them behind it (same connection, so after it). Its
+    /// tokens stay charged, as for a request dropped without usage: whether they were taken is
+    /// unknown.
     fn release_lost_admission(&self, checks: &[Check], lease: u64) {
         let releases: Vec<Settle> = checks
             .iter()
@@ -334,6 +346,23 @@ impl RedisStore {
             })
             .collect();
         self.settle(releases);
+    }
+}
+
+/// An admission in flight: when dropped armed, its concurrency slots are released behind it
+/// ([`RedisStore::release_lost_admission`]).
+struct LostAdmission<'a> {
+    store: &'a RedisStore,
+    checks: &'a [Check],
+    lease: u64,
+    armed: bool,
+}
+
+impl Drop for LostAdmission<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.store.release_lost_admission(self.checks, self.lease);
+        }
     }
 }
 
