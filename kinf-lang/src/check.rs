@@ -771,8 +771,16 @@ impl<'a> Checker<'a> {
                 .matches
                 .as_ref()
                 .and_then(|m| self.request_cond(p.doc, &base.key("matches"), m, &scope));
+            // Budgets are keyed by this name in a store every pool shares: outside `default`
+            // it carries the namespace, or `team-a/p`'s and `team-b/p`'s limits of one name
+            // would spend one budget. (Names hold no `/`, so the forms cannot collide.)
+            let name = if &*p.namespace == "default" {
+                format!("{}/{}", p.name, l.name)
+            } else {
+                format!("{}/{}/{}", p.namespace, p.name, l.name)
+            };
             limits.push(Arc::new(CompiledLimit {
-                name: format!("{}/{}", p.name, l.name).into(),
+                name: name.into(),
                 condition,
                 tokens_per_minute: l.tokens_per_minute,
                 count: l.count.unwrap_or(TokenCount::Total),

@@ -527,7 +527,8 @@ pub enum Pick {
 /// A compiled token limit.
 #[derive(Debug)]
 pub struct CompiledLimit {
-    /// `policy/limit` name.
+    /// `policy/limit` (`namespace/policy/limit` outside the `default` namespace): the name
+    /// shown to clients and the key of its budgets.
     pub name: Arc<str>,
     /// Which requests it applies to.
     pub condition: Option<RequestCond>,
