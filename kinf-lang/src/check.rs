@@ -242,6 +242,35 @@ impl<'a> Checker<'a> {
         self.duration(doc, path, text, default)
     }
 
+    /// Like [`duration_pub`](Self::duration_pub) for a field where zero makes no sense (a
+    /// timeout every request would hit, a polling interval): `0s` is KINF0201 and the default
+    /// is used.
+    pub(crate) fn positive_duration(
+        &mut self,
+        doc: usize,
+        path: &FieldPath,
+        text: Option<&str>,
+        default: Duration,
+        why: &str,
+    ) -> Duration {
+        let d = self.duration(doc, path, text, default);
+        if !d.is_zero() {
+            return d;
+        }
+        self.report(
+            doc,
+            path,
+            Code::InvalidDuration,
+            format!("`{}` is zero: {why}", text.unwrap_or("0s")),
+            "zero",
+            Some(format!(
+                "write a duration above zero, or leave the field out for the default of {}",
+                kinf_grammar::format_duration(default)
+            )),
+        );
+        default
+    }
+
     pub(crate) fn source_ref_pub(&self, doc: usize, path: &FieldPath) -> SourceRef {
         self.source_ref(doc, path)
     }
@@ -574,11 +603,12 @@ impl<'a> Checker<'a> {
                     Some("add `url:` with the classifier's HTTP endpoint".into()),
                 );
             }
-            self.duration(
+            self.positive_duration(
                 g.doc,
                 &base.key("timeout"),
                 c.timeout.as_deref(),
                 Duration::from_millis(50),
+                "every request would time out",
             );
             if let Some(t) = &c.thresholds {
                 self.check_complexity_thresholds(g.doc, &base, c, t);

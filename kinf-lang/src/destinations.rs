@@ -175,12 +175,12 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
                 );
             }
         }
-        let interval = ck_duration(
-            ck,
+        let interval = ck.positive_duration(
             doc,
             &fpath!["spec", "metrics", "interval"],
             s.metrics.as_ref().and_then(|m| m.interval.as_deref()),
             Duration::from_secs(1),
+            "the endpoint would be scraped in a busy loop",
         );
         let mut prior = PerformancePrior::default();
         if let Some(p) = &s.performance {
@@ -314,12 +314,12 @@ pub(crate) fn lower_destinations(ck: &mut Checker<'_>, out: &mut CompiledPolicy)
     for p in &b.providers {
         let s = &p.spec;
         let doc = p.doc;
-        let timeout = ck_duration(
-            ck,
+        let timeout = ck.positive_duration(
             doc,
             &fpath!["spec", "timeout"],
             s.timeout.as_deref(),
             Duration::from_secs(60),
+            "every request would time out",
         );
         let expected_ttft = ck_duration(
             ck,
