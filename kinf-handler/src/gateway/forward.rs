@@ -307,7 +307,9 @@ struct Report {
 }
 
 /// Settles a rate-limit reservation with what the request used: the reported usage, else an
-/// estimate (the prompt, one output token per token event seen).
+/// estimate (the prompt, one output token per token event seen). Without usage that estimate
+/// refunds the whole `max_tokens` of an answer whose output was not counted (a non-streamed
+/// one): [`settle_or_keep_reservation`] keeps such an estimate charged.
 pub fn settle_reservation(
     reservation: Option<crate::tenants::Reservation>,
     c: &Chosen,
@@ -320,6 +322,26 @@ pub fn settle_reservation(
             output_tokens: o.token_events,
         });
         res.complete(&used);
+    }
+}
+
+/// Settles a rate-limit reservation when what the response generated is known, else keeps its
+/// whole estimate charged. With the usage the upstream reported, it is settled with that. Without
+/// it, a response whose output was counted as it passed (`output_counted`: a stream, one output
+/// token per token event) is settled with the estimate of [`settle_reservation`]; any other (a
+/// non-streamed answer without `usage`, one whose body could not be read, an error response)
+/// keeps the whole estimate: how much was generated is unknown, and the limit must not refund
+/// output that may have been produced. Dropping the reservation gives its concurrency back.
+pub fn settle_or_keep_reservation(
+    reservation: Option<crate::tenants::Reservation>,
+    c: &Chosen,
+    o: &ResponseObservation,
+    output_counted: bool,
+) {
+    if o.usage.is_some() || output_counted {
+        settle_reservation(reservation, c, o);
+    } else {
+        drop(reservation);
     }
 }
 
@@ -1217,10 +1239,8 @@ fn respond_provider(
             };
             report(&gw2, api, &chosen, &obs);
             // Without usage, a stream is charged the tokens seen; a whole answer's output was
-            // not counted, so its estimate stays charged (the reservation is dropped).
-            if obs.usage.is_some() || streamed {
-                settle_reservation(reservation, &chosen, &obs);
-            }
+            // not counted, so its estimate stays charged.
+            settle_or_keep_reservation(reservation, &chosen, &obs, streamed);
         }
     });
     builder.body(Body::from_stream(body)).unwrap_or_else(|e| {
@@ -1482,12 +1502,18 @@ async fn respond(
         }),
         tap: SseTap::new(api, inject_usage),
         upstream_ended: !is_sse,
+        // A whole 4xx answer read in full is the worker refusing the request (vLLM's 400 for
+        // a prompt over the context, say): nothing was generated, so only the prompt stays
+        // charged, as for a stream without token events.
+        output_counted: is_sse || (status.is_client_error() && answer.is_ok()),
     };
     let (builder, answer) = match (builder, answer) {
         (Some(b), Ok(a)) => (b, a),
         (_, answer) => {
             // Accounted (per tenant, objectives) as an answer that did not complete, by the
             // finisher; counted here only among the gateway's responses: the client gets a 502.
+            // The worker had the request and what it generated is unknown: the finisher keeps
+            // the token estimate charged.
             drop(fin);
             gw.metrics.count_request(api.label(), 502, "upstream_error");
             let why = answer.err().map_or_else(String::new, |e| format!(": {e}"));
@@ -1529,6 +1555,10 @@ struct Finisher {
     tap: SseTap,
     /// The upstream body ended (or failed): dropped before that, the client went away.
     upstream_ended: bool,
+    /// The answer is a stream whose token events the tap counts: without usage, its
+    /// reservation is settled with them. A whole answer's output is not counted: without
+    /// usage (none in the body, or a body that could not be read), its estimate stays charged.
+    output_counted: bool,
 }
 
 impl Finisher {
@@ -1552,7 +1582,7 @@ impl Drop for Finisher {
                 ResponseObservation::from_tap(r.status, &self.tap.observed, r.sent_at, r.started);
             obs.client_gone = !self.upstream_ended && !self.tap.observed.completed;
             report(&r.gw, r.api, &r.chosen, &obs);
-            settle_reservation(r.reservation, &r.chosen, &obs);
+            settle_or_keep_reservation(r.reservation, &r.chosen, &obs, self.output_counted);
         }
     }
 }
