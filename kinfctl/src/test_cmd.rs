@@ -96,6 +96,7 @@ fn case_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
 pub fn parse_cases(name: &str, text: &str) -> Result<Vec<(String, Case)>, Errors> {
     let (mut input, docs) = Input::parse(name, text)?;
     let mut cases = Vec::new();
+    let mut names = std::collections::HashSet::new();
     let mut ok = true;
     for doc in &docs {
         let root = &doc.root;
@@ -161,7 +162,19 @@ pub fn parse_cases(name: &str, text: &str) -> Result<Vec<(String, Case)>, Errors
         };
         for node in list {
             match case(&mut input, node) {
+                Some(c) if c.name.as_ref().is_some_and(|n| names.contains(n)) => {
+                    let name = c.name.unwrap_or_default();
+                    let span = node.get("name").map_or(node.span, |n| n.span);
+                    input.error(
+                        span,
+                        format!("two cases are named `{name}`: reports could not tell them apart"),
+                        Some("give each case of the file a name of its own".to_string()),
+                    );
+                    ok = false;
+                    cases.push((String::new(), empty_case()));
+                }
                 Some(c) => {
+                    names.extend(c.name.clone());
                     let n = cases.len() + 1;
                     let label = c.name.clone().unwrap_or_else(|| format!("{name}#{n}"));
                     cases.push((label, c));
@@ -278,9 +291,50 @@ fn expect(input: &mut Input, node: &Node) -> Option<serde_json::Map<String, serd
             ok = false;
             continue;
         }
-        out.insert(e.key.to_string(), e.value.to_json());
+        let value = e.value.to_json();
+        if let Some(allowed) = allowed_values(&e.key)
+            && let Some(v) = value.as_str()
+            && !allowed.contains(&v)
+        {
+            input.error(
+                e.value.span,
+                format!(
+                    "`expect.{}` is `{v}`, which no decision has: the case could never pass",
+                    e.key
+                ),
+                Some(kinf_lang::suggest::help_for(
+                    v,
+                    allowed.iter().copied(),
+                    "values",
+                )),
+            );
+            ok = false;
+            continue;
+        }
+        if e.key == "status"
+            && !matches!(value, serde_json::Value::Null)
+            && !value.as_u64().is_some_and(|s| (100..=599).contains(&s))
+        {
+            input.error(
+                e.value.span,
+                format!("`expect.status` must be an HTTP status code (100 to 599), not `{value}`"),
+                Some("a rejected decision's status, e.g. `503`, `404` or `429`".to_string()),
+            );
+            ok = false;
+            continue;
+        }
+        out.insert(e.key.to_string(), value);
     }
     ok.then_some(out)
+}
+
+/// The values `kinfctl explain` can give field `key`, when they are a closed set.
+fn allowed_values(key: &str) -> Option<&'static [&'static str]> {
+    match key {
+        "outcome" => Some(&["route", "reject"]),
+        "backendType" => Some(&["Local", "Provider"]),
+        _ => None,
+    }
 }
 
 fn load_cases(path: &Path) -> Result<Vec<(String, Case)>, Errors> {

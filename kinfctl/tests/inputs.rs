@@ -127,6 +127,40 @@ cases: []
     insta::assert_snapshot!("case_file_errors", errors);
 }
 
+/// Expected values no decision can have (a misspelt `outcome` or `backendType`, a status that is
+/// no HTTP status) and two cases of one name are errors before anything runs: the first would
+/// fail forever, the second makes reports ambiguous.
+#[test]
+fn impossible_expectations_and_repeated_names_are_errors() {
+    let text = "\
+cases:
+- name: misspelt outcome
+  request: { model: llama-70b }
+  expect: { outcome: rout }
+- name: lower-case backend
+  request: { model: llama-70b }
+  expect: { backendType: local, status: 5030 }
+- name: twice
+  request: { model: llama-70b }
+  expect: { outcome: reject, backendType: null, status: 503 }
+- name: twice
+  request: { model: llama-70b }
+  expect: { outcome: route, backendType: Provider }
+";
+    let errors: Vec<String> = kinfctl::test_cmd::parse_cases("cases.yaml", text)
+        .expect_err("invalid")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    insta::assert_snapshot!("impossible_expectations", errors.join("\n"));
+    // The same values, spelt as decisions spell them, are accepted.
+    let fixed = text
+        .replace("rout }", "route }")
+        .replace("local, status: 5030", "Local, status: 404")
+        .replacen("name: twice", "name: once", 1);
+    assert!(kinfctl::test_cmd::parse_cases("cases.yaml", &fixed).is_ok());
+}
+
 #[test]
 fn empty_case_inputs_fail() {
     let tmp = Tmp::new("inputs", "empty");
