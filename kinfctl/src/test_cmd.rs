@@ -377,14 +377,23 @@ pub fn run(
         let e = Error::new(ErrorKind::Read, "no test cases found");
         return report::error(json, out, err, e);
     }
+    // Every case is decided before any result is shown: a case whose request or state does not
+    // fit the policy (an endpoint no worker set has, say) is an error like those of the case
+    // files, reported with the others and before any `ok`/`FAIL` line.
+    let mut decided = Vec::with_capacity(all.len());
+    for (name, case) in all {
+        match decide_files(&policy, &case.request, &case.state) {
+            Ok(d) => decided.push((name, case, decision_json(&d))),
+            // The place of `e` (in the case file) stays a place; the case is named before it.
+            Err(e) => errors.push(e.about(name)),
+        }
+    }
+    if !errors.is_empty() {
+        return report::errors(json, out, err, &errors);
+    }
     let (mut passed, mut failed) = (0usize, 0usize);
     let mut results = Vec::new();
-    for (name, case) in all {
-        let got = match decide_files(&policy, &case.request, &case.state) {
-            Ok(d) => decision_json(&d),
-            // The place of `e` (in the case file) stays a place; the case is named before it.
-            Err(e) => return report::error(json, out, err, e.about(name)),
-        };
+    for (name, case, got) in decided {
         let warnings = tag_warnings(&policy, &case.request);
         if format == Format::Human {
             for w in &warnings {

@@ -161,6 +161,33 @@ cases:
     assert!(kinfctl::test_cmd::parse_cases("cases.yaml", &fixed).is_ok());
 }
 
+/// A case whose state names what the policy does not have is reported with every other such
+/// case, before any case's result: no `ok`/`FAIL` lines and a summary that counted half the
+/// cases.
+#[test]
+fn states_that_do_not_fit_the_policy_are_all_reported_before_any_result() {
+    let tmp = Tmp::new("inputs", "state-misfits");
+    let f = tmp.file(
+        "cases.yaml",
+        &format!(
+            "name: fine\n{LOCAL}---\nname: endpoint\nrequest: {{ model: llama-70b }}\nstate: {{ endpoints: {{ \"10.9.9.9:8000\": {{ queuedPrompts: 6 }} }} }}\nexpect: {{ outcome: route }}\n---\nname: provider\nrequest: {{ model: llama-70b }}\nstate: {{ providers: {{ nope: {{ ready: false }} }} }}\nexpect: {{ outcome: route }}\n"
+        ),
+    );
+    let (code, out, err) = test_cmd(&tmp, &[f]);
+    assert_eq!(code, EXIT_USAGE, "{out}\n{err}");
+    assert_eq!(out, "", "no result before the errors are fixed");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 2, "{err}");
+    assert!(
+        errors[0].contains("TMP/cases.yaml:7:23:") && errors[0].contains("10.9.9.9:8000"),
+        "{err}"
+    );
+    assert!(
+        errors[1].contains("TMP/cases.yaml:12:23:") && errors[1].contains("`nope`"),
+        "{err}"
+    );
+}
+
 #[test]
 fn empty_case_inputs_fail() {
     let tmp = Tmp::new("inputs", "empty");
