@@ -269,13 +269,21 @@ pub(crate) fn fnv(h: u64, bytes: &[u8]) -> u64 {
         .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
+/// How long a changed configuration directory must read the same before it is published
+/// ([`DirSource`]): a file caught mid-save (truncated then written, deleted then created again,
+/// a ConfigMap's `..data` swapped before its new files' links exist) reads differently a
+/// moment later, and is not applied.
+pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Directory mode as a [`ConfigSource`]: every `every`, the directory is read
 /// ([`crate::config_dir::Watch`]) and published when its content changed since `last`: the
 /// content of its YAML files and of every API key file they name (`apiKeys.file`, in the
 /// directory or not), so that an edit of a key file alone is applied like an edit of the YAML
 /// ([`crate::gateway::Gateway::apply_bundle`] reads and checks the key files before anything
-/// is applied). A directory that cannot be read publishes nothing (the last good policy stays
-/// in force).
+/// is applied). A change is published only once it has settled: read again [`SETTLE`] later,
+/// the content is the same (else it is read again at the next poll). A YAML file that cannot
+/// be read (or the directory) is published as its error, which refuses the bundle
+/// ([`crate::config_dir::read_dir_for_reload`]): the last good policy stays in force.
 #[derive(Clone, Debug)]
 pub struct DirSource {
     /// The directory (or one file).
@@ -298,21 +306,39 @@ impl ConfigSource for DirSource {
                 mut last,
             } = *self;
             let mut tick = tokio::time::interval(every);
+            // Settling takes time of its own: the next poll is `every` after it, not a burst.
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             let watch = Arc::new(parking_lot::Mutex::new(crate::config_dir::Watch::new(&dir)));
+            let read = || {
+                let w = watch.clone();
+                async move {
+                    match tokio::task::spawn_blocking(move || w.lock().read()).await {
+                        Ok(Ok(read)) => Some(read),
+                        Ok(Err(e)) => {
+                            tracing::error!(error = %e, "cannot read the configuration; the last good policy stays in force");
+                            None
+                        }
+                        Err(_) => None,
+                    }
+                }
+            };
             loop {
                 tick.tick().await;
-                let w = watch.clone();
-                let read = tokio::task::spawn_blocking(move || w.lock().read()).await;
-                let (sources, h) = match read {
-                    Ok(Ok(read)) => read,
-                    Ok(Err(e)) => {
-                        tracing::error!(error = %e, "cannot read the configuration; the last good policy stays in force");
-                        continue;
-                    }
-                    Err(_) => continue,
+                let Some((_, h)) = read().await else {
+                    continue;
                 };
                 if last == Some(h) {
+                    continue;
+                }
+                tokio::time::sleep(SETTLE).await;
+                let Some((sources, again)) = read().await else {
+                    continue;
+                };
+                if again != h {
+                    tracing::debug!(
+                        "the configuration is changing; it is read again at the next poll"
+                    );
                     continue;
                 }
                 last = Some(h);

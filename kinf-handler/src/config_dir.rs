@@ -7,6 +7,11 @@ use std::path::{Path, PathBuf};
 
 use kinf_lang::Sources;
 
+/// Largest policy file read: a whole Kubernetes ConfigMap holds at most 1 MiB, so a file over
+/// this is no policy (a log or a dump saved as `*.yaml`), and reading it whole would only cost
+/// memory.
+pub const MAX_FILE_BYTES: u64 = 8 << 20;
+
 /// Errors reading a configuration directory.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigDirError {
@@ -18,21 +23,180 @@ pub enum ConfigDirError {
         /// Why.
         source: std::io::Error,
     },
+    /// A `*.yaml`/`*.yml` path that is no regular file (a FIFO, a socket, a device): reading it
+    /// could block or never end.
+    #[error("cannot read `{path}`: not a regular file")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A file over [`MAX_FILE_BYTES`].
+    #[error("cannot read `{path}`: larger than {max} bytes", max = MAX_FILE_BYTES)]
+    TooLarge {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A file that is not UTF-8 text.
+    #[error(
+        "`{path}` is not UTF-8 text: byte 0x{byte:02X} at line {line}, column {column} (save it as UTF-8)"
+    )]
+    NotUtf8 {
+        /// The path.
+        path: PathBuf,
+        /// 1-based line of the first byte that is not UTF-8.
+        line: usize,
+        /// 1-based column (in characters) of that byte.
+        column: usize,
+        /// The byte.
+        byte: u8,
+    },
+    /// A directory that holds no `*.yaml`/`*.yml` file, subdirectories included: a mistyped
+    /// path or a directory being replaced, not a bundle without resources.
+    #[error(
+        "no policy files found: `{path}` holds no `*.yaml` or `*.yml` file (subdirectories included)"
+    )]
+    NoFiles {
+        /// The directory.
+        path: PathBuf,
+    },
 }
 
-/// Reads every YAML file under `dir` (or `dir` itself when it is a file).
+impl ConfigDirError {
+    /// The error as a refusal lists it: `file:line:col: error: message` when it has a place in
+    /// the file, else `file: error: message`.
+    pub fn diagnostic(&self) -> String {
+        match self {
+            ConfigDirError::Read { path, source } => {
+                format!("{}: error: cannot read the file: {source}", path.display())
+            }
+            ConfigDirError::NotAFile { path } => format!(
+                "{}: error: not a regular file (a FIFO, socket or device is not read)",
+                path.display()
+            ),
+            ConfigDirError::TooLarge { path } => format!(
+                "{}: error: the file is larger than {MAX_FILE_BYTES} bytes (8 MiB), the most a \
+                 policy file may be",
+                path.display()
+            ),
+            ConfigDirError::NotUtf8 {
+                path,
+                line,
+                column,
+                byte,
+            } => format!(
+                "{}:{line}:{column}: error: not UTF-8 text: byte 0x{byte:02X} (save the file as UTF-8)",
+                path.display()
+            ),
+            ConfigDirError::NoFiles { path } => format!(
+                "{}: error: no policy files found: the directory holds no `*.yaml` or `*.yml` \
+                 file (subdirectories included)",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// Reads every YAML file under `dir` (or `dir` itself when it is a file). The first file that
+/// cannot be read (not UTF-8, over [`MAX_FILE_BYTES`], no regular file) is an error; a directory
+/// without any is not.
 pub fn read_dir(dir: &Path) -> Result<Sources, ConfigDirError> {
-    let mut files = Vec::new();
-    collect(dir, &mut files, true)?;
     let mut sources = Sources::new();
-    for f in files {
-        let text = std::fs::read_to_string(&f).map_err(|source| ConfigDirError::Read {
-            path: f.clone(),
-            source,
-        })?;
+    for f in listed(dir) {
+        let f = f?;
+        let text = read_text(&f)?;
         sources.add(f.display().to_string(), text);
     }
     Ok(sources)
+}
+
+/// The text of a [`Sources`] entry that stands for a file that could not be read
+/// ([`read_dir_for_reload`]); recognised by its address, never by its content (a comment, so
+/// that whatever loads it finds no resource).
+static UNREADABLE: std::sync::LazyLock<std::sync::Arc<str>> = std::sync::LazyLock::new(|| {
+    std::sync::Arc::from("# kinference: this file could not be read\n")
+});
+
+/// Reads the configuration as [`read_dir`] does, for a reload: every file that cannot be read
+/// (and the directory itself, or a directory without any `*.yaml`/`*.yml` file) is an entry
+/// of the sources named by its [`ConfigDirError::diagnostic`], which [`unreadable`] lists and
+/// which refuses the bundle ([`crate::policy_store::PolicyStore::apply_resolved`]): the
+/// refusal is shown like a compilation's, and the last good policy stays in force.
+pub fn read_dir_for_reload(dir: &Path) -> Sources {
+    let mut sources = Sources::new();
+    let mut any = false;
+    for f in listed(dir) {
+        any = true;
+        match f.and_then(|f| read_text(&f).map(|text| (f, text))) {
+            Ok((f, text)) => {
+                sources.add(f.display().to_string(), text);
+            }
+            Err(e) => {
+                sources.add(e.diagnostic(), UNREADABLE.clone());
+            }
+        }
+    }
+    if !any {
+        let e = ConfigDirError::NoFiles {
+            path: dir.to_path_buf(),
+        };
+        sources.add(e.diagnostic(), UNREADABLE.clone());
+    }
+    sources
+}
+
+/// The errors of the files of `sources` that could not be read ([`read_dir_for_reload`]),
+/// rendered `file[:line:col]: error: message`; empty when every file was read.
+pub fn unreadable(sources: &Sources) -> Vec<String> {
+    sources
+        .iter()
+        .filter(|(_, f)| std::sync::Arc::ptr_eq(&f.text, &UNREADABLE))
+        .map(|(_, f)| f.name.clone())
+        .collect()
+}
+
+/// Reads one policy file: a regular file (a FIFO would block the reader), at most
+/// [`MAX_FILE_BYTES`], UTF-8 (the first other byte is located by line and column).
+fn read_text(path: &Path) -> Result<String, ConfigDirError> {
+    use std::io::Read;
+    let read_err = |source| ConfigDirError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    // The type first: opening a FIFO blocks until someone writes to it.
+    let meta = std::fs::metadata(path).map_err(read_err)?;
+    if !meta.is_file() {
+        return Err(ConfigDirError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(ConfigDirError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    // `len` bounds the allocation (checked above); `take` the read, should the file grow.
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(ConfigDirError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = e.utf8_error().valid_up_to();
+        let bytes = e.as_bytes();
+        let before = std::str::from_utf8(bytes.get(..valid).unwrap_or_default()).unwrap_or("");
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        ConfigDirError::NotUtf8 {
+            path: path.to_path_buf(),
+            line: before.matches('\n').count() + 1,
+            column: before.get(line_start..).unwrap_or("").chars().count() + 1,
+            byte: bytes.get(valid).copied().unwrap_or(0),
+        }
+    })
 }
 
 /// The directory that relative paths of a configuration (API key files, tokenizers, credential
@@ -114,16 +278,19 @@ impl Watch {
         }
     }
 
-    /// Reads the YAML ([`read_dir`]) and returns it with a hash of its content and of the
-    /// content of every API key file and provider credential file it names: an edit of one of
-    /// those files alone changes the hash.
+    /// Reads the YAML ([`read_dir_for_reload`]) and returns it with a hash of its content and
+    /// of the content of every API key file and provider credential file it names: an edit of
+    /// one of those files alone changes the hash.
     /// The key files are hashed as the policy's fingerprint counts them
     /// ([`crate::tenants::identity::KeyFiles::fingerprint`]); one that cannot be read hashes
     /// as such (the apply refuses the bundle for it,
-    /// [`crate::gateway::Gateway::apply`]); the YAML cannot be read: an error. Without key
-    /// files the hash is [`crate::bundle::sources_hash`].
+    /// [`crate::gateway::Gateway::apply`]). A YAML file that cannot be read (or the
+    /// directory) is in the sources as its error ([`unreadable`]), which refuses the bundle
+    /// when it is applied; the hash covers the error, so that the fix is a change. Without key
+    /// files the hash is [`crate::bundle::sources_hash`]. Never an error (the `Result` is kept
+    /// for callers).
     pub fn read(&mut self) -> Result<(Sources, u64), ConfigDirError> {
-        let sources = read_dir(&self.config)?;
+        let sources = read_dir_for_reload(&self.config);
         let yaml = crate::bundle::sources_hash(&sources);
         let (named, credentials) = match &mut self.named {
             Some((h, named, credentials)) if *h == yaml => (named, credentials),
@@ -146,18 +313,46 @@ impl Watch {
     }
 }
 
-fn collect(p: &Path, out: &mut Vec<PathBuf>, explicit: bool) -> Result<(), ConfigDirError> {
+/// The YAML files under `p` (or `p` itself), in path order, with an error in place of what
+/// could not be listed.
+fn listed(p: &Path) -> Vec<Result<PathBuf, ConfigDirError>> {
+    let mut out = Vec::new();
+    collect(p, &mut out, &mut std::collections::HashSet::new(), true);
+    out
+}
+
+/// Collects the YAML files under `p` into `out`. A directory is read once: one reached again
+/// through a link (`ln -s . again`, or a link up the tree) is skipped, where it listed every
+/// file again at each level until the path was too long to resolve (its resources defined
+/// dozens of times over). `seen`: the directories read, by device and inode.
+fn collect(
+    p: &Path,
+    out: &mut Vec<Result<PathBuf, ConfigDirError>>,
+    seen: &mut std::collections::HashSet<(u64, u64)>,
+    explicit: bool,
+) {
     let read_err = |source| ConfigDirError::Read {
         path: p.to_path_buf(),
         source,
     };
-    let meta = std::fs::metadata(p).map_err(read_err)?;
+    let meta = match std::fs::metadata(p) {
+        Ok(meta) => meta,
+        // A YAML file (a dangling symlink, say) is listed with its error; anything else that
+        // cannot be seen is no policy file.
+        Err(e) if explicit || is_yaml(p) => return out.push(Err(read_err(e))),
+        Err(_) => return,
+    };
     if meta.is_dir() {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
-            .map_err(|source| ConfigDirError::Read {
-                path: p.to_path_buf(),
-                source,
-            })?
+        if let Some(id) = dir_id(&meta)
+            && !seen.insert(id)
+        {
+            return;
+        }
+        let entries = match std::fs::read_dir(p) {
+            Ok(entries) => entries,
+            Err(e) => return out.push(Err(read_err(e))),
+        };
+        let mut entries: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|e| {
                 !e.file_name()
@@ -166,16 +361,32 @@ fn collect(p: &Path, out: &mut Vec<PathBuf>, explicit: bool) -> Result<(), Confi
             .collect();
         entries.sort();
         for e in entries {
-            collect(&e, out, false)?;
+            collect(&e, out, seen, false);
         }
-    } else if explicit || p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
-        out.push(p.to_path_buf());
+    } else if explicit || is_yaml(p) {
+        out.push(Ok(p.to_path_buf()));
     }
-    Ok(())
+}
+
+/// A directory's identity: its device and inode.
+#[cfg(unix)]
+fn dir_id(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    Some((meta.dev(), meta.ino()))
+}
+
+/// A directory's identity: none known off Unix (links are followed as they come).
+#[cfg(not(unix))]
+fn dir_id(_: &std::fs::Metadata) -> Option<(u64, u64)> {
+    None
+}
+
+fn is_yaml(p: &Path) -> bool {
+    p.extension().is_some_and(|x| x == "yaml" || x == "yml")
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::panic)]
 mod tests {
     use super::*;
 
@@ -218,6 +429,47 @@ spec:
         assert_eq!(h, crate::bundle::sources_hash(&sources));
         let _ = std::fs::remove_dir_all(&root);
     }
+    #[test]
+    fn a_file_that_is_not_utf8_is_located_by_line_and_character_column() {
+        let root = std::env::temp_dir().join(format!("kinf-utf8-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let f = root.join("a.yaml");
+        let at = |bytes: &[u8]| {
+            std::fs::write(&f, bytes).unwrap();
+            match read_dir(&root).unwrap_err() {
+                ConfigDirError::NotUtf8 {
+                    line, column, byte, ..
+                } => (line, column, byte),
+                e => panic!("{e}"),
+            }
+        };
+        // UTF-16 (its byte order mark), and after `é` (two bytes, one column) on line 2.
+        assert_eq!(at(b"\xff\xfek\0i\0"), (1, 1, 0xFF));
+        assert_eq!(
+            at("a: 1\nb: \u{e9}"
+                .as_bytes()
+                .iter()
+                .chain(b"\xe9")
+                .copied()
+                .collect::<Vec<_>>()
+                .as_slice()),
+            (2, 5, 0xE9)
+        );
+        let e = read_dir(&root).unwrap_err();
+        assert!(
+            e.diagnostic()
+                .starts_with(&format!("{}:2:5: error: not UTF-8", f.display())),
+            "{}",
+            e.diagnostic()
+        );
+        // Read for a reload, the file is its error: nothing of it is compiled.
+        let sources = read_dir_for_reload(&root);
+        assert_eq!(unreadable(&sources), [e.diagnostic()]);
+        std::fs::write(&f, "a: 1\n").unwrap();
+        assert!(unreadable(&read_dir_for_reload(&root)).is_empty());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
     #[test]
     fn the_hash_covers_the_provider_credential_files_the_yaml_names() {
         let root = std::env::temp_dir().join(format!("kinf-watch-creds-{}", std::process::id()));

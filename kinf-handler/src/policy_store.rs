@@ -5,7 +5,8 @@
 //!
 //! The store is the one record of the last refusal: a bundle refused before it is compiled
 //! (directory mode: for an API key file that cannot be loaded) is recorded here too
-//! ([`PolicyStore::record_refusal`]).
+//! ([`PolicyStore::record_refusal`]), and so is one with a file that could not be read
+//! ([`crate::config_dir::read_dir_for_reload`]: not UTF-8, too large, gone while read).
 //!
 //! Kubernetes mode isolates namespaces ([`crate::bundle::NamespaceIsolation`]): a bundle with
 //! errors in some namespaces applies every other namespace's objects, and each refused
@@ -167,6 +168,20 @@ impl PolicyStore {
         sources: &Sources,
         resolved: &crate::bundle::Resolved,
     ) -> (ApplyOutcome, Vec<Diagnostic>) {
+        // Directory mode: a file that could not be read (not UTF-8, too large, gone) is in the
+        // sources as its error. The rest is not compiled: without that file it could compile,
+        // and applying it would drop whatever the file holds.
+        let unreadable = crate::config_dir::unreadable(sources);
+        if !unreadable.is_empty() {
+            let errors = unreadable.len();
+            self.record_refusal(Rejected {
+                fingerprint: crate::bundle::sources_hash(sources),
+                errors: unreadable,
+                codes: Vec::new(),
+                namespaces: None,
+            });
+            return (ApplyOutcome::Refused { errors }, Vec::new());
+        }
         let c = compile_resolved(sources, resolved);
         if c.policy.is_none()
             && let Some((merged, mc, kept)) = isolate(&c, sources, resolved)

@@ -51,6 +51,18 @@ fn chat(model: &str) -> Vec<u8> {
     .unwrap()
 }
 
+/// A streamed chat request for `n` choices.
+fn streamed_chat(model: &str, n: u32) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 16,
+        "n": n,
+        "stream": true
+    }))
+    .unwrap()
+}
+
 fn decide_req(body: Vec<u8>) -> DecideRequest {
     DecideRequest {
         path: "/v1/chat/completions".into(),
@@ -944,8 +956,9 @@ async fn report_with_n_choices_measures_tpot_over_the_longest_choice() {
         Some(decide_response::Outcome::Route(route)) => route,
         other => panic!("expected a route, got {other:?}"),
     };
+    // A streamed request: only a stream has a first token, hence a TPOT.
     let route = route(
-        c.decide(decide_req(chat("qwen")))
+        c.decide(decide_req(streamed_chat("qwen", 2)))
             .await
             .unwrap()
             .into_inner(),
@@ -1005,4 +1018,223 @@ async fn report_with_n_choices_measures_tpot_over_the_longest_choice() {
         (sum - 0.1).abs() < 1e-9,
         "0.4 s over the longest choice's 4 gaps: {sum}"
     );
+}
+
+/// Decides `body` and returns the route's decision id.
+async fn decision_id(c: &mut HandlerClient<tonic::transport::Channel>, body: Vec<u8>) -> String {
+    match c
+        .decide(decide_req(body))
+        .await
+        .unwrap()
+        .into_inner()
+        .outcome
+    {
+        Some(decide_response::Outcome::Route(route)) => route.decision_id,
+        other => panic!("expected a route, got {other:?}"),
+    }
+}
+
+/// Every metric, rendered: what a refused report must leave as it was.
+fn rendered(gw: &Gateway) -> String {
+    let mut text = String::new();
+    gw.metrics.render(&mut text);
+    text
+}
+
+/// A complete 200 with a first token at 0.1 s, 11 output tokens and 1.1 s in all.
+fn full_report(decision_id: &str) -> ReportRequest {
+    ReportRequest {
+        decision_id: decision_id.to_owned(),
+        status: 200,
+        ttft_seconds: Some(0.1),
+        mean_itl_seconds: Some(0.1),
+        usage: Some(Usage {
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            completion_tokens: 11,
+        }),
+        completed: true,
+        duration_seconds: 1.1,
+        longest_choice_tokens: None,
+    }
+}
+
+/// grpc.md: `ttft_seconds` is for streamed responses; metrics.md: TTFT, prefill time and TPOT
+/// are measured on streamed responses only, and a non-streamed request has no first-token
+/// time. A `Report` that gives a non-streamed request one anyway must not feed them (nor the
+/// endpoint's TTFT model, nor the inter-token gaps a non-streamed response does not have); its
+/// duration and tokens still count.
+#[tokio::test]
+async fn report_of_a_non_streamed_request_feeds_no_first_token_metrics() {
+    let (gw, url) = start_gateway().await;
+    let mut c = HandlerClient::connect(url).await.unwrap();
+    let golden = [("tenant", "anonymous"), ("model", "qwen")];
+    let count = |name: &str| gw.metrics.value(name, &golden).unwrap_or(0.0);
+    let upstream_ttft = || {
+        rendered(&gw)
+            .lines()
+            .filter(|l| l.starts_with("kinference_upstream_ttft_seconds_count{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+
+    let id = decision_id(&mut c, chat("qwen")).await;
+    c.report(full_report(&id)).await.unwrap();
+    for name in [
+        "kinference_ttft_seconds_count",
+        "kinference_itl_seconds_count",
+        "kinference_tpot_seconds_count",
+    ] {
+        assert_eq!(count(name), 0.0, "{name} of a non-streamed request");
+    }
+    assert_eq!(upstream_ttft(), 0.0, "the TTFT model learns nothing");
+    let prefill: f64 = rendered(&gw)
+        .lines()
+        .filter(|l| l.starts_with("kinference_tenant_prefill_seconds_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(prefill, 0.0, "no prefill time without a first token");
+    assert_eq!(count("kinference_e2e_latency_seconds_count"), 1.0);
+    let decode: f64 = rendered(&gw)
+        .lines()
+        .filter(|l| l.starts_with("kinference_tenant_decode_seconds_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert!((decode - 1.1).abs() < 1e-9, "the whole duration: {decode}");
+
+    // The same report of a streamed request feeds them all.
+    let id = decision_id(&mut c, streamed_chat("qwen", 1)).await;
+    c.report(full_report(&id)).await.unwrap();
+    for name in [
+        "kinference_ttft_seconds_count",
+        "kinference_itl_seconds_count",
+        "kinference_tpot_seconds_count",
+    ] {
+        assert_eq!(count(name), 1.0, "{name} of a streamed request");
+    }
+    assert_eq!(upstream_ttft(), 1.0);
+    let tpot = count("kinference_tpot_seconds_sum");
+    assert!((tpot - 0.1).abs() < 1e-9, "1 s over 10 gaps: {tpot}");
+}
+
+/// grpc.md: times that are negative or not finite, or a first token after the response ended,
+/// are refused with `INVALID_ARGUMENT` naming the field; nothing is counted and the decision
+/// stays pending, so that the corrected report is taken.
+#[tokio::test]
+async fn report_refuses_negative_or_non_finite_times_by_name_and_counts_nothing() {
+    let (gw, url) = start_gateway().await;
+    let mut c = HandlerClient::connect(url).await.unwrap();
+    let id = decision_id(&mut c, streamed_chat("qwen", 1)).await;
+    let good = full_report(&id);
+    let before = rendered(&gw);
+    for v in [-0.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        for (bad, field) in [
+            (
+                ReportRequest {
+                    ttft_seconds: Some(v),
+                    ..good.clone()
+                },
+                "ttft_seconds",
+            ),
+            (
+                ReportRequest {
+                    mean_itl_seconds: Some(v),
+                    ..good.clone()
+                },
+                "mean_itl_seconds",
+            ),
+            (
+                ReportRequest {
+                    duration_seconds: v,
+                    ..good.clone()
+                },
+                "duration_seconds",
+            ),
+        ] {
+            let e = c.report(bad).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{field} {v}: {e:?}");
+            assert!(
+                e.message().starts_with(&format!("{field} is ")),
+                "{field} {v}: {}",
+                e.message()
+            );
+        }
+    }
+    // A first token after the end of the response (or with no duration at all).
+    for duration_seconds in [0.05, 0.0] {
+        let e = c
+            .report(ReportRequest {
+                duration_seconds,
+                ..good.clone()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(
+            e.message()
+                .starts_with("ttft_seconds (0.1) exceeds duration_seconds"),
+            "{}",
+            e.message()
+        );
+    }
+    assert_eq!(rendered(&gw), before, "a refused report counts nothing");
+    // `-0.0` is zero, not negative.
+    c.report(ReportRequest {
+        mean_itl_seconds: Some(-0.0),
+        ..good.clone()
+    })
+    .await
+    .unwrap();
+    assert_ne!(rendered(&gw), before);
+}
+
+/// An unknown decision id, a second report of one, and a report after its decision expired
+/// are `NOT_FOUND` naming the id (cut short when long) and count nothing.
+#[tokio::test]
+async fn reports_of_unknown_reported_or_expired_decisions_are_not_found_and_count_nothing() {
+    use kinf_handler::grpc::handler::HandlerService;
+    use kinf_handler::grpc::pending::Pending;
+
+    let (gw, url) = start_gateway().await;
+    let mut c = HandlerClient::connect(url).await.unwrap();
+    let id = decision_id(&mut c, streamed_chat("qwen", 1)).await;
+    c.report(full_report(&id)).await.unwrap();
+    let before = rendered(&gw);
+    let e = c.report(full_report(&id)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert!(e.message().contains(&format!("`{id}`")), "{}", e.message());
+    let e = c.report(full_report("no-such-decision")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert!(
+        e.message().contains("`no-such-decision`"),
+        "{}",
+        e.message()
+    );
+    // A huge id is not sent back whole (the message travels in a header).
+    let huge = "x".repeat(1 << 20);
+    let e = c.report(full_report(&huge)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert!(e.message().len() < 200, "{}", e.message().len());
+    assert!(e.message().contains(&format!("`{}...`", &huge[..64])));
+    assert_eq!(rendered(&gw), before, "nothing counted");
+
+    // Expired: a store whose decisions live 50 ms.
+    let svc = HandlerService::new(
+        gw.clone(),
+        Arc::new(Pending::new(std::time::Duration::from_millis(50), 16)),
+    );
+    let routed = svc
+        .decide_request(decide_req(streamed_chat("qwen", 1)))
+        .await;
+    let Some(decide_response::Outcome::Route(route)) = routed.outcome else {
+        panic!("expected a route, got {routed:?}");
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(80)).await;
+    let before = rendered(&gw);
+    let e = svc
+        .report_outcome(&full_report(&route.decision_id))
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert!(e.message().contains("expired"), "{}", e.message());
+    assert_eq!(rendered(&gw), before, "nothing counted");
 }

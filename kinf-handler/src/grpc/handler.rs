@@ -98,6 +98,7 @@ impl HandlerService {
             chosen: chosen.clone(),
             reservation,
             stream_slot,
+            streamed: admitted.parsed.stream,
         });
         Ok(Route {
             endpoint: chosen.endpoint.to_string(),
@@ -136,24 +137,46 @@ impl HandlerService {
                     req.status
                 ))
             })?;
+        // Times are durations: a negative or non-finite one is a bug of the caller, refused by
+        // name (the decision stays pending) rather than learned from or silently dropped.
+        let ttft = seconds("ttft_seconds", req.ttft_seconds)?;
+        let mean_itl = seconds("mean_itl_seconds", req.mean_itl_seconds)?;
+        let duration = seconds("duration_seconds", Some(req.duration_seconds))?.unwrap_or(0.0);
+        if let Some(t) = ttft
+            && t > duration
+        {
+            return Err(tonic::Status::invalid_argument(format!(
+                "ttft_seconds ({t}) exceeds duration_seconds ({duration}): the first token \
+                 cannot come after the response ended (duration_seconds is required with \
+                 ttft_seconds)"
+            )));
+        }
         let Some(p) = self.pending.take(&req.decision_id) else {
             return Err(tonic::Status::not_found(format!(
                 "no pending decision `{}` (never made, already reported, or expired)",
-                req.decision_id
+                shortened(&req.decision_id)
             )));
         };
-        let finite = |x: Option<f64>| x.filter(|v| v.is_finite() && *v >= 0.0);
+        // Only a streamed response has a first token and gaps between tokens (grpc.md,
+        // metrics.md): a non-streamed one's `ttft_seconds` is the time to its whole body, which
+        // would teach the endpoint's TTFT model, the TTFT and prefill metrics and TPOT a
+        // decode time of zero. Ignored for it, as the HTTP gateway never measures one.
+        let (ttft, mean_itl) = if p.streamed {
+            (ttft, mean_itl)
+        } else {
+            (None, None)
+        };
         let obs = ResponseObservation {
             status,
             // The caller measured both from when it sent the request on.
-            ttft_s: finite(req.ttft_seconds),
-            upstream_ttft_s: finite(req.ttft_seconds),
-            mean_itl_s: finite(req.mean_itl_seconds),
+            ttft_s: ttft,
+            upstream_ttft_s: ttft,
+            mean_itl_s: mean_itl,
             usage: req.usage.map(|u| {
                 TokenUsage::from_openai(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
             }),
             completed: req.completed,
-            duration_s: finite(Some(req.duration_seconds)).unwrap_or(0.0),
+            duration_s: duration,
             token_events: 0,
             longest_share,
             // What the caller reports is the response it passed on.
@@ -166,6 +189,29 @@ impl HandlerService {
             forward::settle_reservation(p.reservation, &p.chosen, &obs);
         }
         Ok(())
+    }
+}
+
+/// A reported time in seconds: finite and not negative, else `INVALID_ARGUMENT` naming
+/// `field`.
+#[allow(clippy::result_large_err)]
+fn seconds(field: &str, value: Option<f64>) -> Result<Option<f64>, tonic::Status> {
+    match value {
+        Some(v) if !v.is_finite() || v < 0.0 => Err(tonic::Status::invalid_argument(format!(
+            "{field} is {v}: expected a finite number of seconds, 0 or more"
+        ))),
+        // `-0.0` is 0.
+        v => Ok(v.map(|v| v.max(0.0))),
+    }
+}
+
+/// `id` as quoted in an error: at most 64 characters (the status message goes back in a
+/// header; a decision id is 24).
+fn shortened(id: &str) -> String {
+    const MAX: usize = 64;
+    match id.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}...", &id[..cut]),
+        None => id.to_owned(),
     }
 }
 

@@ -27,6 +27,9 @@ pub struct PendingDecision {
     pub reservation: Option<crate::tenants::Reservation>,
     /// Its tenant's stream slot (a streamed request), held until the report.
     pub stream_slot: Option<crate::gateway::streams::StreamSlot>,
+    /// The client asked for a stream: only then does a report's first-token time and
+    /// inter-token gap mean anything.
+    pub streamed: bool,
 }
 
 #[derive(Debug, Default)]
