@@ -16,7 +16,7 @@ use kinf_handler::grpc::ext_proc_v3::external_processor_client::ExternalProcesso
 use kinf_handler::grpc::ext_proc_v3::processing_request::Request as Req;
 use kinf_handler::grpc::ext_proc_v3::processing_response::Response as Resp;
 use kinf_handler::grpc::ext_proc_v3::{
-    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
 };
 use kinf_handler::grpc::handler::HandlerService;
 use kinf_handler::grpc::handler_v1::{
@@ -429,5 +429,86 @@ async fn ext_proc_adds_the_tenants_rate_limit_headers_to_the_response() {
     assert_eq!(
         rate_limit_headers(&solo.send(response_headers_end()).await),
         Vec::new()
+    );
+}
+
+/// Response headers with `status`, more (a body) to follow.
+fn response_headers(status: u16) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Req::ResponseHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    hv(":status", &status.to_string()),
+                    hv("content-type", "application/json"),
+                ],
+            }),
+            end_of_stream: false,
+        })),
+        ..Default::default()
+    }
+}
+
+/// Through ext_proc with Envoy sending buffered response bodies, tenant `acme` sends a
+/// non-streamed request answered with `status` and `answer` (no `usage`), then a second one:
+/// the tokens left after the first's reservation and after the second's.
+async fn remaining_around(tag: &str, status: u16, answer: serde_json::Value) -> (i64, i64) {
+    let gw = gateway(tag);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(kinf_handler::grpc::serve_grpc(gw, listener));
+    let left = |r: &ProcessingResponse| -> i64 {
+        header(&rate_limit_headers(r), "x-ratelimit-remaining-tokens")
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let mut first = Exchange::open(&url).await;
+    let mut h = request_headers("acme");
+    h.protocol_config = Some(ProtocolConfiguration {
+        request_body_mode: 2,
+        response_body_mode: 2,
+        send_body_without_waiting_for_header_response: false,
+    });
+    first.send(h).await;
+    first.send(request_body(body("tiny-llama", false))).await;
+    let after_first = left(&first.send(response_headers(status)).await);
+    first
+        .send(ProcessingRequest {
+            request: Some(Req::ResponseBody(HttpBody {
+                body: serde_json::to_vec(&answer).unwrap(),
+                end_of_stream: true,
+            })),
+            ..Default::default()
+        })
+        .await;
+    let mut second = Exchange::open(&url).await;
+    second.request("acme").await;
+    let after_second = left(&second.send(response_headers_end()).await);
+    (after_first, after_second)
+}
+
+/// A whole answer without `usage` may have generated up to `max_tokens` (40): its estimate
+/// stays charged, so the second request finds the first's whole reservation still spent. A
+/// worker's 400 generated nothing: only the first's prompt stays charged.
+#[tokio::test]
+async fn ext_proc_keeps_the_estimate_of_an_answer_without_usage_and_settles_a_4xx_as_its_prompt() {
+    let answer = json!({"id": "x", "object": "chat.completion", "model": "tiny-llama",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                     "finish_reason": "stop"}]});
+    let (first, second) = remaining_around("extproc-no-usage", 200, answer).await;
+    // The second reserved its prompt and 40 more, and nothing of the first came back (a few
+    // tokens may have refilled meanwhile).
+    assert!(
+        first - second >= 40,
+        "{first} → {second}: the first's max_tokens came back"
+    );
+    let error = json!({"object": "error", "message": "too long", "type": "BadRequestError",
+                       "param": null, "code": 400});
+    let (first, second) = remaining_around("extproc-4xx", 400, error).await;
+    // The first's 40 output tokens came back, and the second reserved about as much as the
+    // first had: what is spent is little more than the first's prompt.
+    assert!(
+        first - second < 40,
+        "{first} → {second}: the 4xx stayed charged as output"
     );
 }

@@ -724,12 +724,14 @@ impl Exchange {
         }
         let obs = ResponseObservation::from_tap(r.status, &r.tap.observed, r.sent_at, r.started);
         forward::report(&self.gw, r.api, &r.chosen, &obs);
-        // Settled with the usage or the tokens seen; when Envoy does not send the response
-        // body, what was generated is unknown and the whole estimate stays charged (dropped:
-        // concurrency given back).
+        // As over HTTP: settled with the usage; without it, a stream with the tokens seen and a
+        // worker's whole 4xx answer with the prompt alone. Otherwise (Envoy does not send the
+        // response body, a whole answer without usage or cut short) what was generated is
+        // unknown and the whole estimate stays charged (dropped: concurrency given back).
         let reservation = r.reservation.take();
         if body_seen {
-            forward::settle_reservation(reservation, &r.chosen, &obs);
+            let output_counted = r.stream || ((400..500).contains(&r.status) && ended);
+            forward::settle_or_keep_reservation(reservation, &r.chosen, &obs, output_counted);
         }
         r.stream_slot = None;
     }
