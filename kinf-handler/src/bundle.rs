@@ -229,9 +229,27 @@ pub async fn apply_loop(
         let gw2 = gw.clone();
         let b2 = bundle.clone();
         let before = gw.store.current().map(|a| a.generation);
-        let Ok((outcome, diags)) = tokio::task::spawn_blocking(move || gw2.apply_bundle(&b2)).await
-        else {
-            continue;
+        let (outcome, diags) = match tokio::task::spawn_blocking(move || gw2.apply_bundle(&b2))
+            .await
+        {
+            Ok(r) => r,
+            // A panic while compiling or applying (a bug): the policy in force stays (it is
+            // swapped only whole), and the bundle is refused visibly — logged, in `lastRefused`
+            // and `/readyz`, counted — rather than dropped without a word.
+            Err(e) => {
+                let why = panic_message(e);
+                tracing::error!(revision = bundle.revision, panic = %why, "applying the bundle panicked: refused, the policy in force stays");
+                gw.store.record_refusal(crate::policy_store::Rejected {
+                    fingerprint: sources_hash(&bundle.sources),
+                    errors: vec![format!(
+                        "error: applying the bundle failed inside Kinference (a bug; please report it): {why}"
+                    )],
+                    codes: Vec::new(),
+                    namespaces: None,
+                });
+                gw.metrics.set_policy_refused(true, 0);
+                continue;
+            }
         };
         // A refused Kubernetes bundle may still re-apply the policy in force with new
         // endpoints: live ingestion follows whenever the generation in force changed.
@@ -243,6 +261,18 @@ pub async fn apply_loop(
         if let Some(after) = &after {
             after(&gw, &bundle, &outcome, &diags);
         }
+    }
+}
+
+/// The message of a task's panic (or why it did not finish).
+fn panic_message(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(p) => p
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_owned()),
+        Err(e) => e.to_string(),
     }
 }
 
@@ -350,5 +380,22 @@ impl ConfigSource for DirSource {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    #[tokio::test]
+    async fn a_panics_message_is_what_the_refusal_shows() {
+        let e = tokio::task::spawn_blocking(|| panic!("index out of range: {}", 7))
+            .await
+            .unwrap_err();
+        assert_eq!(super::panic_message(e), "index out of range: 7");
+        let e = tokio::task::spawn_blocking(|| std::panic::panic_any(3u8))
+            .await
+            .unwrap_err();
+        assert_eq!(super::panic_message(e), "(no message)");
     }
 }
