@@ -93,6 +93,12 @@ pub const FIRST_TOKEN_STEPS: f64 = 1.5;
 /// with output lengths alike, half).
 pub const DECODE_OVERLAP: f64 = 0.5;
 
+/// A residual larger than this many times the moving average of the residuals learned from,
+/// and than this many times the prediction, is learned as that many ([`TtftModel::observe`]).
+pub const OUTLIER_SCALES: f64 = 4.0;
+/// The least limit on a residual learned from, in seconds ([`TtftModel::observe`]).
+pub const MIN_RESIDUAL_LIMIT_S: f64 = 0.05;
+
 /// Coefficients of the model: `[overhead_s, s_per_token, per_queued_s, per_running_s]`.
 const N: usize = 4;
 /// The least value of each coefficient.
@@ -111,6 +117,9 @@ pub struct TtftModel {
     observations: u64,
     abs_error_ewma_s: f64,
     rel_error_ewma: f64,
+    /// Moving average of the residuals learned from, each limited as [`observe`](Self::observe)
+    /// describes: the scale against which a residual counts as an outlier.
+    residual_scale_s: f64,
 }
 
 impl TtftModel {
@@ -144,6 +153,7 @@ impl TtftModel {
             observations: 0,
             abs_error_ewma_s: 0.0,
             rel_error_ewma: 0.0,
+            residual_scale_s: 0.0,
         }
     }
 
@@ -254,18 +264,35 @@ impl TtftModel {
     /// Learns from one observed TTFT (seconds) of a request whose prediction inputs were these:
     /// one step of recursive least squares with forgetting, its covariance kept symmetric and
     /// bounded by the prior's, and the coefficients kept in range (`constrain`).
+    ///
+    /// An observation that is not a positive finite number, or whose inputs are not finite, is
+    /// ignored: no first token comes in no time (a reporter's 0 means "unknown"), and a NaN or
+    /// infinite input cannot be learned from (it made the error averages infinite for good).
+    ///
+    /// The residual learned from is limited to [`OUTLIER_SCALES`] times the larger of the
+    /// moving average of the residuals learned before and the prediction itself (so an
+    /// observation up to five times the prediction is learned in full), and never to less
+    /// than [`MIN_RESIDUAL_LIMIT_S`] (a Huber step). One absurd observation (a TTFT of 2^64 ms
+    /// from a clock that went backwards, a stream stuck for a day) otherwise moved the
+    /// coefficients to their limits (an overhead of 60 s) in one step, and with the bounded
+    /// covariance they took many hundreds of observations to come back: the endpoints looked
+    /// a minute slow meanwhile. A real change still shows: residuals that stay large raise the
+    /// scale by 30 % per observation.
     pub fn observe(&mut self, uncached_tokens: f64, queued: f64, running: f64, observed_s: f64) {
-        if !observed_s.is_finite() || observed_s < 0.0 {
+        let learnable = observed_s.is_finite()
+            && observed_s > 0.0
+            && uncached_tokens.is_finite()
+            && queued.is_finite()
+            && running.is_finite();
+        if !learnable {
             return;
         }
         let predicted = self.predict(uncached_tokens, queued, running).total_s;
         let err = observed_s - predicted;
         let alpha = 0.1;
         self.abs_error_ewma_s = (1.0 - alpha) * self.abs_error_ewma_s + alpha * err.abs();
-        if observed_s > 0.0 {
-            self.rel_error_ewma =
-                (1.0 - alpha) * self.rel_error_ewma + alpha * (err.abs() / observed_s);
-        }
+        self.rel_error_ewma =
+            (1.0 - alpha) * self.rel_error_ewma + alpha * (err.abs() / observed_s);
         self.observations += 1;
         // Recursive least squares with forgetting.
         let lambda = 0.98;
@@ -278,8 +305,11 @@ impl TtftModel {
             self.p = diag(&self.p_max);
             return;
         }
+        let limit =
+            (OUTLIER_SCALES * self.residual_scale_s.max(predicted)).max(MIN_RESIDUAL_LIMIT_S);
+        let residual = (observed_s - dot(&x, &self.theta)).clamp(-limit, limit);
+        self.residual_scale_s = (1.0 - alpha) * self.residual_scale_s + alpha * residual.abs();
         let k = px.map(|v| v / denom);
-        let residual = observed_s - dot(&x, &self.theta);
         for (t, ki) in self.theta.iter_mut().zip(k) {
             *t += ki * residual;
         }

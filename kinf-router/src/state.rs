@@ -73,6 +73,33 @@ impl LoadSample {
     }
 }
 
+/// The resolution of the load window's sums ([`LoadWindow`]), in units per one: of queued
+/// and of running prompts (a millionth), and of KV usage (a billionth). A sample adds at most
+/// 1e12 units of each, so the sums (of at most twice the samples kept) stay far below
+/// `i64::MAX`.
+pub const LOAD_UNITS_PER_ONE: [f64; 3] = [1e6, 1e6, 1e9];
+
+/// The sample's values in load units ([`LOAD_UNITS_PER_ONE`]): queued, running, KV usage.
+/// The values are checked ([`LoadSample::checked`]: finite, 0 to [`MAX_PLAUSIBLE_COUNT`]),
+/// so each cast only drops the fraction `round` left at 0.
+fn sample_units(s: &LoadSample) -> [i64; 3] {
+    let [q, r, k] = LOAD_UNITS_PER_ONE;
+    [
+        (s.queued * q).round() as i64,
+        (s.running * r).round() as i64,
+        (s.kv_usage * k).round() as i64,
+    ]
+}
+
+/// `a + b`, element-wise (saturating: unreachable with checked samples).
+fn add_units(a: [i64; 3], b: [i64; 3]) -> [i64; 3] {
+    [
+        a[0].saturating_add(b[0]),
+        a[1].saturating_add(b[1]),
+        a[2].saturating_add(b[2]),
+    ]
+}
+
 /// Averages over a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -87,12 +114,20 @@ pub struct Load {
 
 /// Windowed load samples, with running sums so that any window's average costs a binary
 /// search instead of a pass over the samples. The sums are recomputed from the samples kept
-/// once as many samples have been forgotten as are kept (amortised O(1) per sample), so that
-/// they never drift or carry a forgotten sample's rounding; samples are bounded
-/// ([`LoadSample::checked`]), so no sample swamps the others' precision.
+/// once as many samples have been forgotten as are kept (amortised O(1) per sample); samples
+/// are bounded ([`LoadSample::checked`]).
+///
+/// The sums are exact: integers, in units of a millionth of a prompt and a billionth of the
+/// KV cache ([`LOAD_UNITS_PER_ONE`]; each sample's values are rounded to that). An average is then the window's exact sum divided once, so it depends
+/// only on the samples in the window: a constant load averages to itself, and two endpoints
+/// with the same samples in the window average the same whatever came before. With
+/// floating-point running sums, a KV usage of 0.8 in every sample averaged 0.8000000000000002
+/// over most windows (a difference of rounded prefix sums), so `kvCacheUsage: { greaterThan:
+/// 80% }` dropped an endpoint at exactly 80 %, and `minimize: KvCacheUsage` ranked two
+/// equally loaded endpoints by their sample histories instead of by endpoint order.
 #[derive(Clone, Debug, Default)]
 pub struct LoadWindow {
-    samples: VecDeque<(LoadSample, [f64; 3])>,
+    samples: VecDeque<(LoadSample, [i64; 3])>,
     /// Samples forgotten since the running sums were last recomputed.
     forgotten: usize,
     /// The default-window average, computed off the decision path by
@@ -120,12 +155,8 @@ impl LoadWindow {
             self.forgotten += 1;
         }
         self.default_at = None;
-        let prev = self.samples.back().map(|(_, c)| *c).unwrap_or([0.0; 3]);
-        let cum = [
-            prev[0] + s.queued,
-            prev[1] + s.running,
-            prev[2] + s.kv_usage,
-        ];
+        let prev = self.samples.back().map(|(_, c)| *c).unwrap_or([0; 3]);
+        let cum = add_units(prev, sample_units(&s));
         self.samples.push_back((s, cum));
         if self.forgotten >= self.samples.len() {
             self.recompute_sums();
@@ -135,9 +166,9 @@ impl LoadWindow {
 
     /// Recomputes the running sums from the samples kept.
     fn recompute_sums(&mut self) {
-        let mut acc = [0.0; 3];
+        let mut acc = [0i64; 3];
         for (s, c) in &mut self.samples {
-            acc = [acc[0] + s.queued, acc[1] + s.running, acc[2] + s.kv_usage];
+            acc = add_units(acc, sample_units(s));
             *c = acc;
         }
         self.forgotten = 0;
@@ -169,15 +200,18 @@ impl LoadWindow {
         // forgotten, so subtract rather than assume zero).
         let start = match first.checked_sub(1).and_then(|i| self.samples.get(i)) {
             Some((_, c)) => *c,
-            None => self.samples.front().map_or([0.0; 3], |(s, c)| {
-                [c[0] - s.queued, c[1] - s.running, c[2] - s.kv_usage]
+            None => self.samples.front().map_or([0; 3], |(s, c)| {
+                let u = sample_units(s);
+                [c[0] - u[0], c[1] - u[1], c[2] - u[2]]
             }),
         };
+        // The exact sum, divided once (`n × units` is exact: an integer below 2^53).
         let n = n as f64;
+        let mean = |i: usize| (end[i] - start[i]) as f64 / (n * LOAD_UNITS_PER_ONE[i]);
         Load {
-            queued_prompts: ((end[0] - start[0]) / n).max(0.0),
-            running_prompts: ((end[1] - start[1]) / n).max(0.0),
-            kv_cache_usage: ((end[2] - start[2]) / n).max(0.0),
+            queued_prompts: mean(0),
+            running_prompts: mean(1),
+            kv_cache_usage: mean(2),
         }
     }
 

@@ -199,7 +199,10 @@ proptest! {
         tail in 0usize..16,
         max_tokens in prop::sample::select(vec![1u32, 128, 1024]),
         learn in prop::collection::vec((0u32..8192, 0.01..5.0f64), 0..12),
-        providers in (any::<bool>(), prop::sample::select(vec![0.2, 0.5, 3.0])),
+        // Garbage observed provider TTFTs too (NaN, negative, infinite): ranked by the prior.
+        providers in (any::<bool>(), prop::sample::select(vec![0.2, 0.5, 3.0, f64::NAN, -1.0, f64::INFINITY])),
+        // The prompt-token estimate: the token ids' count, none, fewer or more.
+        estimate in prop::sample::select(vec![1.0, 0.0, 0.5, 2.0]),
         pii in any::<bool>(),
         cheap in any::<bool>(),
         kv in any::<bool>(),
@@ -208,7 +211,7 @@ proptest! {
         let policy = compile(&bundle(eps.len(), which));
         let prompt: Vec<u32> = (0..(prompt_blocks * 16 + tail) as u32).map(|t| t * 7 + 3).collect();
         let st = state_for(&policy, &eps, &prompt, &learn, providers);
-        let mut req = Request::new("m", prompt.len() as u32);
+        let mut req = Request::new("m", (prompt.len() as f64 * estimate) as u32);
         req.token_ids = Some(prompt.clone().into());
         req.max_tokens = max_tokens;
         let tags = [(pii, "pii-detected"), (cheap, "cheap"), (kv, "kv")];
@@ -218,6 +221,9 @@ proptest! {
         }
         let full = Decider::decide_with(&policy, &req, &st, TraceDetail::Full);
         let summary = Decider::decide_with(&policy, &req, &st, TraceDetail::Summary);
+        if let Some(r) = full.route() {
+            prop_assert!(r.predicted_ttft_s.is_some_and(|t| t.is_finite() && t >= 0.0), "{:?}", r);
+        }
         let expected = Decision {
             trace: without_candidate_lists(&full.trace),
             ..full

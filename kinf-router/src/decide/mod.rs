@@ -501,9 +501,15 @@ impl<'a> Ctx<'a> {
     fn worker_set(&self, d: &'a Destination, st: &mut StagesTrace) -> Option<&'a WorkerSetState> {
         let key: Arc<str> = format!("{}/{}", d.namespace, d.name).into();
         let ws = self.state.worker_sets.get(&key);
-        if ws.is_none() {
-            st.unavailable
-                .push(format!("{}: no endpoints known", d.name));
+        match ws {
+            None => st
+                .unavailable
+                .push(format!("{}: no endpoints known", d.name)),
+            // A selector that matches no pod: say so, as for endpoints that are not ready.
+            Some(w) if w.endpoints.is_empty() => {
+                st.unavailable.push(format!("{}: no endpoints", d.name));
+            }
+            Some(_) => {}
         }
         ws
     }
@@ -528,7 +534,13 @@ impl<'a> Ctx<'a> {
             .provider
             .as_ref()
             .map_or(1.0, |p| p.expected_ttft.as_secs_f64());
-        let ttft_s = ps.and_then(|p| p.ttft_s).unwrap_or(prior);
+        // An observed average that is not a time (NaN from a 0/0, a negative or infinite
+        // value) is no observation: ranked by it, a NaN candidate was never replaced by a
+        // faster one once first, and a negative one beat every other.
+        let ttft_s = ps
+            .and_then(|p| p.ttft_s)
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .unwrap_or(prior);
         Some(Candidate {
             dest,
             dest_pos,
@@ -748,15 +760,24 @@ fn cost(c: &kinf_lang::compiled::CostInfo, req: &Request, cached: u32) -> f64 {
         / 1e6
 }
 
+/// The first candidate with the lowest measure.
 fn min_by<'c, 's>(cands: &[&'c Candidate<'s>], m: Measure) -> Option<&'c Candidate<'s>> {
     let mut best: Option<&'c Candidate<'s>> = None;
     for c in cands {
         let v = c.measure(m);
-        if best.is_none_or(|b| v < b.measure(m)) {
+        if best.is_none_or(|b| lower(v, b.measure(m))) {
             best = Some(c);
         }
     }
     best
+}
+
+/// Whether a candidate measuring `v` replaces the best so far, measuring `best`: when `v` is
+/// strictly lower, or `best` is NaN and `v` is not (NaN ranks last; with `<` alone, a NaN
+/// first candidate was never replaced). Both decision paths rank with it.
+#[inline]
+fn lower(v: f64, best: f64) -> bool {
+    v < best || (best.is_nan() && !v.is_nan())
 }
 
 /// Whether a request condition holds.

@@ -22,7 +22,7 @@ use kinf_lang::compiled::{CompiledRule, ConsiderEntry, DestId, ExcludeFilter, Pi
 use kinf_policy::{BackendType, Measure};
 use smallvec::SmallVec;
 
-use super::{Candidate, Ctx, TraceDetail, charge, cond_holds, cost, drop_holds, predict};
+use super::{Candidate, Ctx, TraceDetail, charge, cond_holds, cost, drop_holds, lower, predict};
 use crate::decision::{StagesTrace, TierTrace};
 use crate::load_floor::{FloorInputs, Usable};
 use crate::state::WorkerSetState;
@@ -62,9 +62,9 @@ struct Best {
     at: At,
 }
 
-/// `min_by`'s rule: the first candidate with the lowest measure (NaN is never lower).
+/// `min_by`'s rule: the first candidate with the lowest measure (NaN ranks last).
 fn offer(best: &mut Option<Best>, value: f64, at: At) {
-    if best.is_none_or(|b| value < b.value) {
+    if best.is_none_or(|b| lower(value, b.value)) {
         *best = Some(Best { value, at });
     }
 }
