@@ -629,3 +629,173 @@ fn lint_knows_the_tags_of_the_default_classifiers() {
         assert!(lint.contains(&t.to_string()), "{t} is unknown to lint");
     }
 }
+
+/// Overlaps between candidates were resolved by comparing each with every value kept so far:
+/// a text of many values (a pasted access log, a contact list) took quadratic time (128 KiB
+/// of IP addresses 0.8 s in a debug build, 1 MiB about a minute).
+#[test]
+fn many_values_resolve_in_linear_time() {
+    let c = Classifiers::default();
+    for (unit, entity) in [
+        ("1.2.3.4 ", "ip-address"),
+        ("x@y.co ", "email"),
+        ("SSN 123-45-6789\n", "ssn"),
+    ] {
+        let text = unit.repeat(1024 * 1024 / unit.len());
+        let t = std::time::Instant::now();
+        let out = c.classify(&[Message::new("user", &text)]);
+        let took = t.elapsed();
+        assert_eq!(out.matches.len(), text.len() / unit.len(), "{unit:?}");
+        assert!(out.matches.iter().all(|m| m.entity.as_str() == entity));
+        assert!(
+            out.matches.windows(2).all(|w| w[0].end <= w[1].start),
+            "{unit:?}: matches out of order"
+        );
+        assert!(
+            took < std::time::Duration::from_secs(4),
+            "{unit:?} x {}: {took:?}",
+            text.len() / unit.len()
+        );
+    }
+}
+
+/// A `Name/1.2.3.4` product token (a browser's user agent, pasted from a log) is a version,
+/// not an address; an address in a URL still is one.
+#[test]
+fn user_agent_versions_are_not_ip_addresses() {
+    assert_clean(
+        "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) \
+         Chrome/120.0.0.0 Safari/537.36",
+    );
+    assert_clean("curl/8.4.0.1 and Edg/120.0.2210.91");
+    assert_entity("GET http://10.0.0.5/health", "ip-address");
+    assert_entity("route 10.0.0.0/8 via 10.1.2.3", "ip-address");
+    for (text, n) in [
+        ("peers: 10.1.2.3/10.1.2.4", 2),
+        ("GET /v1/nodes/10.0.0.5/status", 1),
+        ("https://example.com/10.0.0.5", 1),
+    ] {
+        let out = Classifiers::default().classify(&[Message::new("user", text)]);
+        assert_eq!(out.matches.len(), n, "{text:?}: {:?}", out.matches);
+    }
+}
+
+/// A phone's label may be written in any script (`Телефон:`, `Τηλ:`), or abbreviated with a
+/// dot (`Tel.:`), with no space before the number; a colon after a digit still is a time.
+#[test]
+fn phones_after_labels_in_any_script() {
+    assert_entity("Телефон:+7 495 123-45-67", "phone");
+    assert_entity("Τηλέφωνο:+30 21 0123 4567", "phone");
+    assert_entity("Tel.:+49 30 12345678", "phone");
+    assert_entity("Tel.:030 12345678", "phone");
+    assert_clean("um 10:30 12 34 56 78");
+    assert_clean("ratio 1.:20 12 34 56 78");
+}
+
+/// `My SSN is 123456789`: a few filler words (`is`, `number`, `no`, ...) may come between the
+/// label and nine unseparated digits.
+#[test]
+fn ssn_label_with_filler_words() {
+    for text in [
+        "My SSN is 123456789.",
+        "SSN number: 123456789",
+        "social security number is 078051120",
+        "Social Security No. is 078051120",
+        "ssn was: 078-05-1120",
+    ] {
+        assert_entity(text, "ssn");
+    }
+    assert_clean("my SSN is 000123456"); // area 000
+    assert_clean("SSN is a 9-digit number; order 123456789");
+    assert_clean("ssn isbn 123456789");
+}
+
+/// A local part may hold letters of any spaced script (`jörg.müller@`, `émile@`, `андрей@`),
+/// as RFC 6531 allows: the whole address is found, not only the ASCII tail after the last
+/// non-ASCII letter (which was glued to it, so nothing was found). Letters of unspaced scripts
+/// still end it (`メールはtaro@example.jp`).
+#[test]
+fn emails_with_non_ascii_local_parts() {
+    let c = Classifiers::new(Some(Pii::new(&PiiEntity::ALL)), None);
+    for (text, value) in [
+        ("write jörg.müller@example.de now", "jörg.müller@example.de"),
+        ("émile@example.fr", "émile@example.fr"),
+        (
+            "José <josé.garcía@correo.example.es>",
+            "josé.garcía@correo.example.es",
+        ),
+        ("почта: андрей@example.ru.", "андрей@example.ru"),
+        ("メールはtaro@example.jpです", "taro@example.jp"),
+        ("Grüße, müller+news@example.de", "müller+news@example.de"),
+    ] {
+        let out = c.classify(&[Message::new("user", text)]);
+        let found: Vec<&str> = out.matches.iter().map(|m| &text[m.start..m.end]).collect();
+        assert_eq!(found, [value], "{text:?}");
+        assert_eq!(out.matches[0].entity.as_str(), "email");
+        let first = value.chars().next().unwrap();
+        let last = value.chars().last().unwrap();
+        let masked = value.chars().count() - 2;
+        assert_eq!(
+            out.matches[0].redacted,
+            format!("{first}{}{last}", "*".repeat(masked))
+        );
+    }
+    assert_clean("Größe@ 42");
+    assert_clean("été@2x.png");
+}
+
+/// Offsets are byte offsets into the message: in text with multi-byte characters before the
+/// value they still slice it out exactly.
+#[test]
+fn offsets_are_byte_offsets_in_multibyte_text() {
+    let c = Classifiers::default();
+    let text = "Ünïcödé 😀 — 电话 +86 138 0013 8000，邮箱 zhang@example.cn；IP 10.1.2.3 ✓";
+    let out = c.classify(&[Message::new("user", text)]);
+    let found: Vec<&str> = out.matches.iter().map(|m| &text[m.start..m.end]).collect();
+    assert_eq!(found, ["+86 138 0013 8000", "zhang@example.cn", "10.1.2.3"]);
+}
+
+/// Tool-call arguments are JSON text (an OpenAI `arguments` string as sent, an Anthropic
+/// `input` written as compact JSON), where a line break inside a string is the escape `\n`: a
+/// value at the start of a line followed the letter `n` and was glued to it, so a card, phone,
+/// SSN or IBAN on a line of its own went unseen.
+#[test]
+fn values_after_escaped_line_breaks_are_found() {
+    let anthropic = serde_json::json!({"messages": [
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t1", "name": "send_email", "input": {
+                "body": "Hello,\nCard:\n4111 1111 1111 1111\nthanks"
+            }}
+        ]}
+    ]});
+    let msgs = kinf_router::classify::eval::messages_from_json(&anthropic).unwrap();
+    let borrowed: Vec<Message<'_>> = msgs.iter().map(|m| m.as_message()).collect();
+    let out = Classifiers::default().classify(&borrowed);
+    let found: Vec<&str> = out
+        .matches
+        .iter()
+        .map(|m| &borrowed[m.message_index].content[m.start..m.end])
+        .collect();
+    assert_eq!(found, ["4111 1111 1111 1111"]);
+
+    let c = Classifiers::new(Some(Pii::new(&PiiEntity::ALL)), None);
+    let args = r#"{"note":"Phone:\n+1 415 555 2671\r\n078-05-1120\tDE89 3704 0044 0532 0130 00\n\njane@example.com\n10.1.2.3"}"#;
+    let out = c.classify(&[Message::also_seen("assistant", args)]);
+    let found: Vec<(&str, &str)> = out
+        .matches
+        .iter()
+        .map(|m| (m.entity.as_str(), &args[m.start..m.end]))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("phone", "+1 415 555 2671"),
+            ("ssn", "078-05-1120"),
+            ("iban", "DE89 3704 0044 0532 0130 00"),
+            ("email", "jane@example.com"),
+            ("ip-address", "10.1.2.3"),
+        ]
+    );
+    // Identifier context still reads through the escape.
+    assert_clean(r#"{"text":"Order no.\n4111111111111111"}"#);
+}
