@@ -338,6 +338,30 @@ async fn anthropic_tool_use_input_and_tool_results_reach_the_service() {
     );
 }
 
+/// The chat API's deprecated single `function_call` (still forwarded to providers) is read like
+/// a `tool_calls` entry: personal data in its arguments is classified, not missed.
+#[tokio::test]
+async fn a_deprecated_function_call_reaches_the_service() {
+    let s = setup("ext-function-call").await;
+    let body = json!({
+        "model": "tiny-llama",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": "Write to my colleague."},
+            {"role": "assistant", "content": null,
+             "function_call": {"name": "send_mail", "arguments": "{\"to\":\"jane.doe@example.com\"}"}},
+            {"role": "function", "name": "send_mail", "content": "sent"}
+        ]
+    });
+    let r = call(s.addr, "tagger.test", "/v1/chat/completions", &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.rule.as_deref(), Some("test/p/pii"), "{}", r.body);
+    assert_eq!(
+        s.seen.lock().last().unwrap()["messages"][3],
+        json!({"role": "assistant", "content": r#"send_mail {"to":"jane.doe@example.com"}"#})
+    );
+}
+
 #[tokio::test]
 async fn undeclared_tags_are_dropped_and_counted() {
     let s = setup("ext-undeclared").await;

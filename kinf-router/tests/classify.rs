@@ -591,6 +591,21 @@ fn request_files_read_anthropic_tool_use_blocks() {
         msgs.iter().map(|m| m.also_seen).collect::<Vec<_>>(),
         [false, true]
     );
+    // The deprecated single `function_call` is read like a `tool_calls` entry.
+    let legacy = serde_json::json!({"messages": [
+        {"role": "assistant", "content": null,
+         "function_call": {"name": "send", "arguments": "{\"card\":\"4111 1111 1111 1111\"}"}}
+    ]});
+    let msgs = messages_from_json(&legacy).unwrap();
+    assert_eq!(msgs.len(), 2);
+    assert!(msgs[1].also_seen);
+    let borrowed: Vec<_> = msgs.iter().map(|m| m.as_message()).collect();
+    let out = Classifiers::default().classify(&borrowed);
+    assert!(
+        out.tags.iter().any(|t| &**t == "pii-credit-card"),
+        "{:?}",
+        out.tags
+    );
     let batch = messages_from_json(&serde_json::json!({"prompt": ["a", "b", "c"]})).unwrap();
     assert_eq!(
         batch.iter().map(|m| m.also_seen).collect::<Vec<_>>(),

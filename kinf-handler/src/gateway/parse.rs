@@ -446,8 +446,9 @@ fn one_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     Ok(ChatMessage { role, content })
 }
 
-/// The function names and arguments of the `tool_calls` of a chat request's messages (the
-/// model reads them through its chat template), as the messages' roles said them.
+/// The function names and arguments of the `tool_calls` of a chat request's messages, and of
+/// the deprecated single `function_call` (the model reads them through its chat template, and
+/// a provider is sent them), as the messages' roles said them.
 fn tool_call_texts(body: &Map<String, Value>) -> Vec<ChatMessage> {
     let Some(Value::Array(msgs)) = body.get("messages") else {
         return Vec::new();
@@ -455,10 +456,12 @@ fn tool_call_texts(body: &Map<String, Value>) -> Vec<ChatMessage> {
     let mut out = Vec::new();
     for m in msgs {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("assistant");
-        let Some(Value::Array(calls)) = m.get("tool_calls") else {
-            continue;
-        };
-        for f in calls.iter().filter_map(|c| c.get("function")) {
+        if let Some(Value::Array(calls)) = m.get("tool_calls") {
+            for f in calls.iter().filter_map(|c| c.get("function")) {
+                out.push(ChatMessage::new(role, tool_call_text(f, "arguments")));
+            }
+        }
+        if let Some(f @ Value::Object(_)) = m.get("function_call") {
             out.push(ChatMessage::new(role, tool_call_text(f, "arguments")));
         }
     }

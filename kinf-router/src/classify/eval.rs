@@ -50,7 +50,8 @@ impl OwnedMessage {
 /// - `{"text": "..."}`: one user message;
 /// - a chat request, OpenAI or Anthropic: Anthropic's top-level `system` (when not empty)
 ///   first, then every message of `messages` (a missing `role` is `user`), then, for each
-///   tool call of a message, an entry of its `tool_calls` (OpenAI) or a `tool_use` block of
+///   tool call of a message, an entry of its `tool_calls` or its deprecated `function_call`
+///   (OpenAI) or a `tool_use` block of
 ///   its `content` (Anthropic), a message of that role holding the tool's name and arguments
 ///   (`name arguments`, `name input`), marked `also_seen`;
 /// - a completions request: each string of `prompt` (a string or an array of strings; token
@@ -106,6 +107,10 @@ pub fn messages_from_json(v: &Value) -> Result<Vec<OwnedMessage>, String> {
                 let text = tool_call_text(f, "arguments");
                 calls.push(OwnedMessage::extra(role, text));
             }
+        }
+        // The deprecated single call of the chat API, still sent on to providers.
+        if let Some(f @ Value::Object(_)) = m.get("function_call") {
+            calls.push(OwnedMessage::extra(role, tool_call_text(f, "arguments")));
         }
         if let Some(Value::Array(blocks)) = m.get("content") {
             for b in blocks.iter().filter(|b| is_tool_use(b)) {
