@@ -68,7 +68,11 @@ fn equally_named_limits_of_two_namespaces_spend_separate_budgets() {
     let mut req = Request::new("qwen", 500);
     req.tenant = Some("alice".into());
     req.max_tokens = 300;
-    let admit = |l: &Limiter| l.admit(&req, TokenEstimate::of(&req)).now_or_never().unwrap();
+    let admit = |l: &Limiter| {
+        l.admit(&req, TokenEstimate::of(&req))
+            .now_or_never()
+            .unwrap()
+    };
     // Tenant alice spends 800 of team-a's 1000 tokens: another 800 there is refused…
     let held = admit(&limiter("team-a")).unwrap();
     match admit(&limiter("team-a")) {
