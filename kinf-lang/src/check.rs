@@ -782,6 +782,24 @@ impl<'a> Checker<'a> {
                 limit_names.insert(l.name.clone(), base.key("name"));
             }
             self.check_name(p, &base.key("name"), "limit", i, &l.name);
+            if l.name.contains('/') {
+                self.report(
+                    p.doc,
+                    &base.key("name"),
+                    Code::InvalidValue,
+                    format!(
+                        "limit name `{}` in policy `{}` contains `/`",
+                        l.name, p.name
+                    ),
+                    "`/` in a limit name",
+                    Some(
+                        "a limit is known as `policy/limit` (`namespace/policy/limit` outside \
+                         `default`) in responses and in the key of its budgets: a `/` of its own \
+                         could make two limits one. Use `-` or `.` instead"
+                            .into(),
+                    ),
+                );
+            }
             if l.tokens_per_minute.is_none()
                 && l.requests_per_minute.is_none()
                 && l.concurrent_requests.is_none()
