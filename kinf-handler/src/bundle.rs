@@ -267,11 +267,7 @@ pub async fn apply_loop(
 /// The message of a task's panic (or why it did not finish).
 fn panic_message(e: tokio::task::JoinError) -> String {
     match e.try_into_panic() {
-        Ok(p) => p
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "(no message)".to_owned()),
+        Ok(p) => crate::panic_message(&*p),
         Err(e) => e.to_string(),
     }
 }

@@ -18,6 +18,16 @@ pub mod providers;
 pub mod serve;
 pub mod tenants;
 
+/// The message a panic was raised with (`panic!` with a literal or a formatted string), or
+/// `(no message)` for any other payload: what the tasks that survive a panic log and report.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
 pub use policy_store::{ApplyOutcome, PolicyStore};
 
 /// The hook run on each applied policy: starts live-state ingestion (metrics scrapers, KV-event

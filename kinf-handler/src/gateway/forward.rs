@@ -345,6 +345,14 @@ pub fn settle_or_keep_reservation(
     }
 }
 
+/// Whether what a worker's response generated is known without `usage`, for
+/// [`settle_or_keep_reservation`]: a stream's token events were counted as they passed, and a
+/// whole 4xx answer read in full is the worker refusing the request (vLLM's 400 for a prompt over
+/// the context, say), which generated nothing.
+pub fn output_known(streamed: bool, status: u16, whole_answer_read: bool) -> bool {
+    streamed || ((400..500).contains(&status) && whole_answer_read)
+}
+
 /// Serves one inference request end to end.
 pub async fn handle(gw: Arc<Gateway>, api: Api, headers: HeaderMap, body: Body) -> Response {
     let mut pending = Unanswered {
@@ -1502,10 +1510,7 @@ async fn respond(
         }),
         tap: SseTap::new(api, inject_usage),
         upstream_ended: !is_sse,
-        // A whole 4xx answer read in full is the worker refusing the request (vLLM's 400 for
-        // a prompt over the context, say): nothing was generated, so only the prompt stays
-        // charged, as for a stream without token events.
-        output_counted: is_sse || (status.is_client_error() && answer.is_ok()),
+        output_counted: output_known(is_sse, status.as_u16(), answer.is_ok()),
     };
     let (builder, answer) = match (builder, answer) {
         (Some(b), Ok(a)) => (b, a),
@@ -1555,9 +1560,9 @@ struct Finisher {
     tap: SseTap,
     /// The upstream body ended (or failed): dropped before that, the client went away.
     upstream_ended: bool,
-    /// The answer is a stream whose token events the tap counts: without usage, its
-    /// reservation is settled with them. A whole answer's output is not counted: without
-    /// usage (none in the body, or a body that could not be read), its estimate stays charged.
+    /// What the answer generated is known without usage ([`output_known`]): a stream's token
+    /// events, or a whole 4xx's nothing. Otherwise, without usage (none in the body, or a body
+    /// that could not be read), its estimate stays charged.
     output_counted: bool,
 }
 

@@ -730,8 +730,8 @@ impl Exchange {
         // unknown and the whole estimate stays charged (dropped: concurrency given back).
         let reservation = r.reservation.take();
         if body_seen {
-            let output_counted = r.stream || ((400..500).contains(&r.status) && ended);
-            forward::settle_or_keep_reservation(reservation, &r.chosen, &obs, output_counted);
+            let known = forward::output_known(r.stream, r.status, ended);
+            forward::settle_or_keep_reservation(reservation, &r.chosen, &obs, known);
         }
         r.stream_slot = None;
     }

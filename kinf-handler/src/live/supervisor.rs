@@ -364,11 +364,7 @@ async fn supervised<F, Fut>(
         let Err(panic) = std::panic::AssertUnwindSafe(start()).catch_unwind().await else {
             return;
         };
-        let why = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "(no message)".to_owned());
+        let why = crate::panic_message(&*panic);
         let now = shared.now_ms();
         match &task {
             Task::Scraper => {
