@@ -31,8 +31,12 @@ pub struct Request {
     /// the prompt once, outside any lock; when both are set they must be the hashes of
     /// `token_ids`. Ignored where the block size differs (`token_ids` are hashed then).
     pub block_hashes: Option<(u32, Arc<[u64]>)>,
-    /// `max_tokens` (or the default used for estimates).
+    /// `max_tokens` (or the default used for estimates), per generated sequence.
     pub max_tokens: u32,
+    /// Sequences the request generates: OpenAI's `n` times the prompts of a batched
+    /// completion (1 for most requests; 0 is read as 1). Output estimates and the decode load
+    /// are [`decode_tokens`](Self::decode_tokens): `max_tokens` for each sequence.
+    pub sequences: u32,
     /// Request headers, names lowercase.
     pub headers: Vec<(Arc<str>, Arc<str>)>,
     /// Whether the client asked for streaming.
@@ -54,10 +58,16 @@ impl Request {
             token_ids: None,
             block_hashes: None,
             max_tokens: 256,
+            sequences: 1,
             headers: Vec::new(),
             stream: false,
             messages: 1,
         }
+    }
+
+    /// Output tokens the request may generate in all: `max_tokens` × [`sequences`](Self::sequences).
+    pub fn decode_tokens(&self) -> f64 {
+        f64::from(self.max_tokens) * f64::from(self.sequences.max(1))
     }
 
     /// The prompt's block hashes for `block_size`: the caller's [`block_hashes`](Self::block_hashes)

@@ -253,3 +253,53 @@ fn exact_tracking_counts_a_prompt_routed_before_its_kv_events_arrive() {
     let d3 = Decider::decide(&policy, &second, &st);
     assert!(candidates(&d3).iter().all(|x| x.1 == 0), "{d3:#?}");
 }
+
+#[test]
+fn a_request_for_several_sequences_is_charged_the_decode_of_each() {
+    // OpenAI's `n`: four sequences decode side by side, each for `max_tokens` steps, so the
+    // request adds four times the decode load of a single one wherever it runs.
+    let policy = policy();
+    let mut st = state(&policy);
+    in_flight(&mut st, A, 6, 0);
+    let one = request(1);
+    let mut four = request(1);
+    four.sequences = 4;
+    let d1 = candidates(&Decider::decide(&policy, &one, &st));
+    let d4 = candidates(&Decider::decide(&policy, &four, &st));
+    let a1 = d1.iter().find(|c| c.0 == A).unwrap();
+    let a4 = d4.iter().find(|c| c.0 == A).unwrap();
+    assert!(a1.4 > 0.0, "{d1:?}");
+    assert!((a4.4 - 4.0 * a1.4).abs() < 1e-9, "{a1:?} vs {a4:?}");
+    // The first token is one prefill either way.
+    assert_eq!(a1.2, a4.2);
+    // `0` is read as one sequence.
+    let mut zero = request(1);
+    zero.sequences = 0;
+    let d0 = candidates(&Decider::decide(&policy, &zero, &st));
+    assert_eq!(d0, d1);
+}
+
+#[test]
+fn the_cost_measure_counts_the_output_of_every_sequence() {
+    let priced = POLICY.replace(
+        "blockSize: 16\n",
+        "blockSize: 16\n  cost: { uncachedPromptPerMillion: 0, cachedPromptPerMillion: 0, outputPerMillion: 10 }\n",
+    );
+    let (_, c) = kinf_lang::compile_str("p.yaml", &priced);
+    let policy = c.policy.unwrap_or_else(|| panic!("{:?}", c.diagnostics));
+    let st = state(&policy);
+    let mut req = request(1);
+    req.max_tokens = 100;
+    req.sequences = 3;
+    let d = Decider::decide(&policy, &req, &st);
+    let stages = d.trace.rules.iter().find_map(|r| r.stages.as_ref()).unwrap();
+    // 100 tokens × 3 sequences at 10 per million.
+    assert!(
+        stages
+            .considered
+            .iter()
+            .all(|c| (c.cost - 300.0 * 10.0 / 1e6).abs() < 1e-12),
+        "{:?}",
+        stages.considered.iter().map(|c| c.cost).collect::<Vec<_>>()
+    );
+}

@@ -25,6 +25,7 @@ pub const REQUEST_FIELDS: &[&str] = &[
     "qos",
     "promptTokens",
     "maxTokens",
+    "n",
     "headers",
     "prompt",
     "stream",
@@ -62,6 +63,8 @@ pub struct RequestFile {
     pub prompt_tokens: Option<u32>,
     /// `max_tokens` (default 256).
     pub max_tokens: Option<u32>,
+    /// OpenAI's `n`: sequences generated (default 1).
+    pub n: Option<u32>,
     /// Request headers, by lowercase name.
     pub headers: BTreeMap<String, String>,
     /// Prompt text (used to estimate `promptTokens` at 4 characters per token).
@@ -224,6 +227,15 @@ impl RequestFile {
                 "maxTokens" => input
                     .count(n, "`maxTokens`")
                     .map(|v| r.max_tokens = Some(v)),
+                "n" => input.count(n, "`n`").and_then(|v| {
+                    if v == 0 {
+                        input.error(n.span, "`n` must be at least 1, not 0".to_owned(), None);
+                        None
+                    } else {
+                        r.n = Some(v);
+                        Some(())
+                    }
+                }),
                 "stream" => input.boolean(n, "`stream`").map(|v| r.stream = v),
                 "headers" => headers(input, n).map(|v| r.headers = v),
                 // Unknown fields were reported by `mapping`.
@@ -252,6 +264,7 @@ impl RequestFile {
         r.tags = self.tags.iter().map(|t| Arc::from(t.as_str())).collect();
         r.qos = self.qos.unwrap_or(Qos::Interactive);
         r.max_tokens = self.max_tokens.unwrap_or(256);
+        r.sequences = self.n.unwrap_or(1);
         r.headers = self
             .headers
             .iter()
@@ -616,6 +629,24 @@ mod tests {
             request_error("{ model: m, model: n }\n"),
             "r.yaml:1:13: duplicate key `model`\n  note: r.yaml:1:3: first written here\n  help: remove one of the two keys; only the first would be used"
         );
+    }
+
+    #[test]
+    fn n_sets_the_sequences_and_must_be_at_least_one() {
+        assert_eq!(
+            request_error("model: m\nn: 0\n"),
+            "r.yaml:2:4: `n` must be at least 1, not 0"
+        );
+        assert_eq!(
+            request_error("model: m\nn: -1\n"),
+            "r.yaml:2:4: `n` must be a whole number from 0 to 4294967295, not `-1`"
+        );
+        let r = parse_request("r.yaml", "model: m\nmaxTokens: 10\nn: 3\n").unwrap();
+        let req = r.to_request();
+        assert_eq!((req.max_tokens, req.sequences), (10, 3));
+        assert_eq!(req.decode_tokens(), 30.0);
+        let one = parse_request("r.yaml", "model: m\n").unwrap().to_request();
+        assert_eq!(one.sequences, 1);
     }
 
     #[test]

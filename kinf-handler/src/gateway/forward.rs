@@ -691,6 +691,7 @@ pub fn complete(
         token_ids: Some(tokens.ids.clone()),
         block_hashes: None,
         max_tokens: parsed.max_output_tokens(),
+        sequences: u32::try_from(parsed.sequences()).unwrap_or(u32::MAX),
         headers: headers
             .iter()
             .filter_map(|(k, v)| Some((Arc::from(k.as_str()), Arc::from(v.to_str().ok()?))))

@@ -748,7 +748,7 @@ fn charge(c: &mut Candidate<'_>, fewest: u32, req: &Request) {
     if let (Some(p), Some(m)) = (c.prediction, c.model_ttft) {
         let extra = p.uncached_tokens.saturating_sub(fewest);
         c.ttft.recompute_s = m.recompute_cost(f64::from(extra), p.queued, p.running);
-        c.ttft.decode_s = m.decode_cost(f64::from(req.max_tokens), p.queued, p.running);
+        c.ttft.decode_s = m.decode_cost(req.decode_tokens(), p.queued, p.running);
     }
 }
 
@@ -756,7 +756,7 @@ fn cost(c: &kinf_lang::compiled::CostInfo, req: &Request, cached: u32) -> f64 {
     let uncached = f64::from(req.prompt_tokens.saturating_sub(cached));
     (uncached * c.uncached_prompt
         + f64::from(cached) * c.cached_prompt
-        + f64::from(req.max_tokens) * c.output)
+        + req.decode_tokens() * c.output)
         / 1e6
 }
 

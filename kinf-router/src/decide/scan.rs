@@ -269,7 +269,7 @@ impl<'a> Ctx<'a> {
         let any_order = bests.iter().any(|b| matches!(b, TierBest::Order));
         // `order` tiers pick by PredictedTTFT within one destination.
         let mut per_dest: SmallVec<[(DestId, Option<Best>); 8]> = SmallVec::new();
-        let decode_tokens = f64::from(self.req.max_tokens);
+        let decode_tokens = self.req.decode_tokens();
         let mut offer_all =
             |backend: BackendType, dest: DestId, at: At, measure: &dyn Fn(Measure) -> f64| {
                 for (t, b) in tiers.iter().zip(bests.iter_mut()) {
@@ -401,7 +401,7 @@ impl<'a> Ctx<'a> {
             return false;
         };
         let prompt = self.req.prompt_tokens;
-        let decode_tokens = f64::from(self.req.max_tokens);
+        let decode_tokens = self.req.decode_tokens();
         let floor_rank = |ws: &WorkerSetState, f: &FloorInputs| -> f64 {
             let ttft = ws.ttft.predict_behind(
                 f64::from(prompt),
