@@ -62,6 +62,22 @@ pub enum ConfigDirError {
 }
 
 impl ConfigDirError {
+    /// Why the file could not be read, without its path (for callers that name the file
+    /// themselves, e.g. an API key or credential file).
+    pub fn reason(&self) -> String {
+        match self {
+            ConfigDirError::Read { source, .. } => source.to_string(),
+            ConfigDirError::NotAFile { .. } => {
+                "not a regular file (a FIFO, socket or device could block the reader)".to_owned()
+            }
+            ConfigDirError::TooLarge { .. } => format!("larger than {MAX_FILE_BYTES} bytes"),
+            ConfigDirError::NotUtf8 { line, column, byte, .. } => {
+                format!("not UTF-8 text: byte 0x{byte:02X} at line {line}, column {column}")
+            }
+            ConfigDirError::NoFiles { .. } => self.to_string(),
+        }
+    }
+
     /// The error as a refusal lists it: `file:line:col: error: message` when it has a place in
     /// the file, else `file: error: message`.
     pub fn diagnostic(&self) -> String {
@@ -154,9 +170,10 @@ pub fn unreadable(sources: &Sources) -> Vec<String> {
         .collect()
 }
 
-/// Reads one policy file: a regular file (a FIFO would block the reader), at most
-/// [`MAX_FILE_BYTES`], UTF-8 (the first other byte is located by line and column).
-fn read_text(path: &Path) -> Result<String, ConfigDirError> {
+/// Reads one policy file (or an API key or credential file): a regular file (a FIFO would
+/// block the reader), at most [`MAX_FILE_BYTES`], UTF-8 (the first other byte is located by
+/// line and column).
+pub(crate) fn read_text(path: &Path) -> Result<String, ConfigDirError> {
     use std::io::Read;
     let read_err = |source| ConfigDirError::Read {
         path: path.to_path_buf(),

@@ -553,6 +553,27 @@ async fn a_corrupted_or_missing_key_file_keeps_the_last_good_keys() {
         assert_eq!(status_with_key(addr, key).await.0, 200, "{key}");
     }
 
+    // A FIFO in its place: refused at once (opening it would block the reload until someone
+    // writes to it), the last good keys kept.
+    let made = std::process::Command::new("mkfifo")
+        .arg(&keys)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    assert!(
+        eventually(RELOAD * 30, || gw.store.last_rejected().is_some_and(|r| r
+            .errors
+            .iter()
+            .any(|e| e.contains("cannot read API key file")
+                && e.contains("not a regular file"))))
+        .await,
+        "the FIFO was not refused: {:?}",
+        gw.store.last_rejected()
+    );
+    assert_eq!(gw.store.current().unwrap().generation, generation);
+    assert_eq!(status_with_key(addr, "sk-team-a-1").await.0, 200);
+    std::fs::remove_file(&keys).unwrap();
+
     // Fixed (team-b revoked): applied, the refusal cleared.
     std::fs::write(&keys, "team-a: sk-team-a-1\n").unwrap();
     assert!(

@@ -200,12 +200,21 @@ impl CredentialSource for StandaloneCredentials {
             CredentialRef::Env(name) => std::env::var(&**name)
                 .map(|v| Secret::new(&v))
                 .map_err(|_| CredentialError::EnvMissing(name.to_string())),
-            CredentialRef::File(path) => std::fs::read_to_string(&**path)
-                .map(|v| Secret::new(&v))
-                .map_err(|e| CredentialError::File {
-                    path: path.to_string(),
-                    reason: e.kind().to_string(),
-                }),
+            // Through the policy reader's guard: a FIFO would block, a huge file exhaust
+            // memory.
+            CredentialRef::File(path) => {
+                crate::config_dir::read_text(std::path::Path::new(&**path))
+                    .map(|v| Secret::new(&v))
+                    .map_err(|e| CredentialError::File {
+                        path: path.to_string(),
+                        reason: match e {
+                            crate::config_dir::ConfigDirError::Read { source, .. } => {
+                                source.kind().to_string()
+                            }
+                            other => other.reason(),
+                        },
+                    })
+            }
             CredentialRef::Secret { name, key } => {
                 Err(CredentialError::SecretUnsupported(format!("{name}/{key}")))
             }
@@ -343,6 +352,39 @@ mod tests {
         });
         let d = format!("{c:?}");
         assert!(!d.contains("AKIAXXXX") && !d.contains("topsecret") && !d.contains("tok\""));
+    }
+
+    #[test]
+    fn credential_files_must_be_small_regular_files() {
+        let dir = std::env::temp_dir().join(format!("kinf-cred-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let resolve = |p: &std::path::Path| {
+            StandaloneCredentials.resolve(
+                "default",
+                &CredentialRef::File(p.display().to_string().into()),
+            )
+        };
+        let good = dir.join("key");
+        std::fs::write(&good, "sk-1\n").unwrap();
+        assert_eq!(resolve(&good).unwrap().expose(), "sk-1");
+        // A FIFO would block the reader until someone writes to it.
+        let fifo = dir.join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let e = resolve(&fifo).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        // A huge file (sparse: nothing is written) is not read into memory.
+        let huge = dir.join("huge");
+        std::fs::File::create(&huge)
+            .unwrap()
+            .set_len(crate::config_dir::MAX_FILE_BYTES + 1)
+            .unwrap();
+        let e = resolve(&huge).unwrap_err().to_string();
+        assert!(e.contains("larger than"), "{e}");
+        // Missing: the I/O error's kind, as before.
+        let e = resolve(&dir.join("none")).unwrap_err().to_string();
+        assert!(e.contains("not found"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -388,8 +388,15 @@ impl KeyFile {
     /// Reads the file named `name` (as written; a relative one relative to `base_dir`).
     fn read(base_dir: &Path, name: &str) -> Self {
         let path = base_dir.join(name);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read API key file {}: {e}", path.display()));
+        // Through the policy reader's guard: a FIFO would block the reload, a huge file
+        // exhaust memory.
+        let text = crate::config_dir::read_text(&path).map_err(|e| {
+            format!(
+                "cannot read API key file {}: {}",
+                path.display(),
+                e.reason()
+            )
+        });
         KeyFile { path, text }
     }
 
