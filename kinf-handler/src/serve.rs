@@ -56,19 +56,48 @@ pub type OnApplied = Arc<dyn Fn(&Arc<Gateway>, &Arc<CompiledPolicy>) + Send + Sy
 
 /// Reads the configuration and applies it when it changed since `last`: its YAML, or an API
 /// key file the YAML names ([`config_dir::Watch`]). Returns the new content hash.
+///
+/// As the directory watcher does ([`crate::bundle::DirSource`]), a change is applied only once
+/// it has settled: read again [`crate::bundle::SETTLE`] later, the content is the same. A file
+/// caught mid-save at startup (truncated, yet valid YAML) is thus not applied. A directory
+/// still changing after [`SETTLE_READS`] reads applies nothing (`last` is returned), and the
+/// watcher applies it once it settles. Blocks the calling thread for the settle reads.
 pub fn reload(
     gw: &Arc<Gateway>,
     dir: &Path,
     last: Option<u64>,
     on_applied: &OnApplied,
 ) -> Option<u64> {
-    let (sources, h) = match config_dir::Watch::new(dir).read() {
-        Ok(read) => read,
+    let mut watch = config_dir::Watch::new(dir);
+    let mut read = || match watch.read() {
+        Ok(read) => Some(read),
         Err(e) => {
             tracing::error!(error = %e, "cannot read the configuration; the last good policy stays in force");
-            return last;
+            None
         }
     };
+    let (mut sources, mut h) = read()?;
+    if last == Some(h) {
+        return last;
+    }
+    let mut settled = false;
+    for _ in 1..SETTLE_READS {
+        std::thread::sleep(crate::bundle::SETTLE);
+        let Some((again, h2)) = read() else {
+            return last;
+        };
+        if h2 == h {
+            settled = true;
+            break;
+        }
+        (sources, h) = (again, h2);
+    }
+    if !settled {
+        tracing::warn!(
+            "the configuration kept changing while it was read; it is applied once it settles"
+        );
+        return last;
+    }
     if last == Some(h) {
         return last;
     }
@@ -79,6 +108,10 @@ pub fn reload(
     }
     Some(h)
 }
+
+/// The most reads [`reload`] makes of a changing configuration before it gives up (about one
+/// second of [`crate::bundle::SETTLE`] apart).
+pub const SETTLE_READS: usize = 10;
 
 /// Directory mode's reloads: polls the configuration `dir` every `every` (a
 /// [`crate::bundle::DirSource`]: its YAML and the API key files the YAML names) and applies
@@ -139,7 +172,12 @@ pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result
             controller = Some(c);
             None
         }
-        None => reload(&gw, &opts.config, None, &on_applied),
+        None => {
+            let (gw, dir, on_applied) = (gw.clone(), opts.config.clone(), on_applied.clone());
+            tokio::task::spawn_blocking(move || reload(&gw, &dir, None, &on_applied))
+                .await
+                .map_err(std::io::Error::other)?
+        }
     };
     if opts.kubernetes.is_none() && !gw.store.is_ready() {
         tracing::error!("no policy in force: /readyz answers 503 until the configuration compiles");

@@ -423,3 +423,36 @@ async fn a_configmap_symlink_swap_is_applied_once_whole() {
     watcher.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// At startup too, a file caught mid-save is not applied: the configuration is read again
+/// until two reads a settle interval apart agree. Here `workers.yaml` is first written without
+/// its last line (still valid YAML that compiles) and completed 30 ms later; what is applied is
+/// the complete file.
+#[test]
+fn startup_applies_a_save_only_once_it_has_settled() {
+    let dir = temp_dir("startup-settle");
+    std::fs::write(dir.join("policy.yaml"), model_aliases("policy.yaml")).unwrap();
+    let full = model_aliases("workers.yaml");
+    let cut = full.trim_end().rsplit_once('\n').unwrap().0.to_owned() + "\n";
+    assert!(cut.len() < full.len());
+    std::fs::write(dir.join("workers.yaml"), &cut).unwrap();
+    let truncated = kinf_handler::config_dir::Watch::new(&dir).read().unwrap().1;
+    let writer = {
+        let (path, full) = (dir.join("workers.yaml"), full.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            std::fs::write(path, full).unwrap();
+        })
+    };
+    let gw = Gateway::new(GatewayOptions {
+        base_dir: dir.clone(),
+        ..GatewayOptions::default()
+    });
+    let applied = reload(&gw, &dir, None);
+    writer.join().unwrap();
+    let complete = kinf_handler::config_dir::Watch::new(&dir).read().unwrap().1;
+    assert_ne!(truncated, complete);
+    assert_eq!(applied, Some(complete), "the truncated save was applied");
+    assert_eq!(gw.store.current().unwrap().generation, 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
