@@ -104,6 +104,12 @@ const PASSED_THROUGH: [&str; 3] = ["ok", "upstream_status", "routed"];
 /// 4xx passed through, they count for no latency objective.
 const CLIENT_FAULT: [&str; 2] = ["provider_rejected", "provider_untranslatable"];
 
+/// Codes of requests refused before routing because the service could not serve them (no
+/// endpoint or provider with capacity, an `External` classifier down and failing closed): the
+/// client asked for nothing wrong, so they count against latency objectives as an upstream's
+/// failure does. A fleet that is down then shows as objectives missed, not as no data.
+const SERVICE_FAILED: [&str; 2] = ["no_capacity", "classifier_unavailable"];
+
 /// Accounts a request that ended without a response from an upstream: `rejected` when it was
 /// not routed (admission or policy), `upstream_error` when it was (the upstream could not be
 /// reached or did not answer in time), `incomplete` when the client went away first
@@ -136,9 +142,13 @@ pub fn account_refusal(m: &Metrics, who: &Who, code: &str) {
             code: code.into(),
         })
         .inc();
-    if who.destination.is_some() && !client_closed && !CLIENT_FAULT.contains(&code) {
-        // The upstream failed the request: it counts against latency objectives (`ttft` only
-        // for a stream, as for responses: see `account_response`).
+    let upstream_failed =
+        who.destination.is_some() && !client_closed && !CLIENT_FAULT.contains(&code);
+    let service_failed = who.destination.is_none() && SERVICE_FAILED.contains(&code);
+    if upstream_failed || service_failed {
+        // The upstream (or the service, before any upstream) failed the request: it counts
+        // against latency objectives (`ttft` only for a stream, as for responses: see
+        // `account_response`).
         let slos = m.slos();
         let now = m.now_s();
         for s in slos.iter() {
@@ -580,6 +590,27 @@ mod tests {
         assert_eq!((count("fast"), count("whole")), (None, Some(1.0)));
         account_refusal(&m, &who(true), "upstream_timeout");
         assert_eq!((count("fast"), count("whole")), (Some(1.0), Some(2.0)));
+        // Not routed: the policy's own refusals and the client's errors count for nothing;
+        // no capacity anywhere (a fleet down) and a classifier failing closed count as missed.
+        let unrouted = |streamed: bool| Who {
+            destination: None,
+            destination_namespace: None,
+            ..who(streamed)
+        };
+        for code in ["pii_blocked", "rate_limit_exceeded", "model_not_found", "invalid_request"] {
+            account_refusal(&m, &unrouted(true), code);
+        }
+        assert_eq!((count("fast"), count("whole")), (Some(1.0), Some(2.0)));
+        account_refusal(&m, &unrouted(true), "no_capacity");
+        account_refusal(&m, &unrouted(false), "classifier_unavailable");
+        assert_eq!((count("fast"), count("whole")), (Some(2.0), Some(4.0)));
+        let good = |slo: &'static str| {
+            m.value(
+                "kinference_slo_good_total",
+                &[("slo", slo), ("tenant", "acme"), ("model", "small")],
+            )
+        };
+        assert_eq!((good("fast"), good("whole")), (Some(0.0), Some(0.0)));
     }
 
     #[test]
