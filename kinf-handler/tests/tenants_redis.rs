@@ -334,3 +334,90 @@ async fn store_from_flags_parses() {
         .unwrap();
     assert!(e.contains("not supported") && e.contains("TLS"), "{e}");
 }
+
+/// A request in flight longer than the lease keeps its concurrency slot: its replica renews
+/// the lease. A replica that dies (its store dropped, nothing released) leaks the slot for one
+/// lease at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_request_keeps_its_slot_and_a_dead_replica_frees_it_within_a_lease() {
+    let Some(server) = RedisServer::start("lease") else {
+        return;
+    };
+    let replica = |lease_ms: u64| {
+        let mut c = RedisConfig::new(server.url());
+        c.key_prefix = "test:lease:".into();
+        c.lease = Duration::from_millis(lease_ms);
+        let st = Arc::new(RedisStore::new(c).unwrap());
+        let l = Limiter::new(
+            &[Arc::new(CompiledLimit {
+                concurrent_requests: Some(1),
+                when_exceeded: Default::default(),
+                ..limit("p/conc")
+            })],
+            st.clone(),
+        );
+        (st, l)
+    };
+    let (_st1, l1) = replica(900);
+    let (_st2, l2) = replica(900);
+    let held = l1
+        .admit(&req("t", 1, 1), TokenEstimate::default())
+        .await
+        .unwrap();
+    // Three leases later the slot is still held, for this replica and for the other.
+    tokio::time::sleep(Duration::from_millis(2700)).await;
+    for l in [&l1, &l2] {
+        match l.admit(&req("t", 1, 1), TokenEstimate::default()).await {
+            Err(LimitError::Exceeded(e)) => assert_eq!(e.kind, BudgetKind::Concurrency),
+            other => panic!("the lease of a request in flight expired: {other:?}"),
+        }
+    }
+    // Released: free at once.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let again = loop {
+        if let Ok(r) = l2.admit(&req("t", 1, 1), TokenEstimate::default()).await {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "slot not released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    drop(again);
+    // A third replica takes the slot and dies holding it (its store dropped, nothing
+    // released): no more renewals, and replica 1 gets the slot within about a lease.
+    let (st3, _) = replica(900);
+    let check = kinf_handler::tenants::store::Check {
+        limit: "p/conc".into(),
+        tenant: "t".into(),
+        tokens_per_minute: None,
+        tokens: 0,
+        requests_per_minute: None,
+        concurrent_requests: Some(1),
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match st3.admit(std::slice::from_ref(&check)).await.unwrap() {
+            kinf_handler::tenants::store::Admission::Admitted { .. } => break,
+            _ => assert!(Instant::now() < deadline, "slot not released"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Renewed while it lives.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(l1.admit(&req("t", 1, 1), TokenEstimate::default()).await.is_err());
+    drop(st3);
+    let died = Instant::now();
+    let deadline = died + Duration::from_secs(5);
+    loop {
+        if l1
+            .admit(&req("t", 1, 1), TokenEstimate::default())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a dead replica's slot never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(died.elapsed() < Duration::from_secs(2), "{:?}", died.elapsed());
+}

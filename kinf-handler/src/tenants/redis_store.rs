@@ -6,10 +6,13 @@
 //! request buckets (`tl`/`ta`: level and time in ms, `rl`/`ra` likewise), and
 //! `{prefix}c:{limit}:{tenant}`, a sorted set of the requests in flight scored by their lease's
 //! expiry (a replica that dies without releasing leaks a slot only until then). Both expire when
-//! idle.
+//! idle. While a request is in flight its replica renews its lease every third of the lease, so
+//! a request longer than the lease keeps its slot, and a replica that dies leaks its slots for
+//! one lease at most.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::Script;
@@ -31,21 +34,23 @@ pub struct RedisConfig {
     pub fail_mode: FailMode,
     /// Longest wait for Redis on an admission before the fail mode applies.
     pub timeout: Duration,
-    /// How long a concurrency slot is held at most if never released (a replica died).
+    /// How long a concurrency slot is held at most if never released (a replica died). The
+    /// replica holding it renews it every third of this while the request is in flight.
     pub lease: Duration,
     /// Idle keys expire after this long (at least until their bucket is full again).
     pub key_ttl: Duration,
 }
 
 impl RedisConfig {
-    /// Defaults for `url`: prefix `kinf:rl:`, fail-closed, 250 ms timeout, 15 min lease, 2 min TTL.
+    /// Defaults for `url`: prefix `kinf:rl:`, fail-closed, 250 ms timeout, 60 s lease (renewed
+    /// every 20 s while the request runs), 2 min TTL.
     pub fn new(url: impl Into<String>) -> Self {
         RedisConfig {
             url: url.into(),
             key_prefix: "kinf:rl:".into(),
             fail_mode: FailMode::Closed,
             timeout: Duration::from_millis(250),
-            lease: Duration::from_secs(15 * 60),
+            lease: Duration::from_secs(60),
             key_ttl: Duration::from_secs(120),
         }
     }
@@ -185,6 +190,26 @@ end
 return 1
 "#;
 
+/// Renews leases: for each concurrency key `KEYS[i]`, member `ARGV[i + 1]` gets a new expiry
+/// `now + ARGV[1]` ms, if it is still there (`XX`: a slot released meanwhile is not taken again).
+const RENEW_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local lease_ms = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  if redis.call('ZADD', KEYS[i], 'XX', 'CH', now + lease_ms, ARGV[i + 1]) == 1 then
+    redis.call('PEXPIRE', KEYS[i], lease_ms + 1000)
+  end
+end
+return 1
+"#;
+
+/// Most slots renewed by one script call.
+const RENEW_BATCH: usize = 512;
+
+/// The concurrency slots this store holds, by lease: their sorted-set keys.
+type Held = parking_lot::Mutex<HashMap<u64, Vec<String>>>;
+
 /// Budgets in Redis, shared by every replica using the same server and key prefix.
 pub struct RedisStore {
     conn: ConnectionManager,
@@ -195,6 +220,8 @@ pub struct RedisStore {
     instance: u64,
     lease: AtomicU64,
     runtime: tokio::runtime::Handle,
+    /// Slots held by requests in flight, renewed by [`renew_leases`] until released.
+    held: Arc<Held>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -231,8 +258,18 @@ impl RedisStore {
             use std::hash::BuildHasher;
             std::collections::hash_map::RandomState::new().hash_one(std::process::id())
         };
+        let held = Arc::new(Held::default());
+        runtime.spawn(renew_leases(
+            Arc::downgrade(&held),
+            instance,
+            conn.clone(),
+            Script::new(RENEW_LUA),
+            config.lease,
+            config.timeout,
+        ));
         Ok(RedisStore {
             conn,
+            held,
             admit_script: Script::new(ADMIT_LUA),
             settle_script: Script::new(SETTLE_LUA),
             stats: Arc::new(StoreStats::default()),
@@ -282,7 +319,7 @@ impl RedisStore {
     }
 
     fn member(&self, lease: u64) -> String {
-        format!("{:016x}-{lease}", self.instance)
+        member(self.instance, lease)
     }
 
     async fn admit_inner(&self, checks: &[Check]) -> Result<Admission, StoreError> {
@@ -324,6 +361,16 @@ impl RedisStore {
         let admission = parse_admission(&reply, checks, lease)?;
         // Answered: an admitted request's slots are now its reservation's to release.
         lost.armed = false;
+        if let Admission::Admitted { .. } = admission {
+            let slots: Vec<String> = checks
+                .iter()
+                .filter(|c| c.concurrent_requests.is_some())
+                .map(|c| self.keys(&c.limit, &c.tenant).1)
+                .collect();
+            if !slots.is_empty() {
+                self.held.lock().insert(lease, slots);
+            }
+        }
         Ok(admission)
     }
 
@@ -362,6 +409,51 @@ impl Drop for LostAdmission<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.store.release_lost_admission(self.checks, self.lease);
+        }
+    }
+}
+
+/// The sorted-set member of lease `lease` of store `instance`.
+fn member(instance: u64, lease: u64) -> String {
+    format!("{instance:016x}-{lease}")
+}
+
+/// Renews the leases of the slots in `held` every third of `lease` until the store is dropped
+/// (`held` gone). A renewal that fails is logged and tried at the next round; a slot whose
+/// renewals keep failing expires one lease after the last that got through.
+async fn renew_leases(
+    held: Weak<Held>,
+    instance: u64,
+    conn: ConnectionManager,
+    script: Script,
+    lease: Duration,
+    timeout: Duration,
+) {
+    let every = (lease / 3).max(Duration::from_millis(100));
+    let lease_ms = duration_ms(lease);
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(held) = held.upgrade() else {
+            return;
+        };
+        let slots: Vec<(String, u64)> = held
+            .lock()
+            .iter()
+            .flat_map(|(lease, keys)| keys.iter().map(move |k| (k.clone(), *lease)))
+            .collect();
+        drop(held);
+        for batch in slots.chunks(RENEW_BATCH) {
+            let mut inv = script.prepare_invoke();
+            inv.arg(lease_ms);
+            for (key, lease) in batch {
+                inv.key(key).arg(member(instance, *lease));
+            }
+            let mut conn = conn.clone();
+            match tokio::time::timeout(timeout * 4, inv.invoke_async::<i64>(&mut conn)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "renewing concurrency leases in Redis failed"),
+                Err(_) => tracing::warn!("renewing concurrency leases in Redis timed out"),
+            }
         }
     }
 }
@@ -463,6 +555,10 @@ impl LimitStore for RedisStore {
         let Some(lease) = settlements.first().map(|s| s.lease) else {
             return;
         };
+        if settlements.iter().any(|s| s.release_concurrency) {
+            // Released (or being released): no longer renewed.
+            self.held.lock().remove(&lease);
+        }
         let whole = (
             self.settle_command(true, lease, &settlements),
             self.settle_command(false, lease, &settlements),
