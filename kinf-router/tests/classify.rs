@@ -814,3 +814,211 @@ fn values_after_escaped_line_breaks_are_found() {
     // Identifier context still reads through the escape.
     assert_clean(r#"{"text":"Order no.\n4111111111111111"}"#);
 }
+
+/// Every PII value in `text`, as (entity, the slice of `text` its offsets give, redacted).
+fn pii_values(text: &str) -> Vec<(&'static str, &str, String)> {
+    let c = Classifiers::new(Some(Pii::new(&PiiEntity::ALL)), None);
+    c.classify(&[Message::new("user", text)])
+        .matches
+        .into_iter()
+        .map(|m| (m.entity.as_str(), &text[m.start..m.end], m.redacted))
+        .collect()
+}
+
+/// Full-width digits and hyphens (U+FF10..U+FF19, U+FF0D, as an IME types them) read as their
+/// ASCII forms; the offsets and the redaction are those of the text as written.
+#[test]
+fn pii_in_full_width_digits_is_found() {
+    for (text, entity, value) in [
+        (
+            "カード番号は４１１１ １１１１ １１１１ １１１１です",
+            "credit-card",
+            "４１１１ １１１１ １１１１ １１１１",
+        ),
+        (
+            "card ４１１１－１１１１－１１１１－１１１１ ok",
+            "credit-card",
+            "４１１１－１１１１－１１１１－１１１１",
+        ),
+        ("SSN ０７８-０５-１１２０.", "ssn", "０７８-０５-１１２０"),
+        (
+            "ssn: ０７８－０５－１１２０",
+            "ssn",
+            "０７８－０５－１１２０",
+        ),
+        (
+            "電話 ０３０ １２３４５６７８",
+            "phone",
+            "０３０ １２３４５６７８",
+        ),
+        ("from １０.１.２.３ port", "ip-address", "１０.１.２.３"),
+    ] {
+        let found = pii_values(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        let (e, v, redacted) = &found[0];
+        assert_eq!((*e, *v), (entity, value), "{text:?}");
+        let first = value.chars().next().unwrap();
+        let last = value.chars().last().unwrap();
+        let masked = value.chars().count() - 2;
+        assert_eq!(redacted, &format!("{first}{}{last}", "*".repeat(masked)));
+    }
+    // Values after a full-width one keep their offsets too.
+    let text = "ＳＳＮ ０７８-０５-１１２０ and jane@example.com, card 4111 1111 1111 1111";
+    let found: Vec<(&str, &str)> = pii_values(text).iter().map(|(e, v, _)| (*e, *v)).collect();
+    assert_eq!(
+        found,
+        [
+            ("ssn", "０７８-０５-１１２０"),
+            ("email", "jane@example.com"),
+            ("credit-card", "4111 1111 1111 1111"),
+        ]
+    );
+    // The rules are those of ASCII digits: no checksum, identifier context, dates, versions.
+    assert_clean("カード ４１１１ １１１１ １１１１ １１１２");
+    assert_clean("注文 order ４１１１１１１１１１１１１１１１");
+    assert_clean("日付 ２０２４-０１-１５ と バージョン v１.２.３.４ と ￥１２，８００");
+    assert_clean("ｖｅｒｓｉｏｎ １.２.３ ＡＢＣ－１２３");
+}
+
+/// Card numbers grouped with dots (`4111.1111.1111.1111`) are cards when the groups look like a
+/// card's (a first group of 4 digits, then groups of 3 to 6) and pass the Luhn check; decimal
+/// numbers, thousands separators, OIDs and version strings stay clean.
+#[test]
+fn cards_grouped_with_dots() {
+    for (text, value) in [
+        ("card 4111.1111.1111.1111 exp 09/27", "4111.1111.1111.1111"),
+        ("pan: 5555.5555.5555.4444.", "5555.5555.5555.4444"),
+        ("amex 3782.822463.10005", "3782.822463.10005"),
+    ] {
+        let found = pii_values(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        assert_eq!((found[0].0, found[0].1), ("credit-card", value), "{text:?}");
+    }
+    assert_clean("card 4111.1111.1111.1112"); // Luhn
+    assert_clean("total 4.111.111.111.111 EUR"); // thousands separators
+    assert_clean("pi 3.14159265358979323 and 4111.111111111111");
+    assert_clean("OID 2.16.840.1.113730.3.1.2 and 1.3.6.1.4.1.311.21.8");
+    assert_clean("version 4111.1111.1111.1111.2");
+    assert_clean("v1.27.3, 2024.01.15, $4,111.11, 4111.11 EUR, 1234.5678.9012");
+    let ips: Vec<(&str, &str)> = pii_values("from 10.0.0.1 to 192.168.100.200.")
+        .iter()
+        .map(|(e, v, _)| (*e, *v))
+        .collect();
+    assert_eq!(
+        ips,
+        [
+            ("ip-address", "10.0.0.1"),
+            ("ip-address", "192.168.100.200")
+        ]
+    );
+    assert_clean("4111.1111 1111-1111");
+}
+
+/// Lower-case (and mixed-case) IBANs are read as their upper-case forms, with the same length
+/// and mod-97 checks; a lower-case one must be unspaced or grouped by four.
+#[test]
+fn lower_case_ibans() {
+    for (text, value) in [
+        (
+            "iban gb82 west 1234 5698 7654 32 thanks",
+            "gb82 west 1234 5698 7654 32",
+        ),
+        ("de89370400440532013000", "de89370400440532013000"),
+        (
+            "IBAN: Gb82 West 1234 5698 7654 32.",
+            "Gb82 West 1234 5698 7654 32",
+        ),
+    ] {
+        let found = pii_values(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        assert_eq!((found[0].0, found[0].1), ("iban", value), "{text:?}");
+    }
+    assert_clean("gb82 west 1234 5698 7654 33"); // checksum
+    assert_clean("de88370400440532013000");
+    assert_clean("es2015 modules and classes with some more words");
+    assert_clean("use at10 for it and de12 then fr76 or gb82 west as a label");
+    assert_clean("gb82 w est1 2345 6987 6543 2");
+}
+
+/// SSNs written with en dashes or em dashes (`078–05–1120`), the same dash twice.
+#[test]
+fn ssns_with_en_and_em_dashes() {
+    for (text, value) in [
+        ("SSN 078–05–1120", "078–05–1120"),
+        ("my ssn is 078—05—1120.", "078—05—1120"),
+        ("(078–05–1120)", "078–05–1120"),
+    ] {
+        let found = pii_values(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        assert_eq!((found[0].0, found[0].1), ("ssn", value), "{text:?}");
+    }
+    assert_clean("078–05—1120"); // two different dashes
+    assert_clean("pages 123–45–0000 and 000–12–3456");
+    assert_clean("part no. 078–05–1120");
+    assert_clean("the 2019–2020 season, pages 123–456, 1999—2005");
+}
+
+/// A phone number followed by an extension (`ext. 42`, `x42`, `;ext=42`) is still found; the
+/// match is the number.
+#[test]
+fn phones_with_extensions() {
+    for (text, value) in [
+        ("call +1 (415) 555-0132 ext. 42 today", "+1 (415) 555-0132"),
+        ("call +1 (415) 555-0132 x42", "+1 (415) 555-0132"),
+        ("call +1 (415) 555-0132x42", "+1 (415) 555-0132"),
+        ("call (415) 555-0132 ext 4200", "(415) 555-0132"),
+        ("call 415-555-0132x7.", "415-555-0132"),
+        ("call 415-555-0132ext.42 or", "415-555-0132"),
+        ("call 415.555.0132 EXT:42", "415.555.0132"),
+        ("tel:+1-415-555-0132;ext=42", "+1-415-555-0132"),
+        ("+44 20 7946 0958 extn. 3", "+44 20 7946 0958"),
+    ] {
+        let found = pii_values(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        assert_eq!((found[0].0, found[0].1), ("phone", value), "{text:?}");
+    }
+    assert_clean("SKU 550-123-4567x42");
+    assert_clean("size 415-555-0132xl and 415-555-0132x4a");
+    assert_clean("build 415-555-0132x12345678");
+}
+
+/// `Tax ID: 078-05-1120`: `id` is identifier context, but not after `tax` or `taxpayer`.
+#[test]
+fn ssn_after_tax_id() {
+    for (text, value) in [
+        ("Tax ID: 078-05-1120", "078-05-1120"),
+        ("taxpayer id number 078-05-1120", "078-05-1120"),
+        ("tax_id=078 05 1120", "078 05 1120"),
+        ("Tax ID no. 078–05–1120", "078–05–1120"),
+    ] {
+        let found = pii_values(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        assert_eq!((found[0].0, found[0].1), ("ssn", value), "{text:?}");
+    }
+    assert_clean("ID: 078-05-1120");
+    assert_clean("employee id 078-05-1120");
+    assert_clean("tax order id 078-05-1120");
+}
+
+/// A `?` that starts a URL's query string (`https://x.com/a?b=1&c=2`) is no question; one that
+/// ends a URL (`... https://x.com/a?`) or follows it is.
+#[test]
+fn complexity_does_not_count_url_query_strings() {
+    let c = Complexity::new(ComplexityConfig::default());
+    let questions = |text: &str| c.features(&[Message::new("user", text)]).questions;
+    assert_eq!(questions("see https://x.com/a?b=1&c=2"), 0);
+    assert_eq!(
+        questions("GET http://api.example.com/v1/items?id=3&q=a?b and https://x.com/?utm=1"),
+        0
+    );
+    assert_eq!(questions("[docs](https://x.com/search?q=rust) ok"), 0);
+    assert_eq!(
+        questions("Is it https://x.com/a?b=1? Or https://x.com/b?"),
+        2
+    );
+    assert_eq!(questions("why?\nhttps://x.com/a?b=1\nhow?"), 2);
+    assert_eq!(questions("what?why ftp:/x?y a?b=1 x ://?q"), 4);
+    let urls = "Summarise https://x.com/a?b=1&c=2 and https://y.org/p?q=1&r=2 and \
+                https://z.net/s?t=1 and https://w.io/?u=1&v=2 and https://v.dev/?x=1.";
+    assert_eq!(c.level(&[Message::new("user", urls)]), ComplexityLevel::Low);
+}

@@ -43,7 +43,7 @@ pub struct ComplexityConfig {
     pub math: [usize; 2],
     /// Multi-step markers (numbered list items, `first`, `then`, `next`, `finally`, `step`...).
     pub steps: [usize; 2],
-    /// Question marks.
+    /// Question marks (not those starting a URL's query string).
     pub questions: [usize; 2],
     /// Score at which a request is medium.
     pub medium_at: u32,
@@ -79,7 +79,7 @@ pub struct Features {
     pub math: usize,
     /// Multi-step markers.
     pub steps: usize,
-    /// Question marks.
+    /// Question marks, but not those starting a URL's query string (`https://x.com/a?b=1`).
     pub questions: usize,
 }
 
@@ -207,6 +207,10 @@ const BACKSLASH: u8 = 4;
 const DOLLAR: u8 = 5;
 /// First byte of the UTF-8 math symbols (`∑`, `∫`, `√`, `≤`, `≥`, `≠`, `∀`, `∃`).
 const E2: u8 = 6;
+/// `:`, which starts a URL when `//` follows and a letter or digit (its scheme) comes before.
+const COLON: u8 = 7;
+/// A byte that ends a URL (besides `\n`): ASCII whitespace, `"`, `<`, `>` and `` ` ``.
+const URL_END: u8 = 8;
 
 static CLASS: [u8; 256] = {
     let mut t = [OTHER; 256];
@@ -222,6 +226,8 @@ static CLASS: [u8; 256] = {
                 b'\\' => BACKSLASH,
                 b'$' => DOLLAR,
                 0xE2 => E2,
+                b':' => COLON,
+                b' ' | b'\t' | b'\r' | 0x0C | b'"' | b'<' | b'>' | b'`' => URL_END,
                 _ => OTHER,
             }
         };
@@ -256,9 +262,12 @@ const SYMBOL_TAILS: &[[u8; 2]] = &[
 /// Adds the features of one message's text to `f`, in one pass over its bytes. Matches
 /// `STEP_WORDS` and `MATH_WORDS` as a leftmost-longest, non-overlapping scan would: a word
 /// counts when it is a whole run of ASCII letters and digits; a LaTeX command, `$$` or a math
-/// symbol counts wherever it starts, and what it covers is not read again.
+/// symbol counts wherever it starts, and what it covers is not read again. A `?` inside a URL
+/// (from `://` after a letter or digit to the next `URL_END` byte or line break) that a query
+/// character follows ([`query_byte`]) starts its query string and is no question.
 fn scan(text: &str, f: &mut Features) {
     let bytes = text.as_bytes();
+    let mut in_url = false;
     let mut in_fence = false;
     let mut line_start = 0;
     // Start of the run of ASCII letters and digits being read, when it is a word: not glued
@@ -283,10 +292,27 @@ fn scan(text: &str, f: &mut Features) {
         after_alnum = false;
         i += match class {
             QUESTION => {
-                f.questions += 1;
+                if !(in_url && bytes.get(i + 1).is_some_and(|b| query_byte(*b))) {
+                    f.questions += 1;
+                }
+                1
+            }
+            COLON => {
+                if bytes.get(i + 1..i + 3) == Some(b"//")
+                    && i.checked_sub(1)
+                        .and_then(|p| bytes.get(p))
+                        .is_some_and(u8::is_ascii_alphanumeric)
+                {
+                    in_url = true;
+                }
+                1
+            }
+            URL_END => {
+                in_url = false;
                 1
             }
             NEWLINE => {
+                in_url = false;
                 line(text.get(line_start..i).unwrap_or(""), &mut in_fence, f);
                 line_start = i + 1;
                 1
@@ -317,6 +343,17 @@ fn scan(text: &str, f: &mut Features) {
         count_word(bytes.get(start..).unwrap_or_default(), f);
     }
     line(text.get(line_start..).unwrap_or(""), &mut in_fence, f);
+}
+
+/// A byte that continues a URL's query string after its `?`: an ASCII letter or digit, or one
+/// of `=&%_-~+/[`. After anything else (a space, `.`, `)`, `?`, the end) the `?` ends a
+/// question (`Have you seen https://x.com/a?`).
+fn query_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'=' | b'&' | b'%' | b'_' | b'-' | b'~' | b'+' | b'/' | b'['
+        )
 }
 
 /// The LaTeX command that `rest` starts with, if any.
@@ -473,11 +510,16 @@ mod tests {
 
     use super::*;
 
-    /// The previous implementation (three passes: `?`, lines, Aho-Corasick over the words): the
-    /// one-pass scan must count the same.
+    /// The previous implementation (three passes: `?`, lines, Aho-Corasick over the words), with
+    /// URL query strings found by regexes: the one-pass scan must count the same.
     fn reference(text: &str) -> Features {
         let mut f = Features::default();
         f.questions += text.bytes().filter(|b| *b == b'?').count();
+        let url = regex::Regex::new(r#"[A-Za-z0-9]://[^\t\n\x0C\r "<>`]*"#).unwrap();
+        let query = regex::Regex::new(r"\?[A-Za-z0-9=&%_~+/\[-]").unwrap();
+        for u in url.find_iter(text) {
+            f.questions -= query.find_iter(u.as_str()).count();
+        }
         let mut in_fence = false;
         for l in text.lines() {
             let t = l.trim();
@@ -579,6 +621,19 @@ mod tests {
         "derivative",
         "afterwards",
         "lastly",
+        "https://x.com/a",
+        "http:",
+        "//",
+        "://",
+        "?b=1",
+        "&c=2",
+        "a?",
+        "??",
+        "\"",
+        ">",
+        "`",
+        "/",
+        "%",
     ];
 
     /// The word test without the length and first-letter filter (for runs of ASCII letters

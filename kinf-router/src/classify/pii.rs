@@ -5,8 +5,10 @@
 //! prefix test for most kinds; for e-mail, the next `@` located with `memchr`) rule most of them
 //! out, and only then is the per-entity pattern run anchored there. Every candidate is
 //! validated in code (checksums, ranges, boundaries and context). Overlapping matches are
-//! resolved by entity priority: credential, e-mail, IBAN, card, SSN, IP address, phone. The
-//! rules are documented in `docs/reference/classifiers.md`.
+//! resolved by entity priority: credential, e-mail, IBAN, card, SSN, IP address, phone. A
+//! message holding full-width digits or hyphens is scanned as a copy with their ASCII forms,
+//! and its matches moved back to the text as written (`FullWidth`). The rules are documented in
+//! `docs/reference/classifiers.md`.
 
 use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
@@ -76,7 +78,8 @@ impl Kind {
             // A non-ASCII byte: a letter or digit of a spaced script (`émile@`), which the scan
             // tests as a character.
             Kind::Email => b.is_ascii_alphanumeric() || !b.is_ascii(),
-            Kind::Iban => b.is_ascii_uppercase(),
+            // Either case (`gb82 west ...`): `iban` upper-cases the value.
+            Kind::Iban => b.is_ascii_alphabetic(),
             Kind::Card | Kind::Ssn | Kind::Ipv4 => b.is_ascii_digit(),
             Kind::SsnContext => matches!(b, b's' | b'S'),
             Kind::Ipv6 => b.is_ascii_hexdigit() || b == b':',
@@ -102,8 +105,8 @@ impl Kind {
                     || !b.is_ascii()
                     || matches!(b, b'.' | b'_' | b'%' | b'+' | b'-' | b'@')
             }
-            Kind::Iban => b.is_ascii_uppercase(),
-            Kind::Card => b.is_ascii_digit() || matches!(b, b' ' | b'-'),
+            Kind::Iban => b.is_ascii_alphabetic(),
+            Kind::Card => b.is_ascii_digit() || matches!(b, b' ' | b'-' | b'.'),
             Kind::Ssn => b.is_ascii_digit(),
             // The gate's `ssn` or `social`.
             Kind::SsnContext => matches!(b, b's' | b'S' | b'o' | b'O'),
@@ -167,9 +170,9 @@ impl Kind {
             Kind::Aws => r"(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|AROA|APKA)[A-Z0-9]{16}",
             Kind::Bearer => r"[Bb](?:earer|EARER)[ \t]+[A-Za-z0-9._~+/=-]{16,}",
             Kind::Email => EMAIL,
-            Kind::Iban => r"[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]){10,30}",
-            Kind::Card => r"[0-9](?:[ -]?[0-9]){12,18}",
-            Kind::Ssn => r"[0-9]{3}[- ][0-9]{2}[- ][0-9]{4}",
+            Kind::Iban => r"[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9]){10,30}",
+            Kind::Card => r"[0-9](?:[ .-]?[0-9]){12,18}",
+            Kind::Ssn => r"[0-9]{3}[- –—][0-9]{2}[- –—][0-9]{4}",
             Kind::SsnContext => {
                 concat!(
                     r"(?i:ssn|social security)",
@@ -252,6 +255,9 @@ pub struct Pii {
     seconds: [u16; 256],
     /// The bit of the e-mail pattern in `starts` (0 when e-mail is not detected).
     email_bit: u16,
+    /// The bit of the IBAN pattern (0 when IBANs are not detected): it may start at any two
+    /// letters, so its gate (two digits next) is tested before `candidates_at` is called.
+    iban_bit: u16,
     /// The bits of card, SSN, IPv4, IPv6 and phone (`digit_start_mask` may clear them).
     digit_bits: u16,
     /// The bit of each kind (by `Kind as usize`) in the masks, 0 when it is not detected.
@@ -305,6 +311,7 @@ impl Pii {
         }
         let bit = |k: Kind| kind_bits.get(k as usize).copied().unwrap_or(0);
         let email_bit = bit(Kind::Email);
+        let iban_bit = bit(Kind::Iban);
         let digit_bits =
             bit(Kind::Card) | bit(Kind::Ssn) | bit(Kind::Ipv4) | bit(Kind::Ipv6) | bit(Kind::Phone);
         let email_domain = (email_bit != 0)
@@ -319,6 +326,7 @@ impl Pii {
             starts,
             seconds,
             email_bit,
+            iban_bit,
             digit_bits,
             kind_bits,
             pats,
@@ -350,9 +358,26 @@ impl Pii {
     pub fn scan(&self, messages: &[Message<'_>]) -> Vec<Match> {
         let mut out = Vec::new();
         for (i, m) in messages.iter().enumerate() {
-            self.scan_text(i, m.content, &mut out);
+            self.scan_message(i, m.content, &mut out);
         }
         out
+    }
+
+    /// Scans one message. A text holding full-width digits or hyphens (`４１１１`, `－`, as an
+    /// IME types them) is scanned as its [`FullWidth`] normalization, and the matches are moved
+    /// back to the text as written; any other text is scanned as it is, without a copy.
+    fn scan_message(&self, index: usize, text: &str, out: &mut Vec<Match>) {
+        let Some(norm) = FullWidth::of(text) else {
+            self.scan_text(index, text, out);
+            return;
+        };
+        let from = out.len();
+        self.scan_text(index, &norm.text, out);
+        for m in out.get_mut(from..).unwrap_or_default() {
+            m.start = norm.original(m.start);
+            m.end = norm.original(m.end);
+            m.redacted = redact(text.get(m.start..m.end).unwrap_or(""));
+        }
     }
 
     fn scan_text(&self, index: usize, text: &str, out: &mut Vec<Match>) {
@@ -410,6 +435,11 @@ impl Pii {
                 & self.seconds.get(usize::from(next)).copied().unwrap_or(0);
             if mask & self.email_bit != 0 && !email_gate(bytes, i, &mut memo.next_at) {
                 mask &= !self.email_bit;
+            }
+            // Most words start with two letters: without this, each would call
+            // `candidates_at` for the IBAN gate alone.
+            if mask & self.iban_bit != 0 && !(digit_at(bytes, i + 2) && digit_at(bytes, i + 3)) {
+                mask &= !self.iban_bit;
             }
             if b.is_ascii_digit() && mask & self.digit_bits != 0 {
                 mask &= self.digit_start_mask(bytes.get(i..).unwrap_or_default());
@@ -539,10 +569,11 @@ impl Pii {
         let bit = |k: Kind| self.kind_bits.get(k as usize).copied().unwrap_or(0);
         let mut keep = !self.digit_bits;
         // 13 digits, or a separator the walk may take.
-        if d >= 13 || matches!(x, b' ' | b'-') {
+        if d >= 13 || matches!(x, b' ' | b'-' | b'.') {
             keep |= bit(Kind::Card);
         }
-        if d == 3 && matches!(x, b' ' | b'-') {
+        // `-`, ` `, or the lead byte of `–` and `—`.
+        if d == 3 && matches!(x, b' ' | b'-' | 0xE2) {
             keep |= bit(Kind::Ssn);
         }
         if d <= 3 && x == b'.' {
@@ -595,6 +626,55 @@ impl Pii {
                 redacted: redact(value),
             });
         }
+    }
+}
+
+/// A text with its full-width digits (U+FF10..U+FF19) and hyphen-minus (U+FF0D) replaced by
+/// their ASCII forms, and where they were.
+struct FullWidth {
+    text: String,
+    /// The offsets in `text` of the replaced characters, in order (each of their 3 bytes
+    /// became 1).
+    replaced: Vec<usize>,
+}
+
+impl FullWidth {
+    /// The normalization of `text`, or `None` when it has nothing to replace (one `memchr`
+    /// pass for the lead byte `0xEF` of the three-byte forms, no allocation).
+    fn of(text: &str) -> Option<Self> {
+        let bytes = text.as_bytes();
+        let ascii = |j: usize| full_width_ascii(bytes.get(j..).unwrap_or_default());
+        let first = memchr::memchr_iter(0xEF, bytes).find(|j| ascii(*j).is_some())?;
+        let mut out = String::with_capacity(text.len());
+        let mut replaced = Vec::new();
+        let mut copied = 0;
+        // `0xEF` only ever leads a character, so each `j` is a character boundary.
+        for j in memchr::memchr_iter(0xEF, bytes.get(first..)?).map(|j| first + j) {
+            let Some(a) = ascii(j) else { continue };
+            out.push_str(text.get(copied..j)?);
+            replaced.push(out.len());
+            out.push(char::from(a));
+            copied = j + 3;
+        }
+        out.push_str(text.get(copied..)?);
+        Some(FullWidth {
+            text: out,
+            replaced,
+        })
+    }
+
+    /// The offset in the original text of the character boundary `at` of the normalized one.
+    fn original(&self, at: usize) -> usize {
+        at + 2 * self.replaced.partition_point(|&r| r < at)
+    }
+}
+
+/// The ASCII form of the full-width digit or hyphen-minus that `r` starts with.
+fn full_width_ascii(r: &[u8]) -> Option<u8> {
+    match r {
+        [0xEF, 0xBC, 0x8D, ..] => Some(b'-'),
+        [0xEF, 0xBC, d @ 0x90..=0x99, ..] => Some(b'0' + (d - 0x90)),
+        _ => None,
     }
 }
 
@@ -668,7 +748,7 @@ fn digit_run(r: &[u8], from: usize, max: usize) -> usize {
 // their kind (see `Kind::pattern`) finds at the start of `r`; a test checks them against the
 // regexes on random inputs.
 
-/// `[0-9](?:[ -]?[0-9]){12,18}`: a greedy walk; a separator counts only before a digit.
+/// `[0-9](?:[ .-]?[0-9]){12,18}`: a greedy walk; a separator counts only before a digit.
 fn card_len(r: &[u8]) -> Option<usize> {
     if !digit_at(r, 0) {
         return None;
@@ -678,7 +758,7 @@ fn card_len(r: &[u8]) -> Option<usize> {
     while reps < 18 {
         if digit_at(r, end) {
             end += 1;
-        } else if matches!(r.get(end), Some(b' ' | b'-')) && digit_at(r, end + 1) {
+        } else if matches!(r.get(end), Some(b' ' | b'-' | b'.')) && digit_at(r, end + 1) {
             end += 2;
         } else {
             break;
@@ -688,14 +768,27 @@ fn card_len(r: &[u8]) -> Option<usize> {
     (reps >= 12).then_some(end)
 }
 
-/// `[0-9]{3}[- ][0-9]{2}[- ][0-9]{4}`.
+/// `[0-9]{3}[- –—][0-9]{2}[- –—][0-9]{4}`.
 fn ssn_len(r: &[u8]) -> Option<usize> {
-    let &[a, b, c, s1, d, e, s2, f, g, h, k] = r.get(..11)? else {
+    let digits = |from: usize, n: usize| digit_run(r, from, n) == n;
+    if !digits(0, 3) {
         return None;
-    };
-    let sep = |x: u8| x == b'-' || x == b' ';
-    let ok = sep(s1) && sep(s2) && [a, b, c, d, e, f, g, h, k].iter().all(u8::is_ascii_digit);
-    ok.then_some(11)
+    }
+    let g = 3 + ssn_sep_len(r.get(3..)?)?;
+    if !digits(g, 2) {
+        return None;
+    }
+    let k = g + 2 + ssn_sep_len(r.get(g + 2..)?)?;
+    digits(k, 4).then_some(k + 4)
+}
+
+/// The length of the SSN separator `r` starts with: `-`, a space, an en dash or an em dash.
+fn ssn_sep_len(r: &[u8]) -> Option<usize> {
+    match r {
+        [b'-' | b' ', ..] => Some(1),
+        [0xE2, 0x80, 0x93 | 0x94, ..] => Some(3),
+        _ => None,
+    }
 }
 
 /// `[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}`: each of the first three groups is a
@@ -870,6 +963,11 @@ const FILLERS: &[&str] = &["no", "nr", "num", "number", "is", "was", "the", "n"]
 /// The closest non-filler word before `at` (lower-cased), within 40 bytes; `Some("#")` when a
 /// `#` sign comes first.
 fn context_word(text: &str, at: usize) -> Option<String> {
+    context_words(text, at).map(|(w, _)| w)
+}
+
+/// [`context_word`], and the word before it when it is within the same 40 bytes and line.
+fn context_words(text: &str, at: usize) -> Option<(String, Option<String>)> {
     let mut from = at.saturating_sub(40);
     while !text.is_char_boundary(from) {
         from += 1;
@@ -886,24 +984,39 @@ fn context_word(text: &str, at: usize) -> Option<String> {
                 word.clear();
             }
             if c == '#' && words.is_empty() {
-                return Some("#".into());
+                return Some(("#".into(), None));
             }
             if c == '\n' {
                 break;
             }
         }
-        if words.len() >= 4 {
+        // The closest non-filler word is one of the first 4; one more is the word before it.
+        if words.len() >= 5 {
             break;
         }
     }
     if !word.is_empty() && from == 0 {
         words.push(word.chars().rev().collect());
     }
-    words.into_iter().find(|w| !FILLERS.contains(&w.as_str()))
+    let i = words
+        .iter()
+        .take(4)
+        .position(|w| !FILLERS.contains(&w.as_str()))?;
+    let mut rest = words.into_iter().skip(i);
+    let w = rest.next()?;
+    Some((w, rest.next()))
 }
 
 fn negative_context(text: &str, at: usize) -> bool {
-    context_word(text, at).is_some_and(|w| w == "#" || NEGATIVE_CONTEXT.contains(&w.as_str()))
+    let Some((w, before)) = context_words(text, at) else {
+        return false;
+    };
+    // `Tax ID: 078-05-1120`, `taxpayer id`: a US tax identification number is an SSN (or an
+    // ITIN) whenever it has an SSN's shape.
+    if w == "id" && before.is_some_and(|b| b == "tax" || b == "taxpayer") {
+        return false;
+    }
+    w == "#" || NEGATIVE_CONTEXT.contains(&w.as_str())
 }
 
 /// Whether `at` follows a digit group and a separator (`12 |`, `12-|`, `12.|`): a number
@@ -978,8 +1091,11 @@ fn validate(kind: Kind, text: &str, s: usize, e: usize) -> Option<(usize, usize)
             {
                 return None;
             }
-            let b = cand.as_bytes();
-            if b.get(3) != b.get(6) {
+            // The same separator twice.
+            let mut seps = cand
+                .split(|c: char| c.is_ascii_digit())
+                .filter(|x| !x.is_empty());
+            if seps.next() != seps.next() {
                 return None;
             }
             let digits: String = cand.chars().filter(char::is_ascii_digit).collect();
@@ -1208,9 +1324,10 @@ fn iban(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
         return None;
     }
     let cand = text.get(s..e)?;
+    let country = cand.as_bytes().get(..2)?;
     let len = IBAN_LENGTHS
         .iter()
-        .find(|(c, _)| cand.starts_with(c))
+        .find(|(c, _)| country.eq_ignore_ascii_case(c.as_bytes()))
         .map(|(_, l)| *l)?;
     let mut chars = String::with_capacity(len);
     let mut end = s;
@@ -1218,7 +1335,7 @@ fn iban(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
         if c == ' ' {
             continue;
         }
-        chars.push(c);
+        chars.push(c.to_ascii_uppercase());
         if chars.len() == len {
             end = s + i + c.len_utf8();
             break;
@@ -1227,7 +1344,21 @@ fn iban(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
     if chars.len() != len || next_is(text, end, is_word) {
         return None;
     }
+    // Lower case: only as an IBAN is written (unspaced or in groups of 4), not any run of
+    // lower-case words that spaces between single characters would join.
+    let value = text.get(s..end)?;
+    if value.bytes().any(|b| b.is_ascii_lowercase()) && !grouped_by_four(value) {
+        return None;
+    }
     iban_checksum(&chars).then_some((s, end))
+}
+
+/// Whether `value` has no space, or groups of 4 characters between single spaces (the last of
+/// 1 to 4).
+fn grouped_by_four(value: &str) -> bool {
+    let mut groups = value.split(' ');
+    let last = groups.next_back().map_or(0, str::len);
+    !value.contains(' ') || ((1..=4).contains(&last) && groups.all(|g| g.len() == 4))
 }
 
 /// ISO 7064 mod 97-10 over the rearranged IBAN.
@@ -1298,6 +1429,17 @@ fn card(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
     if prev_is(text, s, |c| is_word(c) || c == '-' || c == '.' || c == ',') {
         return None;
     }
+    let mut e = e;
+    let whole = text.get(s..e)?;
+    if let Some(dot) = whole.find('.') {
+        if dot != 4 || whole.contains([' ', '-']) {
+            // Not grouped by dots: the number ends at the dot, as before dots were read
+            // (`4111 1111 1111 1111.5`, `4111111111111111.5`).
+            e = s + dot;
+        } else if !dotted_card(whole) || dot_and_digit(text.as_bytes(), e) {
+            return None;
+        }
+    }
     let cand = text.get(s..e)?;
     let mut digits: Vec<u8> = Vec::with_capacity(19);
     let mut ends: Vec<usize> = Vec::with_capacity(19);
@@ -1324,6 +1466,21 @@ fn card(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
         }
     }
     None
+}
+
+/// Whether a card candidate grouped by dots has a card's groups: at least three, the first of 4
+/// digits, the others of 3 to 6 (`4111.1111.1111.1111`, `3782.822463.10005`). Decimal numbers
+/// (`3.14159265358979`), thousands separators (`4.111.111.111.111`) and OIDs do not.
+fn dotted_card(cand: &str) -> bool {
+    let mut groups = cand.split('.');
+    groups.next().is_some_and(|g| g.len() == 4)
+        && groups.clone().count() >= 2
+        && groups.all(|g| (3..=6).contains(&g.len()))
+}
+
+/// Whether `at` holds a `.` and a digit: the value before it is part of a longer dotted run.
+fn dot_and_digit(bytes: &[u8], at: usize) -> bool {
+    bytes.get(at) == Some(&b'.') && digit_at(bytes, at + 1)
 }
 
 /// SSN ranges: area not 000, 666 or 9xx; group not 00; serial not 0000.
@@ -1474,7 +1631,7 @@ fn phone(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
     }
     loop {
         let cand = text.get(s..end)?;
-        let next_bad = next_is(text, end, is_word)
+        let next_bad = (next_is(text, end, is_word) && !glued_extension(text, end))
             || text.get(end..).is_some_and(|r| {
                 let b = r.as_bytes();
                 matches!(b.first(), Some(b'.' | b',' | b'-' | b'/' | b':'))
@@ -1491,6 +1648,29 @@ fn phone(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
         }
         end = s + trimmed.len();
     }
+}
+
+/// Whether `at` holds an extension written against the number (`x42`, `ext42`, `ext.42`,
+/// `EXT:42`): `x`, `ext` or `extn` (ASCII case-insensitive), an optional `.` or `:`, and 1 to 6
+/// digits that end the word. One after a space or `;` (`ext. 42`, `;ext=42`) leaves the number
+/// unglued already.
+fn glued_extension(text: &str, at: usize) -> bool {
+    let r = text.as_bytes().get(at..).unwrap_or_default();
+    let word = r
+        .iter()
+        .take(5)
+        .take_while(|b| b.is_ascii_alphabetic())
+        .count();
+    let label = r.get(..word).unwrap_or_default();
+    if !["x", "ext", "extn"]
+        .iter()
+        .any(|l| label.eq_ignore_ascii_case(l.as_bytes()))
+    {
+        return false;
+    }
+    let from = word + usize::from(matches!(r.get(word), Some(b'.' | b':')));
+    let d = digit_run(r, from, 7);
+    (1..=6).contains(&d) && !next_is(text, at + from + d, is_word)
 }
 
 /// Whether the `:` at `colon` ends a label (`tel:`, `Телефон:`, `Tel.:`): a letter of any
@@ -1637,7 +1817,7 @@ mod tests {
         let at = |i: usize| r.get(i).copied().unwrap_or(0);
         let within = |n: usize, b: u8| r.iter().take(n).any(|x| *x == b);
         match k {
-            Kind::Ssn => matches!(at(3), b'-' | b' '),
+            Kind::Ssn => matches!(at(3), b'-' | b' ' | 0xE2),
             Kind::Ipv4 => within(4, b'.'),
             Kind::Ipv6 => within(5, b':'),
             Kind::Phone => true,
@@ -1733,6 +1913,16 @@ mod tests {
         "sk-",
         "-----BEGIN RSA PRIVATE KEY-----\n\n",
         "#",
+        "078–05–1120",
+        "078—05—1120",
+        "–",
+        "4111.1111.1111.1111",
+        "3782.822463.10005",
+        "gb82 west 1234 5698 7654 32",
+        "de89370400440532013000",
+        "x42",
+        "ext.42",
+        "Tax ID: ",
     ];
 
     /// A matcher in code: the length of its kind's match at the start of the bytes.
@@ -1780,7 +1970,7 @@ mod tests {
 
     const NUMBER_PIECES: &[&str] = &[
         "1", "23", "456", "7890", "4111", "0", " ", "  ", "-", ".", ":", "::", "(", ")", "+", "/",
-        "a", "F", "x", "\n", "é",
+        "a", "F", "x", "\n", "é", "–", "—", "€",
     ];
 
     /// Wherever a kind matches (its gate passes and its regex matches), the second byte passes
@@ -1812,6 +2002,20 @@ mod tests {
     }
 
     #[test]
+    fn full_width_normalization_maps_offsets_back() {
+        assert!(FullWidth::of("plain text 4111 – ＡＢＣ ｶﾅ").is_none());
+        let text = "a４１－b";
+        let n = FullWidth::of(text).unwrap();
+        assert_eq!(n.text, "a41-b");
+        assert_eq!(
+            (0..=n.text.len())
+                .map(|i| n.original(i))
+                .collect::<Vec<_>>(),
+            [0, 1, 4, 7, 10, 11]
+        );
+    }
+
+    #[test]
     fn code_matchers_on_examples() {
         assert_eq!(card_len(b"4111 1111 1111 1111 x"), Some(19));
         assert_eq!(card_len(b"4111-1111-1111-111"), Some(18));
@@ -1819,6 +2023,10 @@ mod tests {
         assert_eq!(card_len(b"12345678901234567890123"), Some(19));
         assert_eq!(ssn_len(b"078-05-1120"), Some(11));
         assert_eq!(ssn_len(b"078-05-112"), None);
+        assert_eq!(ssn_len("078–05–1120".as_bytes()), Some(15));
+        assert_eq!(ssn_len("078 05—1120".as_bytes()), Some(13));
+        assert_eq!(ssn_len("078€05€1120".as_bytes()), None);
+        assert_eq!(card_len(b"4111.1111.1111.1111."), Some(19));
         assert_eq!(ipv4_len(b"192.168.1.2000"), Some(13));
         assert_eq!(ipv4_len(b"1234.1.1.1"), None);
         assert_eq!(ipv4_len(b"1.2.3"), None);
