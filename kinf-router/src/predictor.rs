@@ -288,11 +288,15 @@ impl TtftModel {
             return;
         }
         let predicted = self.predict(uncached_tokens, queued, running).total_s;
-        let err = observed_s - predicted;
+        let limit =
+            (OUTLIER_SCALES * self.residual_scale_s.max(predicted)).max(MIN_RESIDUAL_LIMIT_S);
+        // The reported errors count an outlier at the limit too: one absurd observation kept
+        // `abs_error_s` huge for some 300 observations (×0.9 each), long after the model had
+        // recovered. A real change still shows within a few observations (the limit grows).
+        let err = (observed_s - predicted).abs().min(limit);
         let alpha = 0.1;
-        self.abs_error_ewma_s = (1.0 - alpha) * self.abs_error_ewma_s + alpha * err.abs();
-        self.rel_error_ewma =
-            (1.0 - alpha) * self.rel_error_ewma + alpha * (err.abs() / observed_s);
+        self.abs_error_ewma_s = (1.0 - alpha) * self.abs_error_ewma_s + alpha * err;
+        self.rel_error_ewma = (1.0 - alpha) * self.rel_error_ewma + alpha * (err / observed_s);
         self.observations += 1;
         // Recursive least squares with forgetting.
         let lambda = 0.98;
@@ -305,8 +309,6 @@ impl TtftModel {
             self.p = diag(&self.p_max);
             return;
         }
-        let limit =
-            (OUTLIER_SCALES * self.residual_scale_s.max(predicted)).max(MIN_RESIDUAL_LIMIT_S);
         let residual = (observed_s - dot(&x, &self.theta)).clamp(-limit, limit);
         self.residual_scale_s = (1.0 - alpha) * self.residual_scale_s + alpha * residual.abs();
         let k = px.map(|v| v / denom);
@@ -390,7 +392,8 @@ impl TtftModel {
         self.observations
     }
 
-    /// Moving average of |observed − predicted| in seconds.
+    /// Moving average of |observed − predicted| in seconds, each error limited as the residual
+    /// learned from is ([`observe`](Self::observe)).
     pub fn abs_error_s(&self) -> f64 {
         self.abs_error_ewma_s
     }
