@@ -1513,7 +1513,7 @@ async fn respond(
         upstream_ended: !is_sse,
         output_counted: output_known(is_sse, status.as_u16(), answer.is_ok()),
     };
-    let (builder, answer) = match (builder, answer) {
+    let (mut builder, answer) = match (builder, answer) {
         (Some(b), Ok(a)) => (b, a),
         (_, answer) => {
             // Accounted (per tenant, objectives) as an answer that did not complete, by the
@@ -1539,13 +1539,37 @@ async fn respond(
             fin.tap.observed.completed = true;
             // Accounted now: the whole answer is in hand.
             drop(fin);
-            Body::from(bytes)
+            match anthropic_error_body(api, status, &bytes) {
+                Some(translated) => {
+                    if let Some(h) = builder.headers_mut() {
+                        h.insert(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static("application/json"),
+                        );
+                    }
+                    Body::from(translated)
+                }
+                None => Body::from(bytes),
+            }
         }
     };
     builder.body(body).unwrap_or_else(|e| {
         ApiError::new(StatusCode::BAD_GATEWAY, "upstream_error", e.to_string())
             .into_response_for(api)
     })
+}
+
+/// A worker's error answer (4xx, 5xx) to an Anthropic client, in Anthropic's error shape with
+/// the same status when the worker's is not ([`super::errors::anthropic_error_from_upstream`]:
+/// vLLM answers some errors of its `/v1/messages` in OpenAI's shape, and the others with its
+/// own error types); `None` to pass the body on as it is (a success, another API, or already
+/// Anthropic's).
+fn anthropic_error_body(api: Api, status: StatusCode, body: &[u8]) -> Option<Bytes> {
+    if api != Api::Messages || !(status.is_client_error() || status.is_server_error()) {
+        return None;
+    }
+    let v = super::errors::anthropic_error_from_upstream(status, body)?;
+    Some(Bytes::from(v.to_string()))
 }
 
 /// A worker's answer: a stream to tap, or a non-streamed body read whole.

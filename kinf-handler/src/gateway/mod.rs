@@ -692,16 +692,123 @@ fn model_object(name: &str, max_model_len: Option<u64>) -> serde_json::Value {
     o
 }
 
+/// Whether a request on a path both APIs share (`/v1/models`) comes from an Anthropic client:
+/// Anthropic's API requires `anthropic-version` on every request (its SDKs always send it),
+/// OpenAI's clients never send it.
+fn anthropic_client(headers: &HeaderMap) -> bool {
+    headers.contains_key("anthropic-version")
+}
+
+/// The API whose shapes a `/v1/models` request gets: Anthropic's for an Anthropic client
+/// ([`anthropic_client`]), else OpenAI's.
+fn models_api(headers: &HeaderMap) -> Api {
+    if anthropic_client(headers) {
+        Api::Messages
+    } else {
+        Api::Chat
+    }
+}
+
+/// `created_at` of Anthropic model objects: when the model was released, which the gateway
+/// does not know; Anthropic's API documents the epoch for an unknown date.
+const ANTHROPIC_UNKNOWN_DATE: &str = "1970-01-01T00:00:00Z";
+
+/// Anthropic's model object (`ModelInfo`) of client-facing `name`.
+fn anthropic_model_object(name: &str) -> serde_json::Value {
+    json!({
+        "type": "model",
+        "id": name,
+        "display_name": name,
+        "created_at": ANTHROPIC_UNKNOWN_DATE,
+    })
+}
+
+/// Default and largest page of Anthropic's `GET /v1/models` (its `limit`).
+const ANTHROPIC_PAGE: (usize, usize) = (20, 1000);
+
+/// One page of Anthropic's `GET /v1/models` over the sorted `names`: `limit` (1 to 1000,
+/// default 20) names after `after_id` or before `before_id` (a cursor need not be listed any
+/// more: the page starts where it would sort), with `has_more`, `first_id` and `last_id`.
+fn anthropic_models_page(
+    names: &[&str],
+    query: &std::collections::HashMap<String, String>,
+) -> Result<serde_json::Value, ApiError> {
+    let limit = match query.get("limit") {
+        None => ANTHROPIC_PAGE.0,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=ANTHROPIC_PAGE.1).contains(n))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "limit",
+                    format!(
+                        "`limit` must be an integer from 1 to {}, not `{v}`",
+                        ANTHROPIC_PAGE.1
+                    ),
+                )
+            })?,
+    };
+    let at = |id: &str| match names.binary_search(&id) {
+        Ok(i) | Err(i) => i,
+    };
+    let (page, has_more) = match (query.get("after_id"), query.get("before_id")) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "before_id",
+                "give `after_id` or `before_id`, not both",
+            ));
+        }
+        (None, Some(before)) => {
+            let end = at(before);
+            let start = end.saturating_sub(limit);
+            (&names[start..end], start > 0)
+        }
+        (after, None) => {
+            let start = after.map_or(0, |a| {
+                let i = at(a);
+                i + usize::from(names.get(i) == Some(&a.as_str()))
+            });
+            let end = start.saturating_add(limit).min(names.len());
+            (&names[start..end], end < names.len())
+        }
+    };
+    Ok(json!({
+        "data": page.iter().map(|n| anthropic_model_object(n)).collect::<Vec<_>>(),
+        "has_more": has_more,
+        "first_id": page.first(),
+        "last_id": page.last(),
+    }))
+}
+
 /// `GET /v1/models`: every client-facing name (model names and aliases) of the front door's
-/// pool, sorted.
-async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+/// pool, sorted; in Anthropic's Models API shape, paginated, for an Anthropic client
+/// ([`anthropic_client`]).
+async fn models(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    query: Result<
+        axum::extract::Query<std::collections::HashMap<String, String>>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Response {
+    let api = models_api(&headers);
     let Some(rt) = gw.runtime() else {
-        return not_ready(Api::Chat);
+        return not_ready(api);
     };
     let pools = match door_pools(&rt, &headers) {
         Ok(p) => p,
-        Err(e) => return e.into_response_for(Api::Chat),
+        Err(e) => return e.into_response_for(api),
     };
+    if api == Api::Messages {
+        let page = query
+            .map_err(|e| ApiError::invalid("query", format!("the query is invalid: {e}")))
+            .and_then(|q| anthropic_models_page(&model_names(&pools), &q.0));
+        return match page {
+            Ok(page) => axum::Json(page).into_response(),
+            Err(e) => e.into_response_for(api),
+        };
+    }
     let live = gw.live.load_full();
     let live = live.as_deref().map(|l| &**l);
     let data: Vec<_> = model_names(&pools)
@@ -711,28 +818,33 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// `GET /v1/models/{id}` (OpenAI `models.retrieve`): the model object of a name `/v1/models`
-/// lists, else 404 `model_not_found`.
+/// `GET /v1/models/{id}` (OpenAI `models.retrieve`, Anthropic `models.retrieve` for an
+/// Anthropic client): the model object of a name `/v1/models` lists, else 404
+/// `model_not_found`.
 async fn model(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
     id: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
+    let api = models_api(&headers);
     let Some(rt) = gw.runtime() else {
-        return not_ready(Api::Chat);
+        return not_ready(api);
     };
     let id = match id {
         Ok(axum::extract::Path(id)) => id,
         Err(e) => {
             return ApiError::invalid("model", format!("the model id in the path is invalid: {e}"))
-                .into_response_for(Api::Chat);
+                .into_response_for(api);
         }
     };
     let pools = match door_pools(&rt, &headers) {
         Ok(p) => p,
-        Err(e) => return e.into_response_for(Api::Chat),
+        Err(e) => return e.into_response_for(api),
     };
     let names = model_names(&pools);
+    if api == Api::Messages && names.binary_search(&id.as_str()).is_ok() {
+        return axum::Json(anthropic_model_object(&id)).into_response();
+    }
     if names.binary_search(&id.as_str()).is_ok() {
         let live = gw.live.load_full();
         let len = max_model_len(
@@ -754,7 +866,7 @@ async fn model(
         ),
     );
     e.param = Some("model".into());
-    e.into_response_for(Api::Chat)
+    e.into_response_for(api)
 }
 
 async fn healthz() -> &'static str {

@@ -136,8 +136,10 @@ impl SseTap {
         let mut out = BytesMut::new();
         while let Some(end) = find_event_end(&self.pending) {
             let event = self.pending.split_to(end);
-            if self.keep(&event, now) {
-                out.extend_from_slice(&event);
+            match self.keep(&event, now) {
+                Kept::As => out.extend_from_slice(&event),
+                Kept::Dropped => {}
+                Kept::Replaced(e) => out.extend_from_slice(e.as_bytes()),
             }
         }
         out.freeze()
@@ -155,8 +157,8 @@ impl SseTap {
         self.pending.clear();
     }
 
-    /// Inspects one complete event (terminator included); false drops it.
-    fn keep(&mut self, event: &[u8], now: Instant) -> bool {
+    /// Inspects one complete event (terminator included): what to send on in its place.
+    fn keep(&mut self, event: &[u8], now: Instant) -> Kept {
         let mut event_name: Option<&[u8]> = None;
         let mut data: Option<&[u8]> = None;
         for line in event.split(|b| *b == b'\n') {
@@ -167,20 +169,27 @@ impl SseTap {
                 event_name = Some(v.strip_prefix(b" ").unwrap_or(v));
             }
         }
-        let Some(data) = data else { return true };
+        let Some(data) = data else {
+            return Kept::As;
+        };
         if data == b"[DONE]" {
             self.observed.completed = true;
-            return true;
+            return Kept::As;
         }
         let Ok(v) = serde_json::from_slice::<Value>(data) else {
-            return true;
+            return Kept::As;
         };
         match self.api {
-            Api::Chat | Api::Completions => self.openai_chunk(&v, now),
-            Api::Messages => {
-                self.anthropic_event(event_name, &v, now);
-                true
+            Api::Chat | Api::Completions => {
+                if self.openai_chunk(&v, now) {
+                    Kept::As
+                } else {
+                    Kept::Dropped
+                }
             }
+            Api::Messages => self
+                .anthropic_event(event_name, &v, now)
+                .map_or(Kept::As, Kept::Replaced),
         }
     }
 
@@ -203,7 +212,10 @@ impl SseTap {
         true
     }
 
-    fn anthropic_event(&mut self, name: Option<&[u8]>, v: &Value, now: Instant) {
+    /// Notes what an Anthropic event says; returns the event to send instead, for an `error`
+    /// event whose type is not one of Anthropic's
+    /// ([`super::errors::anthropic_stream_error`]).
+    fn anthropic_event(&mut self, name: Option<&[u8]>, v: &Value, now: Instant) -> Option<String> {
         let kind = v
             .get("type")
             .and_then(Value::as_str)
@@ -223,10 +235,25 @@ impl SseTap {
                 }
             }
             Some(b"message_stop") => self.observed.completed = true,
-            Some(b"error") => self.observed.errored = true,
+            Some(b"error") => {
+                self.observed.errored = true;
+                return super::errors::anthropic_stream_error(v)
+                    .map(|e| format!("event: error\ndata: {e}\n\n"));
+            }
             _ => {}
         }
+        None
     }
+}
+
+/// What [`SseTap`] sends on in place of one event.
+enum Kept {
+    /// The event as it came.
+    As,
+    /// Nothing (the usage chunk the gateway asked for).
+    Dropped,
+    /// Another event (an error event in Anthropic's shape).
+    Replaced(String),
 }
 
 /// Whether a streamed OpenAI choice carries a generated token. Only a chat stream's opening
@@ -506,6 +533,26 @@ mod tests {
         );
         assert!(!o.errored);
         assert!(o.early_end(Api::Chat, &err).contains("upstream_incomplete"));
+    }
+
+    #[test]
+    fn vllms_stream_errors_reach_anthropic_clients_with_anthropics_types() {
+        // vLLM 0.32's `/v1/messages` stream converter on a failure (serving.py).
+        let vllm = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\",\"message\":\"Invalid data format received\"}}\n\n";
+        let mut tap = SseTap::new(Api::Messages, false);
+        let out = tap.feed(vllm.as_bytes(), Instant::now());
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "event: error\ndata: {\"error\":{\"message\":\"Invalid data format received\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n"
+        );
+        assert!(tap.observed.errored);
+        // Anthropic's own types pass as they are.
+        let anthropic = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+        let mut tap = SseTap::new(Api::Messages, false);
+        assert_eq!(
+            tap.feed(anthropic.as_bytes(), Instant::now()),
+            anthropic.as_bytes()
+        );
     }
 
     #[test]
