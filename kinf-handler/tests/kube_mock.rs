@@ -1736,3 +1736,87 @@ async fn pods_that_change_back_while_a_bundle_is_applied_publish_again() {
     apply(&c, &gw);
     assert!(!changes.has_changed().unwrap());
 }
+
+/// Log lines written while the subscriber is the thread's default.
+#[derive(Clone, Default)]
+struct LogCapture(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogCapture {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn a_secret_that_cannot_be_read_again_is_logged_and_its_value_kept() {
+    let logs = LogCapture::default();
+    let sink = logs.clone();
+    // The thread's default (a current-thread runtime: the reading task runs on this thread).
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish(),
+    );
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    load(&c, policy(1, "if"));
+    let reading = tokio::spawn({
+        let c = c.clone();
+        async move { c.read_secrets(true).await }
+    });
+    let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        .await
+        .expect("a Secret read")
+        .unwrap();
+    assert_eq!(
+        req.uri().path(),
+        "/api/v1/namespaces/llm/secrets/openai-key"
+    );
+    send.send_response(api_error(
+        500,
+        "InternalError",
+        "etcdserver: request timed out",
+    ));
+    reading.await.unwrap();
+    let text = logs.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("cannot read the Secret again"))
+        .unwrap_or_else(|| panic!("a warning: {text:?}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("secret=llm/openai-key"), "{line}");
+    assert!(line.contains("etcdserver: request timed out"), "{line}");
+    assert!(
+        line.contains("the value read before stays in use"),
+        "{line}"
+    );
+    assert!(!line.contains("sk"), "never the value: {line}");
+    // The value read before is still the one used; the error is recorded for the status.
+    assert_eq!(
+        c.with_store(|s| s.secret_state("llm", "openai-key", Some("apiKey"))),
+        Some(true)
+    );
+    assert!(
+        c.snapshot_bundle()
+            .resolved
+            .secret("llm", "openai-key", "apiKey")
+            .is_some_and(|v| v.expose() == "sk")
+    );
+    assert!(c.with_store(|s| {
+        s.secret_errors()
+            .contains_key(&("llm".to_owned(), "openai-key".to_owned()))
+    }));
+}

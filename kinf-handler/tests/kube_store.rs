@@ -1262,3 +1262,190 @@ fn a_bundle_made_while_the_one_before_is_applied_merges_with_what_that_one_put_i
             .to_string()
     );
 }
+
+/// `pod(…)` in phase `phase`.
+fn in_phase(
+    mut p: k8s_openapi::api::core::v1::Pod,
+    phase: &str,
+) -> k8s_openapi::api::core::v1::Pod {
+    p.status.as_mut().unwrap().phase = Some(phase.into());
+    p
+}
+
+#[test]
+fn completed_pods_are_not_members_of_the_worker_set() {
+    let mut s = initial_store(policy(1, "if"));
+    let before = s.selected_pods()["llm/vllm"].clone();
+    assert_eq!(before.selected, 4);
+    // A Job-like pod that finished, and one that failed while its Ready condition was last
+    // reported true (the kubelet may not have updated it yet): neither is a member.
+    assert!(s.apply_pod_event(Event::Apply(in_phase(
+        pod("vllm-done", "vllm", Some("10.0.0.8"), false, Some(8000)),
+        "Succeeded"
+    ))));
+    assert!(s.apply_pod_event(Event::Apply(in_phase(
+        pod("vllm-failed", "vllm", Some("10.0.0.9"), true, Some(8000)),
+        "Failed"
+    ))));
+    // Running and pending pods are members as before.
+    assert!(s.apply_pod_event(Event::Apply(in_phase(
+        pod("vllm-running", "vllm", Some("10.0.0.5"), true, Some(8000)),
+        "Running"
+    ))));
+    assert!(s.apply_pod_event(Event::Apply(in_phase(
+        pod("vllm-pending", "vllm", None, false, None),
+        "Pending"
+    ))));
+    let after = &s.selected_pods()["llm/vllm"];
+    assert_eq!(
+        after.selected, 6,
+        "the running and the pending pod count, the completed ones do not: {after:?}"
+    );
+    assert_eq!(
+        after.endpoints,
+        vec!["10.0.0.1:8000", "10.0.0.4:9000", "10.0.0.5:8000"]
+    );
+    assert_eq!(
+        s.bundle().resolved.endpoints["llm/vllm"],
+        after.endpoints,
+        "the bundle's endpoints skip them too"
+    );
+    // A running pod that completes leaves the set.
+    assert!(s.apply_pod_event(Event::Apply(in_phase(
+        pod("vllm-running", "vllm", Some("10.0.0.5"), false, Some(8000)),
+        "Succeeded"
+    ))));
+    assert_eq!(s.selected_pods()["llm/vllm"].selected, 5);
+    let info = kinf_handler::kube::store::PodInfo::from_pod(&in_phase(
+        pod("x", "vllm", None, false, None),
+        "Failed",
+    ))
+    .unwrap();
+    assert_eq!(info.phase.as_deref(), Some("Failed"));
+    assert!(info.completed());
+}
+
+#[test]
+fn worker_sets_select_only_the_pods_of_their_own_namespace() {
+    use kinf_handler::kube::store::{PodInfo, SelectedPods, select_pods, selector_matches};
+    use std::collections::BTreeMap;
+    // Namespaces that are prefixes of one another and sort around each other, so a range
+    // that runs past its namespace, or stops short of it, is seen.
+    let namespaces = ["a", "ll", "llm", "llm-2", "llm2", "llmz", "z"];
+    let mut pods = BTreeMap::new();
+    let mut n = 0;
+    for (i, ns) in namespaces.iter().enumerate() {
+        for j in 0..=i {
+            n += 1;
+            let app = if j % 3 == 2 { "web" } else { "vllm" };
+            let mut p = pod(
+                &format!("p{j}"),
+                app,
+                Some(&format!("10.{i}.0.{j}")),
+                j % 2 == 0,
+                Some(8000 + i32::try_from(i).unwrap()),
+            );
+            if j == 3 {
+                p = in_phase(p, "Succeeded");
+            }
+            p.metadata.namespace = Some((*ns).into());
+            let info = PodInfo::from_pod(&p).unwrap();
+            pods.insert((info.namespace.clone(), info.name.clone()), info);
+        }
+    }
+    assert_eq!(pods.len(), n);
+    // A worker set in every namespace but `a` and `llm2`, plus one in a namespace without pods.
+    let sets: Vec<StoredObject> = ["ll", "llm", "llm-2", "llmz", "z", "m"]
+        .iter()
+        .map(|ns| {
+            StoredObject::from_dynamic(
+                ResourceKind::InferenceWorkerSet,
+                &in_namespace(worker_set(), ns),
+            )
+            .unwrap()
+        })
+        .collect();
+    let got = select_pods(&pods, sets.iter());
+    // What every set selects when every pod is looked at.
+    let mut want = BTreeMap::new();
+    for o in &sets {
+        let sel = &o.spec["selector"];
+        let mut sp = SelectedPods::default();
+        for p in pods.values() {
+            if p.namespace == o.key.namespace && !p.completed() && selector_matches(sel, &p.labels)
+            {
+                sp.selected += 1;
+                if p.ready {
+                    let port = u16::try_from(p.ports[0].1).unwrap();
+                    sp.endpoints.push(p.address(port).unwrap());
+                }
+            }
+        }
+        sp.endpoints.sort();
+        want.insert(format!("{}/{}", o.key.namespace, o.key.name), sp);
+    }
+    assert_eq!(got, want);
+    assert_eq!(
+        got["llm/vllm"],
+        SelectedPods {
+            selected: 2,
+            endpoints: vec!["10.2.0.0:8002".into()],
+        },
+        "`llm` has p0–p2; p2 is `web`; p1 is not ready"
+    );
+    assert_eq!(
+        got["llm-2/vllm"].selected, 2,
+        "p0, p1 (p2 web, p3 completed)"
+    );
+    assert_eq!(got["z/vllm"].selected, 4, "p0, p1, p4, p6");
+    assert_eq!(got["m/vllm"], SelectedPods::default());
+    assert_eq!(got.len(), 6);
+}
+
+#[test]
+fn a_secret_read_before_that_cannot_be_read_again_keeps_its_value_and_says_so() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    );
+    let gw = gateway_();
+    gw.apply_bundle(&s.bundle());
+    // The periodic re-read fails (a timeout): the value read before stays in use.
+    assert!(s.secret_read_failed("llm", "openai-key", "the read timed out after 10s"));
+    let bundle = s.bundle();
+    assert!(
+        bundle
+            .resolved
+            .secret("llm", "openai-key", "apiKey")
+            .is_some_and(|v| v.expose() == "sk-test"),
+        "the key read before is kept"
+    );
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    assert_eq!(outcome, ApplyOutcome::Unchanged, "nothing to re-apply");
+    let p = gw.providers.load_full();
+    assert!(!format!("{p:?}").contains("SecretMissing"), "{p:?}");
+    // …and the owner of the provider is told, in its status.
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
+    let cond = |t: &str| condition(&p, "InferenceProvider/llm/openai", t);
+    let refs = cond("ResolvedRefs");
+    assert_eq!(refs["status"], "True", "the value in use resolves: {refs}");
+    assert_eq!(refs["reason"], "SecretStale", "{refs}");
+    assert_eq!(
+        refs["message"],
+        "spec.credentials.secretRef: Secret `llm/openai-key` cannot be read again: the read \
+         timed out after 10s; the value read before stays in use (help: the controller retries \
+         every 30 s)"
+    );
+    assert_eq!(cond("Ready")["status"], "True", "it still serves");
+    // The next read succeeds: back to plain `ResolvedRefs`.
+    assert!(s.set_secret(
+        "llm",
+        "openai-key",
+        Some(&secret("openai-key", &[("apiKey", "sk-test")])),
+    ));
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
+    let refs = condition(&p, "InferenceProvider/llm/openai", "ResolvedRefs");
+    assert_eq!(refs["reason"], "ResolvedRefs", "{refs}");
+}

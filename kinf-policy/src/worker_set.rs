@@ -50,7 +50,8 @@ pub struct InferenceWorkerSetSpec {
     /// cluster). Exactly one of `selector` and `endpoints` must be set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<String>,
-    /// The HTTP port of vLLM in selected pods. Default 8000.
+    /// The HTTP port of vLLM in selected pods. Default, per pod: its first container port named
+    /// `http`, else 8000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: Option<u32>,

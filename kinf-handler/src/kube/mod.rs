@@ -681,31 +681,47 @@ impl Controller {
         futures_util::stream::iter(refs)
             .for_each_concurrent(SECRET_READS_AT_ONCE, |(ns, name)| async move {
                 let api: Api<K8sSecret> = Api::namespaced(self.client.clone(), &ns);
-                let Ok(got) = tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(&name)).await else {
-                    tracing::warn!(secret = %format!("{ns}/{name}"), "reading the Secret timed out");
+                let Ok(got) = tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(&name)).await
+                else {
                     let why = format!("the read timed out after {}s", REQUEST_TIMEOUT.as_secs());
-                    self.update_store(|s| s.secret_read_failed(&ns, &name, &why));
+                    self.secret_read_failed(&ns, &name, &why);
                     return;
                 };
                 let got = match got {
                     Ok(s) => s,
                     Err(::kube::Error::Api(e)) if e.code == 403 => {
-                        tracing::warn!(secret = %format!("{ns}/{name}"), "forbidden: grant the controller `get` on this Secret");
                         let why = "forbidden (the API server's 403): grant the controller `get` \
                                    on it (the chart's `secrets.names`, or `secrets.allowAll`)";
-                        self.update_store(|s| s.secret_read_failed(&ns, &name, why));
+                        self.secret_read_failed(&ns, &name, why);
                         return;
                     }
                     Err(e) => {
-                        tracing::warn!(secret = %format!("{ns}/{name}"), error = %e, "cannot read Secret");
-                        let why = e.to_string();
-                        self.update_store(|s| s.secret_read_failed(&ns, &name, &why));
+                        self.secret_read_failed(&ns, &name, &e.to_string());
                         return;
                     }
                 };
                 self.update_store(|s| s.set_secret(&ns, &name, got.as_ref()));
             })
             .await;
+    }
+
+    /// Records that reading Secret `ns/name` failed with `why`, and logs it: a warning naming
+    /// the Secret and the error, which says whether the value read before stays in use (it
+    /// does: a failed read drops no key; the status of the objects naming it says so too).
+    fn secret_read_failed(&self, ns: &str, name: &str, why: &str) {
+        let secret = format!("{ns}/{name}");
+        match self.with_store(|s| s.secret_state(ns, name, None)) {
+            Some(true) => tracing::warn!(
+                %secret, error = %why,
+                "cannot read the Secret again; the value read before stays in use"
+            ),
+            Some(false) => tracing::warn!(
+                %secret, error = %why,
+                "cannot read the Secret again (it was not found before)"
+            ),
+            None => tracing::warn!(%secret, error = %why, "cannot read the Secret"),
+        }
+        self.update_store(|s| s.secret_read_failed(ns, name, why));
     }
 
     /// On shutdown: stops the lease loop and status writes, and gives the Lease up when this

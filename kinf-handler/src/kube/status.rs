@@ -9,7 +9,9 @@
 //!   every other namespace's are applied), `BundleRefused` when the whole bundle is refused
 //!   (an error that belongs to no single object, or one that namespace isolation cannot
 //!   contain; the last good policy stays in force).
-//! - `ResolvedRefs`: names and Secrets it refers to exist (`RefNotFound`, `SecretNotFound`).
+//! - `ResolvedRefs`: names and Secrets it refers to exist (`RefNotFound`, `SecretNotFound`,
+//!   `SecretUnreadable`; true with `SecretStale` when a Secret read before cannot be read
+//!   again and its value read before stays in use).
 //! - `Ready`: it serves traffic (worker sets: ready endpoints; providers: healthy; pools: a
 //!   ready destination; policies and front doors: in force). An object whose current
 //!   generation is refused but an earlier one is in the policy in force still serves: `Ready`
@@ -89,14 +91,16 @@ pub struct StatusInput<'a> {
     pub live: &'a LiveCounts,
     /// Referenced Secrets.
     pub secrets: &'a SecretKeys,
-    /// Why reading a referenced Secret failed (timeout, server error), for Secrets never read.
+    /// Why the latest read of a referenced Secret failed (timeout, server error), until a read
+    /// succeeds: `SecretUnreadable` for a Secret never read, `SecretStale` (the value read
+    /// before stays in use) for one read before.
     pub secret_errors: &'a BTreeMap<(String, String), String>,
     /// The time written as `lastTransitionTime` of conditions that change (RFC 3339).
     pub now: &'a str,
 }
 
 impl StatusInput<'_> {
-    /// Why reading Secret `namespace/name` failed, when it was never read.
+    /// Why the latest read of Secret `namespace/name` failed, if it did.
     fn secrets_error(&self, namespace: &str, name: &str) -> Option<&str> {
         self.secret_errors
             .get(&(namespace.to_owned(), name.to_owned()))
@@ -395,6 +399,7 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
         // References: names (compiler) and Secrets (controller).
         let mut unresolved: Vec<String> = findings.map_or(Vec::new(), |f| f.unresolved.clone());
         let mut secret_problem = None;
+        let mut secret_stale = None;
         if let Some((name, key, path)) = secret_ref(o) {
             let state = input
                 .secrets
@@ -427,15 +432,32 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
                 )),
                 _ => None,
             };
+            // Read before, and fine then, but the latest read failed: the value read before
+            // stays in use (a transient failure drops no key), and the owner is told.
+            if problem.is_none()
+                && let Some(Some(_)) = state
+                && let Some(e) = input.secrets_error(&o.key.namespace, name)
+            {
+                secret_stale = Some(format!(
+                    "{path}: Secret `{}/{name}` cannot be read again: {e}; the value read before \
+                     stays in use (help: the controller retries every 30 s)",
+                    o.key.namespace
+                ));
+            }
             secret_problem = problem;
         }
         let (refs_ok, refs_reason, refs_message) = if !unresolved.is_empty() {
             if let Some((_, p)) = &secret_problem {
                 unresolved.push(p.clone());
             }
+            if let Some(p) = &secret_stale {
+                unresolved.push(p.clone());
+            }
             (false, "RefNotFound", unresolved.join("\n"))
         } else if let Some((reason, p)) = &secret_problem {
             (false, *reason, p.clone())
+        } else if let Some(p) = &secret_stale {
+            (true, "SecretStale", p.clone())
         } else {
             (true, "ResolvedRefs", "every reference resolves".to_owned())
         };

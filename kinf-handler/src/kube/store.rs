@@ -130,6 +130,8 @@ pub struct PodInfo {
     pub terminating: bool,
     /// Container ports: `(name, port)`.
     pub ports: Vec<(Option<String>, i32)>,
+    /// `status.phase` (`Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`), when reported.
+    pub phase: Option<String>,
 }
 
 impl PodInfo {
@@ -163,7 +165,14 @@ impl PodInfo {
                         .collect()
                 })
                 .unwrap_or_default(),
+            phase: status.and_then(|s| s.phase.clone()),
         })
+    }
+
+    /// Whether the pod has completed (phase `Succeeded` or `Failed`): its containers have
+    /// stopped for good, so it is no member of any worker set.
+    pub fn completed(&self) -> bool {
+        matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
 
     /// `host:port` for `port` (IPv6 in brackets).
@@ -505,7 +514,9 @@ impl ClusterStore {
 }
 
 /// What the worker sets among `objects` select among `pods`: by `namespace/name`, the pods
-/// matched and the ready ones' addresses.
+/// matched and the ready ones' addresses. Completed pods (phase `Succeeded` or `Failed`) are
+/// not members. Each worker set looks only at the pods of its own namespace (a range of the
+/// map, which is sorted by namespace first), not at every pod.
 pub fn select_pods<'o>(
     pods: &BTreeMap<(String, String), PodInfo>,
     objects: impl IntoIterator<Item = &'o StoredObject>,
@@ -524,8 +535,8 @@ pub fn select_pods<'o>(
             .and_then(Value::as_u64)
             .and_then(|p| u16::try_from(p).ok());
         let mut sp = SelectedPods::default();
-        for p in pods.values() {
-            if p.namespace != o.key.namespace || !selector_matches(sel, &p.labels) {
+        for p in pods_in_namespace(pods, &o.key.namespace) {
+            if p.completed() || !selector_matches(sel, &p.labels) {
                 continue;
             }
             sp.selected += 1;
@@ -542,6 +553,17 @@ pub fn select_pods<'o>(
         out.insert(format!("{}/{}", o.key.namespace, o.key.name), sp);
     }
     out
+}
+
+/// The pods of `namespace`: the keys `(namespace, …)` are contiguous in the map, from
+/// `(namespace, "")` on.
+fn pods_in_namespace<'p>(
+    pods: &'p BTreeMap<(String, String), PodInfo>,
+    namespace: &'p str,
+) -> impl Iterator<Item = &'p PodInfo> {
+    pods.range((namespace.to_owned(), String::new())..)
+        .take_while(move |((ns, _), _)| ns == namespace)
+        .map(|(_, p)| p)
 }
 
 /// The sources of `objects` (sorted by key), as a bundle holds them: front doors last, oldest
@@ -581,8 +603,9 @@ pub fn secret_refs_of<'o>(
         .collect()
 }
 
-/// The vLLM port of a pod when the worker set names none: the container port named `http`,
-/// else 8000 (vLLM's default).
+/// The vLLM port of a pod when the worker set names none: the first container port named
+/// `http` (of `spec.containers`, in order; init containers are not looked at), else 8000
+/// (vLLM's default), also when the pod has other, differently named ports.
 fn pod_port(p: &PodInfo) -> u16 {
     p.ports
         .iter()
