@@ -22,6 +22,7 @@ use serde_json::{Map, Value, json};
 const EXPECTED: TokenUsage = TokenUsage {
     cached_prompt_tokens: 4,
     uncached_prompt_tokens: 8,
+    cache_write_prompt_tokens: 0,
     output_tokens: 2,
 };
 

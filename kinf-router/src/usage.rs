@@ -12,6 +12,11 @@ pub struct TokenUsage {
     pub cached_prompt_tokens: u64,
     /// Prompt tokens computed.
     pub uncached_prompt_tokens: u64,
+    /// Of the uncached tokens, those a provider wrote to its prompt cache (Anthropic's
+    /// `cache_creation_input_tokens`, Bedrock's `cacheWriteInputTokens`); 0 from vLLM, which
+    /// reports none. Omitted from JSON when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cache_write_prompt_tokens: u64,
     /// Generated tokens.
     pub output_tokens: u64,
 }
@@ -24,6 +29,7 @@ impl TokenUsage {
         TokenUsage {
             cached_prompt_tokens: cached,
             uncached_prompt_tokens: prompt_tokens - cached,
+            cache_write_prompt_tokens: 0,
             output_tokens: completion_tokens,
         }
     }
@@ -50,8 +56,13 @@ impl TokenUsage {
     pub fn add(&mut self, other: &TokenUsage) {
         self.cached_prompt_tokens += other.cached_prompt_tokens;
         self.uncached_prompt_tokens += other.uncached_prompt_tokens;
+        self.cache_write_prompt_tokens += other.cache_write_prompt_tokens;
         self.output_tokens += other.output_tokens;
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

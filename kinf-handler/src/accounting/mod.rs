@@ -250,6 +250,7 @@ pub fn estimate_usage(
     TokenUsage {
         cached_prompt_tokens: prompt_tokens - uncached,
         uncached_prompt_tokens: uncached,
+        cache_write_prompt_tokens: 0,
         output_tokens: token_events,
     }
 }
@@ -450,6 +451,7 @@ mod tests {
             usage: TokenUsage {
                 cached_prompt_tokens: 100,
                 uncached_prompt_tokens: 900,
+                cache_write_prompt_tokens: 0,
                 output_tokens: out,
             },
             estimated: false,

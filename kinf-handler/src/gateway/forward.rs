@@ -319,6 +319,7 @@ pub fn settle_reservation(
         let used = o.usage.unwrap_or(TokenUsage {
             cached_prompt_tokens: 0,
             uncached_prompt_tokens: u64::from(c.prompt_tokens),
+            cache_write_prompt_tokens: 0,
             output_tokens: o.token_events,
         });
         res.complete(&used);

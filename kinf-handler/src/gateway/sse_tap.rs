@@ -324,6 +324,7 @@ mod tests {
         TokenUsage {
             cached_prompt_tokens: cache_read,
             uncached_prompt_tokens: uncached,
+            cache_write_prompt_tokens: 0,
             output_tokens: output,
         }
     }
@@ -496,10 +497,15 @@ mod tests {
             (15, 3, 2)
         );
         let body = br#"{"usage":{"input_tokens":10,"cache_creation_input_tokens":5,"cache_read_input_tokens":3,"output_tokens":2}}"#;
+        // The cache writes are uncached tokens, also counted as writes.
         assert_eq!(
             body_usage(Api::Messages, body),
-            Some(anthropic_usage(15, 3, 2))
+            Some(TokenUsage {
+                cache_write_prompt_tokens: 5,
+                ..anthropic_usage(15, 3, 2)
+            })
         );
+        assert_eq!(u.cache_write_prompt_tokens, 5);
     }
 
     #[test]

@@ -747,6 +747,7 @@ mod tests {
             Some(TokenUsage {
                 cached_prompt_tokens: 2,
                 uncached_prompt_tokens: 5,
+                cache_write_prompt_tokens: 0,
                 output_tokens: 9
             })
         );

@@ -810,22 +810,25 @@ pub fn merge_anthropic_usage(acc: &mut Value, delta: &Value) {
 }
 
 /// Usage of an Anthropic `usage` object: `input_tokens` and `cache_creation_input_tokens` are
-/// uncached, `cache_read_input_tokens` cached.
+/// uncached (the latter also counted as cache writes), `cache_read_input_tokens` cached.
 pub fn usage_anthropic(u: &Value) -> TokenUsage {
+    let writes = n(u, "/cache_creation_input_tokens");
     TokenUsage {
         cached_prompt_tokens: n(u, "/cache_read_input_tokens"),
-        uncached_prompt_tokens: n(u, "/input_tokens")
-            .saturating_add(n(u, "/cache_creation_input_tokens")),
+        uncached_prompt_tokens: n(u, "/input_tokens").saturating_add(writes),
+        cache_write_prompt_tokens: writes,
         output_tokens: n(u, "/output_tokens"),
     }
 }
 
-/// Usage of a Bedrock `usage` object: `inputTokens` and `cacheWriteInputTokens` are uncached,
-/// `cacheReadInputTokens` cached.
+/// Usage of a Bedrock `usage` object: `inputTokens` and `cacheWriteInputTokens` are uncached
+/// (the latter also counted as cache writes), `cacheReadInputTokens` cached.
 pub fn usage_bedrock(u: &Value) -> TokenUsage {
+    let writes = n(u, "/cacheWriteInputTokens");
     TokenUsage {
         cached_prompt_tokens: n(u, "/cacheReadInputTokens"),
-        uncached_prompt_tokens: n(u, "/inputTokens").saturating_add(n(u, "/cacheWriteInputTokens")),
+        uncached_prompt_tokens: n(u, "/inputTokens").saturating_add(writes),
+        cache_write_prompt_tokens: writes,
         output_tokens: n(u, "/outputTokens"),
     }
 }
@@ -913,12 +916,14 @@ pub fn openai_usage_json(u: &TokenUsage) -> Value {
     })
 }
 
-/// Anthropic `usage` of `u` (cache writes are counted in `input_tokens`).
+/// Anthropic `usage` of `u`: as Anthropic counts, `input_tokens` excludes both the cache reads
+/// and the cache writes, which have fields of their own.
 pub fn anthropic_usage_json(u: &TokenUsage) -> Value {
+    let writes = u.cache_write_prompt_tokens.min(u.uncached_prompt_tokens);
     json!({
-        "input_tokens": u.uncached_prompt_tokens,
+        "input_tokens": u.uncached_prompt_tokens - writes,
         "cache_read_input_tokens": u.cached_prompt_tokens,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": writes,
         "output_tokens": u.output_tokens,
     })
 }
@@ -1217,12 +1222,42 @@ mod tests {
             "cache_creation_input_tokens": 5, "output_tokens": 3
         }));
         assert_eq!((u.uncached_prompt_tokens, u.cached_prompt_tokens), (15, 90));
+        assert_eq!(u.cache_write_prompt_tokens, 5);
         let o = openai_usage_json(&u);
         assert_eq!(o["prompt_tokens"], 105);
-        assert_eq!(usage_openai(&o), u);
+        // OpenAI's usage has no cache writes: they stay in the prompt count.
+        assert_eq!(
+            usage_openai(&o),
+            TokenUsage {
+                cache_write_prompt_tokens: 0,
+                ..u
+            }
+        );
+        // Anthropic's has: its own fields round-trip.
+        let a = anthropic_usage_json(&u);
+        assert_eq!(
+            (a["input_tokens"].as_u64(), a["cache_creation_input_tokens"].as_u64()),
+            (Some(10), Some(5))
+        );
+        assert_eq!(usage_anthropic(&a), u);
         let b =
             usage_bedrock(&json!({"inputTokens": 4, "outputTokens": 2, "cacheReadInputTokens": 6}));
         assert_eq!(b.prompt_tokens(), 10);
+        // Bedrock's cache writes reach an Anthropic client as Anthropic's.
+        let b = usage_bedrock(&json!({
+            "inputTokens": 4, "outputTokens": 2, "cacheReadInputTokens": 6,
+            "cacheWriteInputTokens": 7
+        }));
+        assert_eq!((b.uncached_prompt_tokens, b.cache_write_prompt_tokens), (11, 7));
+        let a = anthropic_usage_json(&b);
+        assert_eq!(
+            (
+                a["input_tokens"].as_u64(),
+                a["cache_creation_input_tokens"].as_u64(),
+                a["cache_read_input_tokens"].as_u64()
+            ),
+            (Some(4), Some(7), Some(6))
+        );
     }
 
     fn obj(v: Value) -> Map<String, Value> {
