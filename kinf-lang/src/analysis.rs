@@ -476,8 +476,9 @@ fn covers(a: &RequestCond, b: &RequestCond) -> bool {
                     .is_none_or(|l| rb.less_than.is_some_and(|m| m <= l))
         }
     };
-    // Cheap comparisons first; the `when` texts only when everything else already covers.
-    let when = || match (&a.when, &b.when) {
+    // Cheap comparisons first; the `when` texts only when everything else already covers. A
+    // `when` that is always true is no condition.
+    let when = || match (a.effective_when(), b.effective_when()) {
         (None, _) => true,
         (Some(x), Some(y)) => x.expr() == y.expr(),
         _ => false,

@@ -313,7 +313,8 @@ pub struct RequestCond {
 }
 
 impl RequestCond {
-    /// Whether the condition has no field (matches everything).
+    /// Whether the condition matches every request: it has no field, and no `when` or one that
+    /// is always true (`'true'`, `'stream || true'`), which is the same as none.
     pub fn is_unconditional(&self) -> bool {
         self.model.is_none()
             && self.tag.is_none()
@@ -321,7 +322,16 @@ impl RequestCond {
             && self.qos.is_none()
             && self.prompt_tokens.is_none()
             && self.header.is_none()
-            && self.when.is_none()
+            && self.effective_when().is_none()
+    }
+
+    /// The `when` expression, unless it is always true: what the analyses of which requests
+    /// a condition matches (shadowed rules) compare. An always false one is kept: it is a
+    /// condition, one that never holds (reported as KINF0412).
+    pub fn effective_when(&self) -> Option<&TypedExpr> {
+        self.when
+            .as_ref()
+            .filter(|w| crate::constant_when::constant(w.expr()) != Some(true))
     }
 }
 

@@ -229,8 +229,62 @@ fn to_source_span(span: Span) -> SourceSpan {
     SourceSpan::new(span.start.into(), span.len())
 }
 
-/// Sorts diagnostics by position and removes exact duplicates.
+/// Sorts diagnostics by position and removes duplicates: exact ones, and repeats of a finding
+/// (the same finding at the same place under another field path, as a value that YAML aliases
+/// repeat gives), of which the first is kept.
 pub fn sort_and_dedup(diags: &mut Vec<Diagnostic>) {
+    merge_repeats(diags);
+}
+
+impl Diagnostic {
+    /// Whether `other` is the same finding at the same place, found again under another field
+    /// path: the case of a value that aliases (`*name`) repeat. Each place it is repeated at is
+    /// checked, under its own path, but its nodes keep the spans of the anchored value (`&name`):
+    /// an error in it is one error in the file.
+    pub(crate) fn repeats(&self, other: &Diagnostic) -> bool {
+        self.primary.is_some()
+            && self.code == other.code
+            && self.severity == other.severity
+            && self.primary == other.primary
+            && self.message == other.message
+            && self.help == other.help
+            && self.related == other.related
+            && self.resource == other.resource
+    }
+}
+
+/// [`sort_and_dedup`]; returns, for each diagnostic kept, whether it stands for repeats under
+/// other field paths (which were removed).
+pub(crate) fn merge_repeats(diags: &mut Vec<Diagnostic>) -> Vec<bool> {
+    // Stable: of repeats, the first one found is kept (usually the anchored value's own).
     diags.sort_by_key(|a| a.sort_key());
-    diags.dedup();
+    let mut kept: Vec<Diagnostic> = Vec::with_capacity(diags.len());
+    let mut repeated: Vec<bool> = Vec::with_capacity(diags.len());
+    // Where the diagnostics of the current sort key start in `kept`: repeats share their key.
+    let mut run = 0;
+    for d in diags.drain(..) {
+        if kept.last().is_some_and(|k| k.sort_key() != d.sort_key()) {
+            run = kept.len();
+        }
+        let same = kept
+            .get(run..)
+            .and_then(|open| open.iter().position(|k| k.repeats(&d) || *k == d));
+        match same {
+            Some(i) => {
+                if kept
+                    .get(run + i)
+                    .is_some_and(|k| k.field_path != d.field_path)
+                    && let Some(r) = repeated.get_mut(run + i)
+                {
+                    *r = true;
+                }
+            }
+            None => {
+                kept.push(d);
+                repeated.push(false);
+            }
+        }
+    }
+    *diags = kept;
+    repeated
 }

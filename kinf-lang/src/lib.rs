@@ -86,7 +86,10 @@ pub fn compile(sources: &Sources) -> Compilation {
         f.text.hash(&mut h);
     }
     policy.fingerprint = h.finish();
-    diagnostic::sort_and_dedup(&mut diagnostics);
+    // A value that aliases repeat is checked at each place, but an error in it is reported
+    // once, at the anchored value, with notes at the aliases.
+    let repeated = diagnostic::merge_repeats(&mut diagnostics);
+    yaml::note_aliases(&mut diagnostics, &repeated, &bundle.docs, sources);
     let failed = diagnostics.iter().any(|d| d.severity == Severity::Error);
     Compilation {
         diagnostics,

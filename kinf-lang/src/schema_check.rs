@@ -653,6 +653,13 @@ fn type_help(expected: &str, node: &Node, path: &FieldPath) -> String {
     {
         return format!("limits are plain integers, without a suffix: write `{n}`");
     }
+    // `0x-5`: a plain string, which looks like a number.
+    if matches!(expected, "an integer" | "a number")
+        && node.style == crate::yaml::Style::Plain
+        && let Some(help) = node.as_str().and_then(signed_radix_help)
+    {
+        return help;
+    }
     match (expected, &node.value) {
         ("a string", crate::yaml::Value::Int(_) | crate::yaml::Value::Float(_)) if is_duration => {
             format!("a duration needs a unit: write e.g. `{}s`", node.to_json())
@@ -689,4 +696,35 @@ fn type_help(expected: &str, node: &Node, path: &FieldPath) -> String {
         }
         _ => format!("write {expected} here"),
     }
+}
+
+/// The help for a hexadecimal or octal integer with a sign, before or after its prefix (`0x-5`,
+/// `-0x5`, `0o+7`), which YAML reads as a string: the integer in decimal. `None` for any other
+/// text.
+fn signed_radix_help(text: &str) -> Option<String> {
+    let sign = |t: &str| match t.as_bytes().first() {
+        Some(b'-') => Some(true),
+        Some(b'+') => Some(false),
+        _ => None,
+    };
+    let before = sign(text);
+    let (radix, rest) = crate::yaml::radix_literal(text.get(usize::from(before.is_some())..)?)?;
+    let after = sign(rest);
+    // Exactly one sign.
+    let negative = match (before, after) {
+        (Some(n), None) | (None, Some(n)) => n,
+        _ => return None,
+    };
+    let digits = rest.get(usize::from(after.is_some())..)?;
+    let magnitude = crate::yaml::radix_digits(digits, radix)?;
+    let (name, prefix) = if radix == 16 {
+        ("a hexadecimal", "0x")
+    } else {
+        ("an octal", "0o")
+    };
+    let value = if negative { -magnitude } else { magnitude };
+    Some(format!(
+        "`{text}` is not a number: {name} integer (`{prefix}`) takes no sign, so YAML reads it \
+         as a string; write `{value}`"
+    ))
 }

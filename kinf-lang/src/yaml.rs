@@ -94,6 +94,18 @@ pub struct Document {
     pub index: usize,
     /// Its root node.
     pub root: Node,
+    /// Its aliases (`*name`, merged ones included), in source order.
+    pub aliases: Vec<AliasUse>,
+}
+
+/// An alias (`*name`) and the anchored value (`&name`) it repeats. The nodes inside the copy
+/// keep the spans of the anchored value; the copy itself has the alias's span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AliasUse {
+    /// Where the anchored value is written.
+    pub anchored: Span,
+    /// Where the alias is written.
+    pub at: Span,
 }
 
 impl Value {
@@ -387,6 +399,8 @@ struct Builder<'a> {
     items: Vec<Node>,
     entries: Vec<Entry>,
     anchors: HashMap<usize, Anchored>,
+    /// The aliases of the current document.
+    aliases: Vec<AliasUse>,
     docs: Vec<Document>,
     diags: &'a mut Vec<Diagnostic>,
     /// Values read in the file so far, aliases expanded (differences give a node's size).
@@ -406,6 +420,7 @@ impl<'a> Builder<'a> {
             items: Vec::new(),
             entries: Vec::new(),
             anchors: HashMap::new(),
+            aliases: Vec::new(),
             docs: Vec::new(),
             diags,
             nodes: 0,
@@ -642,6 +657,10 @@ impl<'a> Builder<'a> {
         }
         self.alias_nodes += nodes;
         self.nodes += nodes;
+        self.aliases.push(AliasUse {
+            anchored: a.node.span,
+            at: span,
+        });
         let node = Node {
             span,
             ..a.node.clone()
@@ -702,12 +721,14 @@ impl<'a> Builder<'a> {
                 // the alias budget is the file's, so that many small bombs in one file cannot
                 // add up to one large one.
                 self.anchors.clear();
+                let aliases = std::mem::take(&mut self.aliases);
                 if !matches!(node.value, Value::Null) {
                     let index = self.docs.len();
                     self.docs.push(Document {
                         file: self.id,
                         index,
                         root: node,
+                        aliases,
                     });
                 }
             }
@@ -843,11 +864,8 @@ fn resolve_plain(text: Cow<'_, str>) -> Value {
 
 fn parse_number(text: &str) -> Option<Value> {
     let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
-    if let Some(hex) = text.strip_prefix("0x") {
-        return i64::from_str_radix(hex, 16).ok().map(Value::Int);
-    }
-    if let Some(oct) = text.strip_prefix("0o") {
-        return i64::from_str_radix(oct, 8).ok().map(Value::Int);
+    if let Some((radix, digits)) = radix_literal(text) {
+        return radix_digits(digits, radix).map(Value::Int);
     }
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
         // An integer past `i64` is still a number (a float, as JSON would read it), not a
@@ -869,12 +887,112 @@ fn parse_number(text: &str) -> Option<Value> {
     None
 }
 
+/// The radix and digits of a plain scalar written with a YAML 1.2 core schema prefix: `0x`
+/// (hexadecimal) or `0o` (octal). Whether the digits are valid is [`radix_digits`]'s to say.
+pub(crate) fn radix_literal(text: &str) -> Option<(u32, &str)> {
+    if let Some(hex) = text.strip_prefix("0x") {
+        Some((16, hex))
+    } else {
+        text.strip_prefix("0o").map(|oct| (8, oct))
+    }
+}
+
+/// The value of the digits of a `0x` / `0o` integer: digits of `radix` only. The core schema's
+/// `0x[0-9a-fA-F]+` and `0o[0-7]+` take no sign (`i64::from_str_radix` would take one: `0x-5`
+/// would be -5), so a signed one is not a number but a string, as `0xZZ` is. `None` also past
+/// the range of `i64`.
+pub(crate) fn radix_digits(digits: &str, radix: u32) -> Option<i64> {
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    i64::from_str_radix(digits, radix).ok()
+}
+
 /// A scalar's text as a [`CompactString`]: short texts (most keys and values) inline, long
 /// owned texts keep their buffer.
 fn compact(text: Cow<'_, str>) -> CompactString {
     match text {
         Cow::Borrowed(s) => CompactString::from(s),
         Cow::Owned(s) => CompactString::from(s),
+    }
+}
+
+/// At most this many aliases are noted on one diagnostic; the last note counts the others.
+const MAX_ALIAS_NOTES: usize = 4;
+
+/// Notes, on each diagnostic that stands for repeats (`repeated`, from
+/// [`crate::diagnostic::merge_repeats`]), the aliases of `docs` that repeat the value it is
+/// about: those whose anchored value holds its primary span, innermost first.
+///
+/// Anchored values are nodes of the source, so their spans nest or are apart: the ones holding
+/// a span are a chain of parents, found from the last one starting before it (a binary search)
+/// in at most as many steps as collections nest.
+pub(crate) fn note_aliases(
+    diags: &mut [Diagnostic],
+    repeated: &[bool],
+    docs: &[Document],
+    sources: &crate::source::Sources,
+) {
+    if !repeated.contains(&true) {
+        return;
+    }
+    // Each anchored value once, with its aliases, by position (outer first on a tie).
+    let mut uses: HashMap<Span, Vec<Span>> = HashMap::new();
+    for u in docs.iter().flat_map(|d| &d.aliases) {
+        uses.entry(u.anchored).or_default().push(u.at);
+    }
+    let mut anchored: Vec<(Span, Vec<Span>)> = uses.into_iter().collect();
+    anchored.sort_by_key(|(s, _)| (s.file, s.start, std::cmp::Reverse(s.end)));
+    // The innermost anchored value holding each one.
+    let mut parent: Vec<Option<usize>> = Vec::with_capacity(anchored.len());
+    let mut open: Vec<usize> = Vec::new();
+    for (i, (s, _)) in anchored.iter().enumerate() {
+        while let Some(&top) = open.last() {
+            match anchored.get(top) {
+                Some((t, _)) if t.file == s.file && t.start <= s.start && s.end <= t.end => break,
+                _ => {
+                    open.pop();
+                }
+            }
+        }
+        parent.push(open.last().copied());
+        open.push(i);
+    }
+    for (d, _) in diags.iter_mut().zip(repeated).filter(|(_, r)| **r) {
+        let Some((p, _)) = d.primary else {
+            continue;
+        };
+        let after = anchored.partition_point(|(s, _)| (s.file, s.start) <= (p.file, p.start));
+        let mut at = after.checked_sub(1);
+        let mut notes: Vec<Span> = Vec::new();
+        while let Some(i) = at {
+            let Some((s, aliases)) = anchored.get(i) else {
+                break;
+            };
+            if s.file != p.file {
+                break;
+            }
+            if s.start <= p.start && p.end <= s.end {
+                notes.extend(aliases.iter().copied());
+            }
+            at = parent.get(i).copied().flatten();
+        }
+        let more = notes.len().saturating_sub(MAX_ALIAS_NOTES);
+        notes.truncate(MAX_ALIAS_NOTES);
+        let last = notes.len().saturating_sub(1);
+        for (k, at) in notes.into_iter().enumerate() {
+            let alias = sources
+                .get(at.file)
+                .and_then(|f| f.text.get(at.start..at.end))
+                .unwrap_or("the alias");
+            let label = if k == last && more > 0 {
+                let s = if more == 1 { "" } else { "es" };
+                format!("`{alias}` repeats it here (and {more} other alias{s})")
+            } else {
+                format!("`{alias}` repeats it here")
+            };
+            d.related.push((at, label));
+        }
     }
 }
 
@@ -896,6 +1014,24 @@ mod tests {
             format!("{:?}", reference(text)),
             "{text:?}"
         );
+    }
+
+    #[test]
+    fn radix_integers_take_no_sign() {
+        let int = |t: &str| match reference(t) {
+            Value::Int(i) => Some(i),
+            _ => None,
+        };
+        assert_eq!(int("0x1f"), Some(31));
+        assert_eq!(int("0xFF"), Some(255));
+        assert_eq!(int("0o17"), Some(15));
+        // A sign after the prefix (which `from_str_radix` accepts), or before it, makes the
+        // scalar a string, as invalid digits do.
+        for t in [
+            "0x-5", "0x+5", "0o-7", "0o+7", "-0x5", "+0x5", "0x", "0o", "0o8", "0xZZ", "0x 5",
+        ] {
+            assert!(matches!(reference(t), Value::Str(ref s) if s == t), "{t:?}");
+        }
     }
 
     #[test]

@@ -119,3 +119,26 @@ fn tempting_shapes_get_a_help_that_shows_the_right_one() {
     );
     insta::assert_snapshot!("tempting_shapes", lint(&text));
 }
+
+#[test]
+fn signed_hexadecimal_and_octal_integers_are_not_numbers() {
+    // YAML's `0x` and `0o` integers take no sign: `0x-5` is a string (as `0xZZ` is), so an
+    // integer field holding one is reported at the field, not read as -5.
+    let text = format!(
+        "{CLUSTER}{}{}",
+        provider("0o+7"),
+        policy(
+            "  priority: 0x-5\n  rules: [ { name: r } ]\n  limits:\n  - { name: l, tokensPerMinute: 0x+1F }\n  - { name: m, tokensPerMinute: -0o10 }\n"
+        )
+    );
+    insta::assert_snapshot!("signed_radix_integers", lint(&text));
+    // Unsigned, they are numbers.
+    let text = format!(
+        "{CLUSTER}{}{}",
+        provider("0o7"),
+        policy(
+            "  priority: 0x5\n  rules: [ { name: r } ]\n  limits:\n  - { name: l, tokensPerMinute: 0x1F }\n"
+        )
+    );
+    assert_eq!(lint(&text), "");
+}
