@@ -71,7 +71,9 @@ impl ConfigDirError {
                 "not a regular file (a FIFO, socket or device could block the reader)".to_owned()
             }
             ConfigDirError::TooLarge { .. } => format!("larger than {MAX_FILE_BYTES} bytes"),
-            ConfigDirError::NotUtf8 { line, column, byte, .. } => {
+            ConfigDirError::NotUtf8 {
+                line, column, byte, ..
+            } => {
                 format!("not UTF-8 text: byte 0x{byte:02X} at line {line}, column {column}")
             }
             ConfigDirError::NoFiles { .. } => self.to_string(),

@@ -564,8 +564,9 @@ async fn a_corrupted_or_missing_key_file_keeps_the_last_good_keys() {
         eventually(RELOAD * 30, || gw.store.last_rejected().is_some_and(|r| r
             .errors
             .iter()
-            .any(|e| e.contains("cannot read API key file")
-                && e.contains("not a regular file"))))
+            .any(
+                |e| e.contains("cannot read API key file") && e.contains("not a regular file")
+            )))
         .await,
         "the FIFO was not refused: {:?}",
         gw.store.last_rejected()

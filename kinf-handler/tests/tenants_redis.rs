@@ -404,7 +404,11 @@ async fn a_long_request_keeps_its_slot_and_a_dead_replica_frees_it_within_a_leas
     }
     // Renewed while it lives.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(l1.admit(&req("t", 1, 1), TokenEstimate::default()).await.is_err());
+    assert!(
+        l1.admit(&req("t", 1, 1), TokenEstimate::default())
+            .await
+            .is_err()
+    );
     drop(st3);
     let died = Instant::now();
     let deadline = died + Duration::from_secs(5);
@@ -416,8 +420,15 @@ async fn a_long_request_keeps_its_slot_and_a_dead_replica_frees_it_within_a_leas
         {
             break;
         }
-        assert!(Instant::now() < deadline, "a dead replica's slot never expired");
+        assert!(
+            Instant::now() < deadline,
+            "a dead replica's slot never expired"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(died.elapsed() < Duration::from_secs(2), "{:?}", died.elapsed());
+    assert!(
+        died.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        died.elapsed()
+    );
 }

@@ -227,7 +227,10 @@ fn one_absurd_ttft_observation_does_not_wreck_the_model() {
         // The reported error recovers with it: the outlier counts at the learning limit
         // (at most a few seconds here), not at its absurd size.
         let error = st.prediction_errors()[0].abs_error_s;
-        assert!(error < 0.5, "20 observations after a {outlier} s outlier: {error}");
+        assert!(
+            error < 0.5,
+            "20 observations after a {outlier} s outlier: {error}"
+        );
     }
 }
 

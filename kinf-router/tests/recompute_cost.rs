@@ -292,7 +292,12 @@ fn the_cost_measure_counts_the_output_of_every_sequence() {
     req.max_tokens = 100;
     req.sequences = 3;
     let d = Decider::decide(&policy, &req, &st);
-    let stages = d.trace.rules.iter().find_map(|r| r.stages.as_ref()).unwrap();
+    let stages = d
+        .trace
+        .rules
+        .iter()
+        .find_map(|r| r.stages.as_ref())
+        .unwrap();
     // 100 tokens × 3 sequences at 10 per million.
     assert!(
         stages

@@ -599,7 +599,12 @@ mod tests {
             destination_namespace: None,
             ..who(streamed)
         };
-        for code in ["pii_blocked", "rate_limit_exceeded", "model_not_found", "invalid_request"] {
+        for code in [
+            "pii_blocked",
+            "rate_limit_exceeded",
+            "model_not_found",
+            "invalid_request",
+        ] {
             account_refusal(&m, &unrouted(true), code);
         }
         assert_eq!((count("fast"), count("whole")), (Some(1.0), Some(2.0)));

@@ -369,7 +369,10 @@ mod tests {
         assert_eq!(resolve(&good).unwrap().expose(), "sk-1");
         // A FIFO would block the reader until someone writes to it.
         let fifo = dir.join("fifo");
-        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
         assert!(made.success());
         let e = resolve(&fifo).unwrap_err().to_string();
         assert!(e.contains("not a regular file"), "{e}");

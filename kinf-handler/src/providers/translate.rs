@@ -1236,7 +1236,10 @@ mod tests {
         // Anthropic's has: its own fields round-trip.
         let a = anthropic_usage_json(&u);
         assert_eq!(
-            (a["input_tokens"].as_u64(), a["cache_creation_input_tokens"].as_u64()),
+            (
+                a["input_tokens"].as_u64(),
+                a["cache_creation_input_tokens"].as_u64()
+            ),
             (Some(10), Some(5))
         );
         assert_eq!(usage_anthropic(&a), u);
@@ -1248,7 +1251,10 @@ mod tests {
             "inputTokens": 4, "outputTokens": 2, "cacheReadInputTokens": 6,
             "cacheWriteInputTokens": 7
         }));
-        assert_eq!((b.uncached_prompt_tokens, b.cache_write_prompt_tokens), (11, 7));
+        assert_eq!(
+            (b.uncached_prompt_tokens, b.cache_write_prompt_tokens),
+            (11, 7)
+        );
         let a = anthropic_usage_json(&b);
         assert_eq!(
             (

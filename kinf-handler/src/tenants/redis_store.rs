@@ -451,7 +451,9 @@ async fn renew_leases(
             let mut conn = conn.clone();
             match tokio::time::timeout(timeout * 4, inv.invoke_async::<i64>(&mut conn)).await {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "renewing concurrency leases in Redis failed"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "renewing concurrency leases in Redis failed")
+                }
                 Err(_) => tracing::warn!("renewing concurrency leases in Redis timed out"),
             }
         }
