@@ -229,7 +229,7 @@ impl RequestFile {
                     .map(|v| r.max_tokens = Some(v)),
                 "n" => input.count(n, "`n`").and_then(|v| {
                     if v == 0 {
-                        input.error(n.span, "`n` must be at least 1, not 0".to_owned(), None);
+                        input.error(n.span, "`n` must be at least 1, not 0", None);
                         None
                     } else {
                         r.n = Some(v);
