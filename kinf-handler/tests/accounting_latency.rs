@@ -33,6 +33,7 @@ fn served(ttft: Option<f64>, out: u64, dur: f64) -> Served<'static> {
         usage: TokenUsage {
             cached_prompt_tokens: 100,
             uncached_prompt_tokens: 900,
+            cache_write_prompt_tokens: 0,
             output_tokens: out,
         },
         estimated: false,

@@ -74,6 +74,7 @@ fn state_with(address: &str, block_size: usize, configured: bool) -> Arc<SharedS
                 assumed_cached_tokens: None,
                 inflight: Default::default(),
                 reported_block_size: None,
+                max_model_lens: Vec::new(),
             }],
             prefix: PrefixTracking::Exact(PrefixIndex::new(block_size)),
             block_size,
@@ -84,6 +85,7 @@ fn state_with(address: &str, block_size: usize, configured: bool) -> Arc<SharedS
             routed: kinf_router::state::speculative_index(),
             positions: Default::default(),
             floor: Default::default(),
+            context_limits: Default::default(),
         },
     );
     SharedState::new(st)

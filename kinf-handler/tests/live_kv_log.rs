@@ -49,6 +49,7 @@ fn state() -> Arc<SharedState> {
                 assumed_cached_tokens: None,
                 inflight: Default::default(),
                 reported_block_size: None,
+                max_model_lens: Vec::new(),
             }],
             prefix: PrefixTracking::Exact(PrefixIndex::new(32)),
             block_size: 32,
@@ -59,6 +60,7 @@ fn state() -> Arc<SharedState> {
             routed: kinf_router::state::speculative_index(),
             positions: Default::default(),
             floor: Default::default(),
+            context_limits: Default::default(),
         },
     );
     SharedState::new(st)

@@ -79,6 +79,7 @@ fn state(addresses: &[&str]) -> Arc<SharedState> {
                     assumed_cached_tokens: None,
                     inflight: Default::default(),
                     reported_block_size: None,
+                    max_model_lens: Vec::new(),
                 })
                 .collect(),
             prefix: PrefixTracking::Approximate(ApproxIndex::new(1024, 600_000)),
@@ -90,6 +91,7 @@ fn state(addresses: &[&str]) -> Arc<SharedState> {
             routed: kinf_router::state::speculative_index(),
             positions: Default::default(),
             floor: Default::default(),
+            context_limits: Default::default(),
         },
     );
     SharedState::new(st)

@@ -177,6 +177,22 @@ pub struct StagesTrace {
     pub tiers: Vec<TierTrace>,
     /// `route`, or the onEmpty action taken (`Reject`, `NextRule`).
     pub result: String,
+    /// Destinations left out because the request needs more context than their workers'
+    /// `max_model_len` (each also listed in `unavailable`). Not serialized.
+    #[serde(skip)]
+    pub context: ContextShortfall,
+}
+
+/// How many of the destinations a stage considered were too short of context for the request:
+/// when all of them were, the request is refused with 400 `context_length_exceeded`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContextShortfall {
+    /// Destinations the request's model resolved to.
+    pub destinations: u32,
+    /// Of those, left out for their context.
+    pub too_short: u32,
+    /// The longest context (`max_model_len`) among those left out.
+    pub longest: u32,
 }
 
 /// A candidate and its measures.

@@ -41,6 +41,13 @@ pub struct Request {
     pub headers: Vec<(Arc<str>, Arc<str>)>,
     /// Whether the client asked for streaming.
     pub stream: bool,
+    /// Tokens the request needs in the model's context: its prompt plus its explicit
+    /// `max_tokens` (plus 1 without one: vLLM then generates what is left, and refuses only a
+    /// prompt that fills the context). A worker set whose workers reported a smaller
+    /// `max_model_len` for the upstream model is no candidate
+    /// ([`WorkerSetState::context_limit`](crate::state::WorkerSetState::context_limit)). `None`
+    /// (the default) checks nothing: set it only from an exact token count.
+    pub required_context: Option<u32>,
     /// Number of chat messages (1 for completions).
     pub messages: u32,
 }
@@ -61,6 +68,7 @@ impl Request {
             sequences: 1,
             headers: Vec::new(),
             stream: false,
+            required_context: None,
             messages: 1,
         }
     }

@@ -840,6 +840,9 @@ pub struct EndpointState {
     /// The block size the worker last reported (`vllm:cache_config_info`), if any
     /// ([`WorkerSetState::observe_block_size`]).
     pub reported_block_size: Option<u32>,
+    /// The models the worker reported serving (`GET /v1/models`), with their `max_model_len`
+    /// ([`WorkerSetState::set_max_model_lens`]); empty when not read.
+    pub max_model_lens: Vec<(Arc<str>, u32)>,
 }
 
 /// Capacity per endpoint of approximate prefix tracking, in blocks.
@@ -937,6 +940,11 @@ pub struct WorkerSetState {
     /// call [`rebuild_floor`](Self::rebuild_floor). A floor built for another list of endpoints
     /// (the `Default` one included) is not used.
     pub floor: LoadFloor,
+    /// By upstream model, the smallest `max_model_len` its endpoints reported
+    /// ([`EndpointState::max_model_lens`]); kept current by
+    /// [`set_max_model_lens`](Self::set_max_model_lens) and
+    /// [`carry_over_from`](Self::carry_over_from).
+    pub context_limits: AHashMap<Arc<str>, u32>,
 }
 
 /// [`WorkerSetState::positions`].
@@ -991,6 +999,38 @@ impl WorkerSetState {
         let mut plausible = true;
         self.change_at(i, |ep| plausible = ep.load.push(sample));
         plausible
+    }
+
+    /// Records the models the endpoint at `address` serves, with their `max_model_len` (what
+    /// its `GET /v1/models` answered; empty: not known, e.g. after a restart), and brings
+    /// [`context_limits`](Self::context_limits) up to date.
+    pub fn set_max_model_lens(&mut self, address: &str, lens: Vec<(Arc<str>, u32)>) {
+        let Some(ep) = self.endpoint_mut(address) else {
+            return;
+        };
+        if ep.max_model_lens == lens {
+            return;
+        }
+        ep.max_model_lens = lens;
+        self.rebuild_context_limits();
+    }
+
+    /// The smallest `max_model_len` the endpoints reported for the upstream `model`, if any
+    /// reported one: a request needing more context than this is refused by some of them.
+    pub fn context_limit(&self, model: &str) -> Option<u32> {
+        if self.context_limits.is_empty() {
+            return None;
+        }
+        self.context_limits.get(model).copied()
+    }
+
+    fn rebuild_context_limits(&mut self) {
+        let mut limits: AHashMap<Arc<str>, u32> = AHashMap::new();
+        for (model, len) in self.endpoints.iter().flat_map(|e| &e.max_model_lens) {
+            let l = limits.entry(model.clone()).or_insert(*len);
+            *l = (*l).min(*len);
+        }
+        self.context_limits = limits;
     }
 
     /// Sets whether the endpoint at position `i` passes health checks.
@@ -1233,6 +1273,7 @@ impl ClusterState {
                         assumed_cached_tokens: None,
                         inflight: InFlight::default(),
                         reported_block_size: None,
+                        max_model_lens: Vec::new(),
                     })
                     .collect();
                 let prefix = if w.kv_events.is_some() {
@@ -1264,6 +1305,7 @@ impl ClusterState {
                             w.prior.overhead.as_secs_f64(),
                         ),
                         routed: speculative_index(),
+                        context_limits: AHashMap::new(),
                     },
                 );
             } else if d.provider.is_some() {
@@ -1495,8 +1537,10 @@ impl WorkerSetState {
             ep.ttft = p.ttft.clone();
             ep.inflight = p.inflight;
             ep.reported_block_size = p.reported_block_size;
+            ep.max_model_lens = p.max_model_lens.clone();
             moved.insert(p.index_id, ep.index_id);
         }
+        self.rebuild_context_limits();
         self.ttft = prev.ttft;
         let same_size = prev.block_size == self.block_size || !self.block_size_configured;
         if same_size && prev.prefix.mode() == self.prefix.mode() {

@@ -207,13 +207,26 @@ proptest! {
         cheap in any::<bool>(),
         kv in any::<bool>(),
         batch in any::<bool>(),
+        // The workers' `max_model_len` (none reported, or one that may be too short) and
+        // whether the request says what context it needs.
+        context in (prop::option::weighted(0.5, prop::sample::select(vec![512u32, 1300, 100_000])), any::<bool>()),
     ) {
         let policy = compile(&bundle(eps.len(), which));
         let prompt: Vec<u32> = (0..(prompt_blocks * 16 + tail) as u32).map(|t| t * 7 + 3).collect();
-        let st = state_for(&policy, &eps, &prompt, &learn, providers);
+        let mut st = state_for(&policy, &eps, &prompt, &learn, providers);
+        if let Some(len) = context.0 {
+            let ws = st.worker_sets.values_mut().next().expect("a worker set");
+            let addrs: Vec<Arc<str>> = ws.endpoints.iter().map(|e| e.address.clone()).collect();
+            for a in addrs {
+                ws.set_max_model_lens(&a, vec![(Arc::from("m"), len)]);
+            }
+        }
         let mut req = Request::new("m", (prompt.len() as f64 * estimate) as u32);
         req.token_ids = Some(prompt.clone().into());
         req.max_tokens = max_tokens;
+        if context.1 {
+            req.required_context = Some(prompt.len() as u32 + max_tokens);
+        }
         let tags = [(pii, "pii-detected"), (cheap, "cheap"), (kv, "kv")];
         req.tags = tags.iter().filter(|(on, _)| *on).map(|(_, t)| Arc::from(*t)).collect();
         if batch {

@@ -451,6 +451,23 @@ pub(crate) fn count_request(
     crate::accounting::account_refusal(&gw.metrics, who, code);
 }
 
+/// The context a request needs ([`kinf_router::Request::required_context`]): its prompt plus
+/// its explicit `max_tokens`, or plus 1 without one (vLLM then generates what the context has
+/// left). Only from an exact count (the model's tokenizer, or token ids sent), and for one
+/// prompt (each prompt of a batch is a sequence of its own).
+fn required_context(parsed: &super::parse::Parsed, exact: bool, prompt_tokens: u32) -> Option<u32> {
+    (exact && parsed.prompts == 1)
+        .then(|| prompt_tokens.saturating_add(parsed.max_tokens.unwrap_or(1).max(1)))
+}
+
+/// The request field that holds the prompt: `prompt` (completions) or `messages`.
+fn prompt_field(api: Api) -> &'static str {
+    match api {
+        Api::Completions => "prompt",
+        Api::Chat | Api::Messages => "messages",
+    }
+}
+
 /// Bodies larger than this are admitted (parsed, classified, tokenized) on the blocking pool
 /// while other requests are in flight.
 const BLOCKING_ADMIT_BYTES: usize = 16 << 10;
@@ -698,6 +715,7 @@ pub fn complete(
             .filter_map(|(k, v)| Some((Arc::from(k.as_str()), Arc::from(v.to_str().ok()?))))
             .collect(),
         stream: parsed.stream,
+        required_context: required_context(&parsed, tokens.exact, prompt_tokens),
         messages: u32::try_from(parsed.message_count()).unwrap_or(u32::MAX),
     };
     // Injected `include_usage` lets the gateway account streamed responses; the extra chunk
@@ -1001,6 +1019,9 @@ pub fn plan_with(
             let mut e = ApiError::new(status, r.code, r.message);
             if r.code == "model_not_found" {
                 e.param = Some("model".into());
+            }
+            if r.code == "context_length_exceeded" {
+                e.param = Some(prompt_field(a.parsed.api).into());
             }
             if status == StatusCode::SERVICE_UNAVAILABLE {
                 e.retry_after_s = Some(1);

@@ -92,6 +92,20 @@ pub async fn run_scraper(
         );
         match models.map(|r| r.ok().as_deref().and_then(parse_models)) {
             Some(Some(m)) => {
+                // The router leaves out a worker set whose context is too short for a request
+                // (`Request::required_context`).
+                let lens: Vec<(Arc<str>, u32)> = m
+                    .iter()
+                    .filter_map(|x| {
+                        let len = u32::try_from(x.max_model_len?).unwrap_or(u32::MAX);
+                        Some((Arc::from(x.id.as_str()), len))
+                    })
+                    .collect();
+                shared.with(|st| {
+                    if let Some(ws) = st.worker_sets.get_mut(&*target.worker_set) {
+                        ws.set_max_model_lens(&target.address, lens);
+                    }
+                });
                 stats.scrape.lock().served_models = Some(m);
                 models_retry_at = None;
             }
@@ -287,6 +301,11 @@ pub async fn run_scraper(
         // A new process may serve other models or lengths: read them again.
         if process_changed {
             stats.scrape.lock().served_models = None;
+            shared.with(|st| {
+                if let Some(ws) = st.worker_sets.get_mut(&*target.worker_set) {
+                    ws.set_max_model_lens(&target.address, Vec::new());
+                }
+            });
         }
     }
 }

@@ -231,6 +231,7 @@ impl Decider {
                 }
                 None => {
                     stages.result = format!("{:?}", rule.on_empty);
+                    let too_long = context_reject(req, &stages);
                     trace.rules.push(RuleTrace {
                         policy: rule.policy.clone(),
                         rule: rule.name.clone(),
@@ -238,6 +239,14 @@ impl Decider {
                         stages: Some(stages),
                     });
                     if rule.on_empty == OnEmpty::Reject {
+                        if let Some(r) = too_long {
+                            return Decision {
+                                outcome: Outcome::Reject(r),
+                                policy: Some(rule.policy.clone()),
+                                rule: Some(rule.name.clone()),
+                                trace,
+                            };
+                        }
                         return Decision {
                             outcome: Outcome::Reject(Reject {
                                 status: 503,
@@ -286,16 +295,17 @@ impl Decider {
             }
             None => {
                 stages.result = "Reject".into();
+                let too_long = context_reject(req, &stages);
                 trace.default = Some(stages);
                 Decision {
-                    outcome: Outcome::Reject(Reject {
+                    outcome: Outcome::Reject(too_long.unwrap_or_else(|| Reject {
                         status: 503,
                         code: "no_capacity",
                         message: format!(
                             "no ready endpoint serves model `{}` (no rule decided; default route found no candidate)",
                             req.model
                         ),
-                    }),
+                    })),
                     policy: None,
                     rule: None,
                     trace,
@@ -303,6 +313,23 @@ impl Decider {
             }
         }
     }
+}
+
+/// The refusal of a request that no considered destination could take only because it needs
+/// more context than their workers have: 400 `context_length_exceeded` (as vLLM itself would
+/// answer), instead of a 503 that invites a retry that cannot succeed.
+fn context_reject(req: &Request, stages: &StagesTrace) -> Option<Reject> {
+    let c = stages.context;
+    let need = req.required_context?;
+    let largest = c.longest;
+    (c.too_short > 0 && c.too_short == c.destinations).then(|| Reject {
+            status: 400,
+            code: "context_length_exceeded",
+            message: format!(
+                "the request needs {need} tokens of context (its prompt and max_tokens); the longest context (max_model_len) of the models that could serve `{}` is {largest} tokens",
+                req.model
+            ),
+        })
 }
 
 fn reject_only(status: u16, code: &'static str, message: String, pool: String) -> Decision {
@@ -496,9 +523,15 @@ impl<'a> Ctx<'a> {
         pairs
     }
 
-    /// The worker set behind a Local destination, or `None` (noted in `st`) when no endpoint of
-    /// it is known.
-    fn worker_set(&self, d: &'a Destination, st: &mut StagesTrace) -> Option<&'a WorkerSetState> {
+    /// The worker set behind a Local destination serving `upstream`, or `None` (noted in `st`)
+    /// when no endpoint of it is known, or when its workers' context (`max_model_len`) is too
+    /// short for the request ([`Request::required_context`]).
+    fn worker_set(
+        &self,
+        d: &'a Destination,
+        upstream: &str,
+        st: &mut StagesTrace,
+    ) -> Option<&'a WorkerSetState> {
         let key: Arc<str> = format!("{}/{}", d.namespace, d.name).into();
         let ws = self.state.worker_sets.get(&key);
         match ws {
@@ -509,7 +542,20 @@ impl<'a> Ctx<'a> {
             Some(w) if w.endpoints.is_empty() => {
                 st.unavailable.push(format!("{}: no endpoints", d.name));
             }
-            Some(_) => {}
+            Some(w) => {
+                if let (Some(need), Some(limit)) =
+                    (self.req.required_context, w.context_limit(upstream))
+                    && need > limit
+                {
+                    st.unavailable.push(format!(
+                        "{}: the request needs {need} tokens of context; `{upstream}` has {limit} (max_model_len)",
+                        d.name
+                    ));
+                    st.context.too_short += 1;
+                    st.context.longest = st.context.longest.max(limit);
+                    return None;
+                }
+            }
         }
         ws
     }
@@ -646,6 +692,7 @@ impl<'a> Ctx<'a> {
     /// Builds the candidate set: union of the consider entries, in pool order.
     fn candidates(&self, consider: &[ConsiderEntry], st: &mut StagesTrace) -> Vec<Candidate<'a>> {
         let pairs = self.dest_pairs(consider);
+        st.context.destinations = u32::try_from(pairs.len()).unwrap_or(u32::MAX);
         let capacity: usize = pairs
             .iter()
             .filter_map(|(d, _, _)| self.policy.destination(*d))
@@ -663,7 +710,7 @@ impl<'a> Ctx<'a> {
             };
             match d.backend {
                 BackendType::Local => {
-                    let Some(ws) = self.worker_set(d, st) else {
+                    let Some(ws) = self.worker_set(d, upstream, st) else {
                         continue;
                     };
                     let cached_blocks = self.prefix_matches(ws);

@@ -136,6 +136,7 @@ impl<'a> Ctx<'a> {
     ) -> Option<(Option<Candidate<'a>>, StagesTrace)> {
         let mut st = StagesTrace::default();
         let pairs = self.dest_pairs(consider);
+        st.context.destinations = u32::try_from(pairs.len()).unwrap_or(u32::MAX);
         let now = self.state.now_ms;
         // Pass 1, in candidate order: the surviving Local candidates (position and the prompt
         // tokens each would prefill), the surviving Provider candidates, and the fewest tokens
@@ -153,7 +154,7 @@ impl<'a> Ctx<'a> {
             };
             match d.backend {
                 BackendType::Local => {
-                    let Some(ws) = self.worker_set(d, &mut st) else {
+                    let Some(ws) = self.worker_set(d, upstream, &mut st) else {
                         continue;
                     };
                     let cached_blocks = self.prefix_matches(ws);
