@@ -41,6 +41,7 @@ pub const ENDPOINT_FIELDS: &[&str] = &[
     "runningPrompts",
     "kvCacheUsage",
     "cachedPromptTokens",
+    "maxModelLen",
 ];
 
 /// The fields of a provider in a state file.
@@ -88,6 +89,9 @@ pub struct EndpointFile {
     pub kv_cache_usage: f64,
     /// How many of this request's prompt tokens the endpoint already holds.
     pub cached_prompt_tokens: u32,
+    /// vLLM's `max_model_len` for the models of its worker set, as the gateway reads it from
+    /// `GET /v1/models`; `None`: not reported.
+    pub max_model_len: Option<u32>,
     /// The place of its key, for errors found later (`None` when not read from a file).
     pub at: Option<Place>,
 }
@@ -102,6 +106,7 @@ impl EndpointFile {
             running_prompts: 0.0,
             kv_cache_usage: 0.0,
             cached_prompt_tokens: 0,
+            max_model_len: None,
             at: None,
         }
     }
@@ -265,6 +270,10 @@ impl RequestFile {
         r.qos = self.qos.unwrap_or(Qos::Interactive);
         r.max_tokens = self.max_tokens.unwrap_or(256);
         r.sequences = self.n.unwrap_or(1);
+        // As the gateway counts it: the prompt plus the request's own `max_tokens`, or plus 1
+        // without one. Checked only against endpoints given a `maxModelLen`.
+        r.required_context =
+            Some(prompt_tokens.saturating_add(self.max_tokens.unwrap_or(1).max(1)));
         r.headers = self
             .headers
             .iter()
@@ -384,7 +393,19 @@ impl StateFile {
         }
         for e in &self.endpoints {
             let mut found = false;
-            for ws in st.worker_sets.values_mut() {
+            for (key, ws) in st.worker_sets.iter_mut() {
+                if let Some(len) = e.max_model_len
+                    && ws.endpoints.iter().any(|ep| *ep.address == *e.address)
+                {
+                    // The length applies to every model the worker set serves.
+                    let models: Vec<(Arc<str>, u32)> = policy
+                        .destinations
+                        .iter()
+                        .filter(|d| format!("{}/{}", d.namespace, d.name) == **key)
+                        .flat_map(|d| d.models.iter().map(|m| (m.upstream.clone(), len)))
+                        .collect();
+                    ws.set_max_model_lens(&e.address, models);
+                }
                 for ep in ws
                     .endpoints
                     .iter_mut()
@@ -517,6 +538,15 @@ fn endpoint(input: &mut Input, item: &Entry) -> Option<EndpointFile> {
                 v.map(|v| ep.kv_cache_usage = v)
             }
             "cachedPromptTokens" => input.count(n, &field).map(|v| ep.cached_prompt_tokens = v),
+            "maxModelLen" => input.count(n, &field).and_then(|v| {
+                if v == 0 {
+                    input.error(n.span, format!("{field} must be at least 1, not 0"), None);
+                    None
+                } else {
+                    ep.max_model_len = Some(v);
+                    Some(())
+                }
+            }),
             _ => None,
         };
         ok &= good.is_some();
@@ -564,7 +594,7 @@ fn provider(input: &mut Input, item: &Entry) -> Option<ProviderFile> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::panic)]
 mod tests {
     use super::{parse_request, parse_state};
 
@@ -632,6 +662,64 @@ mod tests {
     }
 
     #[test]
+    fn max_model_len_leaves_out_worker_sets_whose_context_is_too_short() {
+        let bundle = r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: { name: short }
+spec: { endpoints: ["10.0.0.1:8000"], models: [{ name: m }] }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: { name: long }
+spec: { endpoints: ["10.0.1.1:8000"], models: [{ name: m }] }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: { name: p }
+spec:
+  destinations: [{ kind: InferenceWorkerSet, name: short }, { kind: InferenceWorkerSet, name: long }]
+"#;
+        let (_, c) = kinf_lang::compile_str("p.yaml", bundle);
+        let policy = c.policy.unwrap();
+        let st = parse_state(
+            "s.yaml",
+            "endpoints:\n  \"10.0.0.1:8000\": { maxModelLen: 4096 }\n  \"10.0.1.1:8000\": { maxModelLen: 32768, queuedPrompts: 3 }\n",
+        )
+        .unwrap()
+        .to_state(&policy)
+        .unwrap();
+        let decide = |text: &str| {
+            let req = parse_request("r.yaml", text).unwrap().to_request();
+            kinf_router::Decider::decide(&policy, &req, &st)
+        };
+        let to = |d: &kinf_router::Decision| d.route().map(|r| r.endpoint.to_string());
+        // 2,000 + 1 fits the idle `short`; 4,000 + 100 does not, and goes to the busy `long`.
+        assert_eq!(
+            to(&decide("model: m\npromptTokens: 2000\n")).as_deref(),
+            Some("10.0.0.1:8000")
+        );
+        assert_eq!(
+            to(&decide("model: m\npromptTokens: 4000\nmaxTokens: 100\n")).as_deref(),
+            Some("10.0.1.1:8000")
+        );
+        let d = decide("model: m\npromptTokens: 40000\n");
+        let kinf_router::Outcome::Reject(r) = &d.outcome else {
+            panic!("{d:?}");
+        };
+        assert_eq!((r.status, r.code), (400, "context_length_exceeded"));
+        assert_eq!(
+            lines(
+                parse_state(
+                    "s.yaml",
+                    "endpoints:\n  \"10.0.0.1:8000\": { maxModelLen: 0 }\n"
+                )
+                .unwrap_err()
+            ),
+            "s.yaml:2:35: `maxModelLen` of endpoint `10.0.0.1:8000` must be at least 1, not 0"
+        );
+    }
+
+    #[test]
     fn n_sets_the_sequences_and_must_be_at_least_one() {
         assert_eq!(
             request_error("model: m\nn: 0\n"),
@@ -681,7 +769,7 @@ s.yaml:5:38: `ready` of provider `bedrock` must be `true` or `false`, not `\"fal
             state_error("endpoints:\n  \"10.0.0.1:8000\": { kvCacheUsage: .inf, queued: 1 }\n"),
             "s.yaml:2:36: `kvCacheUsage` of endpoint `10.0.0.1:8000` must be a number from 0 to 1, not `.inf`
 s.yaml:2:42: unknown field `queued` in endpoint `10.0.0.1:8000`
-  help: fields: `ready`, `queuedPrompts`, `runningPrompts`, `kvCacheUsage`, `cachedPromptTokens`"
+  help: fields: `ready`, `queuedPrompts`, `runningPrompts`, `kvCacheUsage`, `cachedPromptTokens`, `maxModelLen`"
         );
         let st = parse_state(
             "s.yaml",
