@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::errors::{Api, ApiError};
 use kinf_router::classify::Message;
-use kinf_router::classify::eval::{Piece, is_tool_use, part_pieces, tool_call_text};
+use kinf_router::classify::eval::{Piece, part_pieces, tool_call_texts};
 use kinf_router::tokenize::ChatMessage;
 
 /// Default output budget assumed for estimates when a chat or Anthropic request sets none.
@@ -167,9 +167,8 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<Parsed, ApiError> {
         Api::Messages => (Prompt::Chat(anthropic_messages(&body)?), 1, 0),
     };
     let also_seen = match api {
-        Api::Chat => tool_call_texts(&body),
+        Api::Chat | Api::Messages => tool_texts(&body),
         Api::Completions => later_batch_prompts(&body),
-        Api::Messages => tool_use_texts(&body),
     };
     Ok(Parsed {
         api,
@@ -446,47 +445,20 @@ fn one_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     Ok(ChatMessage { role, content })
 }
 
-/// The function names and arguments of the `tool_calls` of a chat request's messages, and of
-/// the deprecated single `function_call` (the model reads them through its chat template, and
-/// a provider is sent them), as the messages' roles said them.
-fn tool_call_texts(body: &Map<String, Value>) -> Vec<ChatMessage> {
+/// The tool calls of a chat or Anthropic request's messages, as the messages' roles said them
+/// ([`tool_call_texts`]: the chat API's `tool_calls` and deprecated `function_call`, Anthropic's
+/// `tool_use` blocks; `tool_result` blocks need nothing here: their `content` is part of their
+/// message's text).
+fn tool_texts(body: &Map<String, Value>) -> Vec<ChatMessage> {
     let Some(Value::Array(msgs)) = body.get("messages") else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    for m in msgs {
-        let role = m.get("role").and_then(Value::as_str).unwrap_or("assistant");
-        if let Some(Value::Array(calls)) = m.get("tool_calls") {
-            for f in calls.iter().filter_map(|c| c.get("function")) {
-                out.push(ChatMessage::new(role, tool_call_text(f, "arguments")));
-            }
-        }
-        if let Some(f @ Value::Object(_)) = m.get("function_call") {
-            out.push(ChatMessage::new(role, tool_call_text(f, "arguments")));
-        }
-    }
-    out
-}
-
-/// The names and inputs of the `tool_use` blocks (and `server_tool_use`, `mcp_tool_use`) of an
-/// Anthropic request's messages, as the messages' roles said them, read like the chat API's
-/// `tool_calls`: `name input`, the input as compact JSON. (`tool_result` blocks need nothing
-/// here: their `content` is part of their message's text.)
-fn tool_use_texts(body: &Map<String, Value>) -> Vec<ChatMessage> {
-    let Some(Value::Array(msgs)) = body.get("messages") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for m in msgs {
-        let Some(Value::Array(blocks)) = m.get("content") else {
-            continue;
-        };
-        let role = m.get("role").and_then(Value::as_str).unwrap_or("assistant");
-        for b in blocks.iter().filter(|b| is_tool_use(b)) {
-            out.push(ChatMessage::new(role, tool_call_text(b, "input")));
-        }
-    }
-    out
+    msgs.iter()
+        .flat_map(|m| {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("assistant");
+            tool_call_texts(m).map(move |t| ChatMessage::new(role, t))
+        })
+        .collect()
 }
 
 /// The prompts of a completions batch (`prompt: ["a", "b"]`) after the first, which alone

@@ -102,24 +102,38 @@ pub fn messages_from_json(v: &Value) -> Result<Vec<OwnedMessage>, String> {
             None => String::new(),
         };
         out.push(OwnedMessage::new(role, content));
-        if let Some(Value::Array(tool_calls)) = m.get("tool_calls") {
-            for f in tool_calls.iter().filter_map(|c| c.get("function")) {
-                let text = tool_call_text(f, "arguments");
-                calls.push(OwnedMessage::extra(role, text));
-            }
-        }
-        // The deprecated single call of the chat API, still sent on to providers.
-        if let Some(f @ Value::Object(_)) = m.get("function_call") {
-            calls.push(OwnedMessage::extra(role, tool_call_text(f, "arguments")));
-        }
-        if let Some(Value::Array(blocks)) = m.get("content") {
-            for b in blocks.iter().filter(|b| is_tool_use(b)) {
-                calls.push(OwnedMessage::extra(role, tool_call_text(b, "input")));
-            }
-        }
+        calls.extend(tool_call_texts(m).map(|t| OwnedMessage::extra(role, t)));
     }
     out.extend(calls);
     Ok(out)
+}
+
+/// The tool calls one message of a request carries, each as [`tool_call_text`]: the chat API's
+/// `tool_calls` (`function.name function.arguments`) and its deprecated single
+/// `function_call`, and Anthropic's tool-use content blocks ([`is_tool_use`]: `name input`).
+/// The model reads them through its chat template and a provider is sent them, so the
+/// classifiers read them too; the gateway and `kinfctl classify` both read them here.
+pub fn tool_call_texts(message: &Value) -> impl Iterator<Item = String> + '_ {
+    let chat_calls = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("function"))
+        .map(|f| tool_call_text(f, "arguments"));
+    // The deprecated single call of the chat API, still sent on to providers.
+    let function_call = message
+        .get("function_call")
+        .filter(|f| f.is_object())
+        .map(|f| tool_call_text(f, "arguments"));
+    let tool_uses = message
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|b| is_tool_use(b))
+        .map(|b| tool_call_text(b, "input"));
+    chat_calls.chain(function_call).chain(tool_uses)
 }
 
 /// Whether a content block is an Anthropic tool call (`tool_use`, and the `server_tool_use` and
@@ -437,6 +451,32 @@ pub fn evaluate(classifiers: &Classifiers, examples: &[Example]) -> EvalReport {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// Every kind of tool call a message carries, in one reader for the gateway and `kinfctl
+    /// classify`: chat `tool_calls`, the deprecated `function_call`, Anthropic tool-use blocks
+    /// (not `tool_result`, whose content is the message's text).
+    #[test]
+    fn tool_call_texts_reads_every_kind_of_call() {
+        let m = serde_json::json!({
+            "role": "assistant",
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}],
+            "function_call": {"name": "g", "arguments": "x"},
+            "content": [
+                {"type": "text", "text": "hi"},
+                {"type": "tool_use", "name": "h", "input": {"b": 2}},
+                {"type": "server_tool_use", "name": "web", "input": {"q": "z"}},
+                {"type": "tool_result", "content": "r"}
+            ]
+        });
+        let texts: Vec<String> = tool_call_texts(&m).collect();
+        assert_eq!(
+            texts,
+            ["f {\"a\":1}", "g x", "h {\"b\":2}", "web {\"q\":\"z\"}"]
+        );
+        // `function_call` that is not an object, and content that is a string: nothing.
+        let m = serde_json::json!({"function_call": "auto", "content": "text"});
+        assert_eq!(tool_call_texts(&m).count(), 0);
+    }
 
     /// `kinfctl classify --file` and `test-classifiers` read `document` and `search_result`
     /// blocks as the gateway does (the text of a text or content source, with `title` and
