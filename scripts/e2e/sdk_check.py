@@ -171,6 +171,28 @@ def _():
     assert e.body["error"]["type"] == "invalid_request_error", e.body
 
 
+@check("anthropic: a worker's own 400 reaches the SDK in Anthropic's shape")
+def _():
+    # More output than the worker's context: refused by the worker (vLLM's message kept), or by
+    # the gateway itself when it counts the prompt exactly; Anthropic's shape either way.
+    e = expect_status(anthropic.BadRequestError, 400,
+                      lambda: an.messages.create(model="qwen", max_tokens=10**7, messages=MSG))
+    assert e.body["type"] == "error", e.body
+    assert e.body["error"]["type"] == "invalid_request_error", e.body
+    assert "max_tokens" in e.body["error"]["message"] or "context" in e.body["error"]["message"], e.body
+
+
+@check("anthropic: models list in Anthropic's shape")
+def _():
+    page = an.models.list(limit=100)
+    ids = {m.id for m in page.data}
+    for want in ("standard-model", "qwen", QWEN):
+        assert want in ids, (want, ids)
+    assert all(m.type == "model" and m.display_name for m in page.data), page.data
+    one = an.models.retrieve("qwen")
+    assert one.id == "qwen" and one.type == "model", one
+
+
 failed = [n for n, e in results if e is not None]
 print(f"sdk_check: {len(results) - len(failed)} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)
