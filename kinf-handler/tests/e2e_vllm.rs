@@ -217,6 +217,20 @@ spec:
         assert!(tokio::time::Instant::now() < deadline, "{lens:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The router knows it too, and leaves out a worker set whose context is too short: here,
+    // the only one, so a prompt longer than 2,048 tokens (counted exactly with the model's
+    // tokenizer) is refused by the gateway with 400 `context_length_exceeded`, never sent.
+    assert_eq!(
+        gw.state.with(|st| st
+            .worker_set("e2e", "tiny-vllm")
+            .and_then(|ws| ws.context_limit("tiny-llama"))),
+        Some(2048)
+    );
+    let (too_long, _) = chat(&document(99, 2500));
+    let (s, _, body) = post(addr, "/v1/chat/completions", &too_long).await;
+    assert_eq!(s, 400, "{body}");
+    assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+    assert_eq!(body["error"]["param"], "messages", "{body}");
 
     let tokenizer = ChatTokenizer::from_files_content(
         &std::fs::read_to_string(tok_dir.join("tokenizer.json")).unwrap(),
