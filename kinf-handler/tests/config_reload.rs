@@ -426,8 +426,10 @@ async fn a_configmap_symlink_swap_is_applied_once_whole() {
 
 /// At startup too, a file caught mid-save is not applied: the configuration is read again
 /// until two reads a settle interval apart agree. Here `workers.yaml` is first written without
-/// its last line (still valid YAML that compiles) and completed 30 ms later; what is applied is
-/// the complete file.
+/// its last line (still valid YAML that compiles) and completed a moment later (5 ms: should
+/// the write come before the first read, the complete file is all there is to apply; the test
+/// fails only if the writer is held up for a whole settle interval); what is applied is the
+/// complete file.
 #[test]
 fn startup_applies_a_save_only_once_it_has_settled() {
     let dir = temp_dir("startup-settle");
@@ -440,7 +442,7 @@ fn startup_applies_a_save_only_once_it_has_settled() {
     let writer = {
         let (path, full) = (dir.join("workers.yaml"), full.clone());
         std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(30));
+            std::thread::sleep(Duration::from_millis(5));
             std::fs::write(path, full).unwrap();
         })
     };
