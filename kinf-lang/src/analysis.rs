@@ -9,7 +9,9 @@ use smallvec::SmallVec;
 
 use crate::check::Checker;
 use crate::codes::Code;
-use crate::compiled::{CompiledPolicy, CompiledRule, DestId, ModelPattern, Pick, RequestCond};
+use crate::compiled::{
+    CompiledPolicy, CompiledRule, DestId, ExcludeFilter, ModelPattern, Pick, RequestCond,
+};
 use crate::dag::RuleDag;
 use crate::diagnostic::Diagnostic;
 use crate::path::FieldPath;
@@ -56,7 +58,10 @@ pub(crate) fn check_pool_rules(
         let span = || bundle.value_span(*doc, &path.key("name"));
         // Shadowed: unreachable in the DAG (after a catch-all), or every match entry covered by
         // an earlier rule that rejects when empty.
-        let shadow = if !reachable.get(j).copied().unwrap_or(true) {
+        let shadow = if never_matches(rule) {
+            // KINF0412 says why it never applies.
+            None
+        } else if !reachable.get(j).copied().unwrap_or(true) {
             rules[..j]
                 .iter()
                 .zip(&sound_rules[..j])
@@ -117,14 +122,63 @@ pub(crate) fn check_pool_rules(
             ck.push(d);
         }
         // Candidate analysis.
-        let possible = possible_destinations(out, pi, rule, dests_unique);
+        let Possible {
+            set: possible,
+            dropping,
+        } = possible_destinations(out, pi, rule, dests_unique);
+        // A filter whose `drop` is only an always true `when` drops every candidate, which
+        // KINF0412 reports at that `when`, with what it does to the rule: not repeated here.
+        let drops_all = |f: &ExcludeFilter| {
+            f.condition
+                .as_ref()
+                .is_none_or(RequestCond::is_unconditional)
+                && f.drop.backend.is_none()
+                && f.drop.destination.is_none()
+                && f.drop.queued_prompts.is_none()
+                && f.drop.running_prompts.is_none()
+                && f.drop.kv_cache_usage.is_none()
+                && f.drop.predicted_ttft.is_none()
+                && f.drop.when.is_some()
+                && f.drop.effective_when().is_none()
+        };
+        if possible.is_empty() && !dropping.is_empty() && rule.exclude.iter().any(drops_all) {
+            continue;
+        }
         if possible.is_empty() {
-            let mut d = Diagnostic::new(Code::EmptyCandidates,
-                format!("rule `{}` never has a candidate in pool `{}`: the models it matches, its consider and its unconditional excludes leave no destination", rule.name, pool.name))
-                .with_path(path.key("route"))
-                .with_help(format!("check the matched models and `consider` (models, type, destination) against the pool's destinations: {}", pool_destinations(out, pool)));
+            let mut d = if dropping.is_empty() {
+                Diagnostic::new(Code::EmptyCandidates,
+                    format!("rule `{}` never has a candidate in pool `{}`: the models it matches, its consider and its unconditional excludes leave no destination", rule.name, pool.name))
+                    .with_help(format!("check the matched models and `consider` (models, type, destination) against the pool's destinations: {}", pool_destinations(out, pool)))
+            } else {
+                let names: Vec<String> = dropping
+                    .iter()
+                    .filter_map(|(k, _)| rule.exclude.get(*k))
+                    .map(|f| format!("`{}`", f.name))
+                    .collect();
+                let (filters, drop, them) = if names.len() == 1 {
+                    ("exclude filter", "drops", "the filter an `if:` or a load condition so that it applies")
+                } else {
+                    ("exclude filters", "drop", "the filters an `if:` or a load condition so that they apply")
+                };
+                Diagnostic::new(Code::EmptyCandidates,
+                    format!("rule `{}` never has a candidate in pool `{}`: {filters} {} {drop} every destination the rule considers, whatever the request and the load", rule.name, pool.name, names.join(", ")))
+                    .with_help(format!("with every candidate dropped the rule rejects each request it matches (with `onEmpty: NextRule`, passes it on): give {them} only sometimes, or remove {}", if names.len() == 1 { "it" } else { "them" }))
+            }
+            .with_path(path.key("route"));
             if let Some(s) = span() {
                 d = d.at(s, "always empty");
+            }
+            // A sound rule compiled every filter it has: `exclude[k]` is the k-th written.
+            for (k, ids) in &dropping {
+                let fpath = path.key("route").key("exclude").index(*k).key("drop");
+                if let Some(s) = ck.bundle.value_span(*doc, &fpath) {
+                    let names: Vec<String> = ids
+                        .iter()
+                        .filter_map(|id| out.destination(*id))
+                        .map(|d| format!("`{}` ({})", d.name, d.backend.as_str()))
+                        .collect();
+                    d = d.with_related(s, format!("drops {} for every request", names.join(", ")));
+                }
             }
             ck.push(d);
             continue;
@@ -317,21 +371,32 @@ fn tier_help(out: &CompiledPolicy, possible: &[(DestId, BackendType)]) -> String
     )
 }
 
+/// What [`possible_destinations`] finds.
+#[derive(Default)]
+struct Possible {
+    /// The destinations that can be candidates.
+    set: Vec<(DestId, BackendType)>,
+    /// The filters (their indices in `exclude`, in order) that drop destinations the rule
+    /// considers whatever the request and the load, each with those it drops (the first
+    /// such filter of a destination only).
+    dropping: Vec<(usize, Vec<DestId>)>,
+}
+
 /// Destinations that can be candidates of a rule in a pool, ignoring load (so: consider, and
 /// filters that drop by backend type or name unconditionally).
 fn possible_destinations(
-    out: &CompiledPolicy,
+    policy: &CompiledPolicy,
     pi: usize,
     rule: &CompiledRule,
     dests_unique: bool,
-) -> Vec<(DestId, BackendType)> {
-    let Some(pool) = out.pools.get(pi) else {
-        return Vec::new();
+) -> Possible {
+    let mut out = Possible::default();
+    let Some(pool) = policy.pools.get(pi) else {
+        return out;
     };
-    let mut set: Vec<(DestId, BackendType)> = Vec::new();
     // Per consider entry with `models`: a bit set of the destination ids serving any of them
     // (looked up once per rule rather than once per destination).
-    let words = out.destinations.len().div_ceil(64);
+    let words = policy.destinations.len().div_ceil(64);
     let served: Vec<Option<SmallVec<[u64; 4]>>> = rule
         .consider
         .iter()
@@ -342,7 +407,7 @@ fn possible_destinations(
                     if let Some(v) = pool.models.get(n) {
                         for (d, _) in v {
                             let i = d.0 as usize;
-                            // Ids outside `out.destinations` are never asked about below.
+                            // Ids outside `policy.destinations` are never asked about below.
                             if let Some(w) = bits.get_mut(i / 64) {
                                 *w |= 1 << (i % 64);
                             }
@@ -400,7 +465,7 @@ fn possible_destinations(
                 })
             })
         };
-        let Some(d) = out.destination(id) else {
+        let Some(d) = policy.destination(id) else {
             continue;
         };
         let considered = if rule.consider.is_empty() {
@@ -418,42 +483,66 @@ fn possible_destinations(
         if !considered {
             continue;
         }
-        let dropped = rule.exclude.iter().any(|f| {
-            f.condition.is_none()
+        // An `if` or a `drop.when` that is always true is no condition; one that is always
+        // false never holds, so its filter drops nothing.
+        let dropped_by = rule.exclude.iter().position(|f| {
+            f.condition
+                .as_ref()
+                .is_none_or(RequestCond::is_unconditional)
                 && f.drop.queued_prompts.is_none()
                 && f.drop.running_prompts.is_none()
                 && f.drop.kv_cache_usage.is_none()
                 && f.drop.predicted_ttft.is_none()
-                && f.drop.when.is_none()
+                && f.drop.effective_when().is_none()
                 && f.drop.backend.is_none_or(|b| b == d.backend)
                 && f.drop.destination.is_none_or(|x| x == id)
         });
-        if !dropped {
-            set.push((id, d.backend));
+        match dropped_by {
+            Some(k) => match out.dropping.iter_mut().find(|(j, _)| *j == k) {
+                Some((_, ids)) if ids.contains(&id) => {}
+                Some((_, ids)) => ids.push(id),
+                None => out.dropping.push((k, vec![id])),
+            },
+            None => out.set.push((id, d.backend)),
         }
     }
     if !dests_unique {
         let mut seen = AHashSet::new();
-        set.retain(|(id, _)| seen.insert(*id));
+        out.set.retain(|(id, _)| seen.insert(*id));
     }
-    set
+    out.dropping.sort_unstable_by_key(|(k, _)| *k);
+    out
+}
+
+/// Whether `rule` never matches a request: it has `matches` entries, and each has a `when` that
+/// is always false (KINF0412 reports each). Such a rule is neither shadowed nor shadows.
+fn never_matches(rule: &CompiledRule) -> bool {
+    !rule.matches.is_empty() && rule.matches.iter().all(RequestCond::never_matches)
 }
 
 fn covers_rule(earlier: &CompiledRule, later: &CompiledRule) -> bool {
-    let later_entries: Vec<&RequestCond> = later.matches.iter().collect();
+    if never_matches(earlier) || never_matches(later) {
+        return false;
+    }
     if earlier.matches.is_empty() {
         return true;
     }
-    if later_entries.is_empty() {
+    if later.matches.is_empty() {
         return earlier.matches.iter().any(RequestCond::is_unconditional);
     }
-    later_entries
+    // A later entry that never matches needs no cover.
+    later
+        .matches
         .iter()
+        .filter(|b| !b.never_matches())
         .all(|b| earlier.matches.iter().any(|a| covers(a, b)))
 }
 
 /// Whether every request matching `b` also matches `a`.
 fn covers(a: &RequestCond, b: &RequestCond) -> bool {
+    if a.never_matches() {
+        return false;
+    }
     if !(a.model.is_none() || b.model.is_some()) {
         return false;
     }

@@ -333,6 +333,14 @@ impl RequestCond {
             .as_ref()
             .filter(|w| crate::constant_when::constant(w.expr()) != Some(true))
     }
+
+    /// Whether the condition never holds: its `when` is always false (`'false'`, `'!true'`;
+    /// reported as KINF0412). Such a condition covers, and so shadows, nothing.
+    pub fn never_matches(&self) -> bool {
+        self.when
+            .as_ref()
+            .is_some_and(|w| crate::constant_when::constant(w.expr()) == Some(false))
+    }
 }
 
 /// A model name or glob.
@@ -455,6 +463,15 @@ pub struct DropCond {
 }
 
 impl DropCond {
+    /// The `when` expression, unless it is always true: what the analysis of which
+    /// candidates a filter always drops (KINF0504) looks at. An always false one is kept: the
+    /// filter then never drops anything.
+    pub fn effective_when(&self) -> Option<&TypedExpr> {
+        self.when
+            .as_ref()
+            .filter(|w| crate::constant_when::constant(w.expr()) != Some(true))
+    }
+
     /// Whether the condition reads a load measure averaged over the filter's `window`:
     /// `queuedPrompts`, `runningPrompts` or `kvCacheUsage`, as a threshold or inside `when`.
     /// Nothing else depends on the window (`predictedTTFT` is predicted from the newest sample).

@@ -865,7 +865,12 @@ fn resolve_plain(text: Cow<'_, str>) -> Value {
 fn parse_number(text: &str) -> Option<Value> {
     let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
     if let Some((radix, digits)) = radix_literal(text) {
-        return radix_digits(digits, radix).map(Value::Int);
+        // Past `i64`, still a number, as a decimal one is (the core schema's `0x` / `0o`
+        // integers have no size limit): a float, which range checks report as too large.
+        return match radix_digits(digits, radix) {
+            Some(i) => Some(Value::Int(i)),
+            None => radix_digits_f64(digits, radix).map(Value::Float),
+        };
     }
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
         // An integer past `i64` is still a number (a float, as JSON would read it), not a
@@ -906,6 +911,19 @@ pub(crate) fn radix_digits(digits: &str, radix: u32) -> Option<i64> {
         return None;
     }
     i64::from_str_radix(digits, radix).ok()
+}
+
+/// The value of the digits of a `0x` / `0o` integer as a float, whatever its size (infinite
+/// past `f64`, as a decimal integer of over 308 digits is); `None` when the digits are not
+/// those of `radix` (or there are none), as for [`radix_digits`].
+fn radix_digits_f64(digits: &str, radix: u32) -> Option<f64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.chars().try_fold(0.0_f64, |acc, c| {
+        c.to_digit(radix)
+            .map(|d| acc * f64::from(radix) + f64::from(d))
+    })
 }
 
 /// A scalar's text as a [`CompactString`]: short texts (most keys and values) inline, long
@@ -1029,6 +1047,40 @@ mod tests {
         // scalar a string, as invalid digits do.
         for t in [
             "0x-5", "0x+5", "0o-7", "0o+7", "-0x5", "+0x5", "0x", "0o", "0o8", "0xZZ", "0x 5",
+        ] {
+            assert!(matches!(reference(t), Value::Str(ref s) if s == t), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn radix_integers_past_i64_are_numbers() {
+        // As a decimal integer past `i64` is: a float, not a string.
+        let float = |t: &str| match reference(t) {
+            Value::Float(f) => Some(f),
+            _ => None,
+        };
+        assert_eq!(
+            float("0x8000000000000000"),
+            Some(9_223_372_036_854_775_808.0)
+        );
+        assert_eq!(
+            float("0o1000000000000000000000"),
+            Some(9_223_372_036_854_775_808.0)
+        );
+        assert_eq!(float("0xFFFFFFFFFFFFFFFFFFFF"), Some(2.0_f64.powi(80)));
+        assert_eq!(
+            float(&format!("0x{}", "f".repeat(300))),
+            Some(f64::INFINITY)
+        );
+        assert!(matches!(
+            reference("0x7FFFFFFFFFFFFFFF"),
+            Value::Int(i64::MAX)
+        ));
+        // Signed or with foreign digits, still strings, whatever their size.
+        for t in [
+            "0x-8000000000000000",
+            "-0x8000000000000000",
+            "0o9000000000000000000000",
         ] {
             assert!(matches!(reference(t), Value::Str(ref s) if s == t), "{t:?}");
         }

@@ -28,11 +28,13 @@ fn policy(request: &str, guard: Option<&str>, drop: &str, limit: &str) -> String
 fn conditions_that_depend_on_the_request_or_candidate_are_clean() {
     for (request, guard, drop, limit) in [
         ("stream", None, "{ when: 'queuedPrompts > 2' }", "!stream"),
-        // Always true where that is the same as no condition, or next to other conditions.
+        // Always true where that is the same as no condition, or next to other conditions (a
+        // load threshold: with only `backend: { type: Local }` the filter would drop every
+        // candidate of the pool, whatever the request, KINF0504).
         (
             "true",
             Some("true || stream"),
-            "{ backend: { type: Local }, when: 'true' }",
+            "{ queuedPrompts: { greaterThan: 2 }, when: 'true' }",
             "not false",
         ),
         (

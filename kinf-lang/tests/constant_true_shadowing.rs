@@ -119,3 +119,42 @@ fn an_always_false_when_shadows_nothing() {
         lint(&rules("[ { when: 'false' } ]", "[ { model: m } ]"))
     );
 }
+
+#[test]
+fn a_rule_that_never_matches_is_neither_shadowed_nor_shadows() {
+    // Each rule whose entries all have an always false `when` gets KINF0412 (one per entry)
+    // and nothing else: not shadowed by an earlier rule with the same `when`, nor by a
+    // catch-all, and shadowing no later rule.
+    for (first, later) in [
+        ("[ { when: 'false' } ]", "[ { when: 'false' } ]"),
+        (
+            "[ { model: m, when: '!true' } ]",
+            "[ { model: m, when: '!true' } ]",
+        ),
+        ("[ { model: m } ]", "[ { model: m, when: 'false' } ]"),
+        ("[ { when: 'true' } ]", "[ { model: m, when: 'false' } ]"),
+        ("[]", "[ { when: 'false' } ]"),
+        (
+            "[ { when: 'false' } ]",
+            "[ { when: 'false' }, { model: m, when: 'false' } ]",
+        ),
+    ] {
+        let out = lint(&rules(first, later));
+        assert!(!out.contains("KINF0501"), "{first} / {later}: {out}");
+        assert!(
+            out.contains("warning[KINF0412]"),
+            "{first} / {later}: {out}"
+        );
+    }
+    insta::assert_snapshot!(
+        "same_when_false",
+        lint(&rules("[ { when: 'false' } ]", "[ { when: 'false' } ]"))
+    );
+    // An entry that never matches needs no cover, and the others of its rule are compared as
+    // before: `later` is shadowed by its one live entry.
+    let out = lint(&rules(
+        "[ { model: m } ]",
+        "[ { model: m, tenant: t }, { when: 'false' } ]",
+    ));
+    assert!(out.contains("warning[KINF0501]"), "{out}");
+}

@@ -142,3 +142,47 @@ fn signed_hexadecimal_and_octal_integers_are_not_numbers() {
     );
     assert_eq!(lint(&text), "");
 }
+
+#[test]
+fn hexadecimal_and_octal_integers_past_i64_are_too_large_as_decimal_ones_are() {
+    // YAML's core schema sets no size on `0x` / `0o` integers: one past `i64` is a number, read
+    // as a float, as a decimal one is, and so reported as out of range (KINF0105) at the field,
+    // not as a string (KINF0102).
+    let limits = |value: &str| {
+        format!(
+            "{CLUSTER}{}",
+            policy(&format!(
+                "  rules: [ {{ name: r }} ]\n  limits:\n  - {{ name: l, tokensPerMinute: {value} }}\n"
+            ))
+        )
+    };
+    let code_and_place = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| !l.starts_with(' '))
+            .map(|l| l.split(": ").take(2).collect::<Vec<_>>().join(": "))
+            .collect()
+    };
+    let decimal = lint(&limits("18446744073709551616"));
+    assert!(decimal.contains("error[KINF0105]"), "{decimal}");
+    for value in [
+        "0x10000000000000000",
+        "0x8000000000000000",
+        "0o1000000000000000000000",
+    ] {
+        let out = lint(&limits(value));
+        assert_eq!(
+            code_and_place(&out),
+            code_and_place(&decimal),
+            "{value}: {out}"
+        );
+    }
+    insta::assert_snapshot!(
+        "radix_integers_past_i64",
+        [
+            lint(&limits("0x10000000000000000")),
+            lint(&limits("0o1000000000000000000000")),
+            lint(&limits(&format!("0x{}", "F".repeat(300)))),
+        ]
+        .join("\n")
+    );
+}
