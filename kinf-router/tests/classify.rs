@@ -34,7 +34,7 @@ fn assert_clean(text: &str) {
 
 #[test]
 fn all_patterns_compile() {
-    assert_eq!(Pii::new(&PiiEntity::ALL).pattern_count(), 13);
+    assert_eq!(Pii::new(&PiiEntity::ALL).pattern_count(), 14);
 }
 
 #[test]
@@ -1021,4 +1021,111 @@ fn complexity_does_not_count_url_query_strings() {
     let urls = "Summarise https://x.com/a?b=1&c=2 and https://y.org/p?q=1&r=2 and \
                 https://z.net/s?t=1 and https://w.io/?u=1&v=2 and https://v.dev/?x=1.";
     assert_eq!(c.level(&[Message::new("user", urls)]), ComplexityLevel::Low);
+}
+
+/// Phone numbers written with en dashes (`555–123–4567`, as word processors set them) read as
+/// with hyphens; years and page ranges stay clean.
+#[test]
+fn phones_with_en_dashes() {
+    for (text, value) in [
+        ("call 555–123–4567 now", "555–123–4567"),
+        ("call +1 415–555–0132.", "+1 415–555–0132"),
+        ("tel (415) 555–0132", "(415) 555–0132"),
+    ] {
+        let found = pii_values(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        assert_eq!((found[0].0, found[0].1), ("phone", value), "{text:?}");
+    }
+    assert_clean("the 2019–2020 season, pages 123–456 and 1999–2005");
+    assert_clean("SKU 550–123–4567");
+    assert_clean("from 2024–01–15 to 2024–02–11");
+}
+
+/// An extension after a space (`ext 42`, `ext. 42`) glued to the number, or written `#42`, leaves
+/// the number found.
+#[test]
+fn phone_extensions_with_a_space_or_hash() {
+    for (text, value) in [
+        ("call 415-555-0132ext 42 today", "415-555-0132"),
+        ("call 415-555-0132ext. 42 today", "415-555-0132"),
+        ("call +1 (415) 555-0132x 7", "+1 (415) 555-0132"),
+        ("call 415-555-0132 #42 today", "415-555-0132"),
+        ("call (415) 555-0132#42", "(415) 555-0132"),
+    ] {
+        let found = pii_values(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        assert_eq!((found[0].0, found[0].1), ("phone", value), "{text:?}");
+    }
+    assert_clean("SKU 550-123-4567ext 42");
+    assert_clean("call 415-555-0132ext 1234567 or 415-555-0132ext 42a");
+    assert_clean("call 415-555-0132ext  42");
+}
+
+/// Full-width `＋（）．` and the ideographic space (U+3000) read as their ASCII forms, like
+/// full-width digits; offsets and redaction are those of the text as written.
+#[test]
+fn full_width_punctuation_and_ideographic_spaces() {
+    for (text, entity, value) in [
+        (
+            "電話＋８１\u{3000}９０\u{3000}１２３４\u{3000}５６７８",
+            "phone",
+            "＋８１\u{3000}９０\u{3000}１２３４\u{3000}５６７８",
+        ),
+        (
+            "電話 （０３） １２３４－５６７８",
+            "phone",
+            "（０３） １２３４－５６７８",
+        ),
+        ("IP １０．１．２．３ port", "ip-address", "１０．１．２．３"),
+        (
+            "カード\u{3000}４１１１\u{3000}１１１１\u{3000}１１１１\u{3000}１１１１",
+            "credit-card",
+            "４１１１\u{3000}１１１１\u{3000}１１１１\u{3000}１１１１",
+        ),
+    ] {
+        let found = pii_values(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        let (e, v, redacted) = &found[0];
+        assert_eq!((*e, *v), (entity, value), "{text:?}");
+        let first = value.chars().next().unwrap();
+        let last = value.chars().last().unwrap();
+        let masked = value.chars().count() - 2;
+        assert_eq!(redacted, &format!("{first}{}{last}", "*".repeat(masked)));
+    }
+    assert_clean("バージョン\u{3000}ｖ１．２．３．４ と （１２３） と ＋１");
+    assert_clean("カード\u{3000}４１１１\u{3000}１１１１\u{3000}１１１１\u{3000}１１１２");
+}
+
+/// Nine digits without separators after a tax-ID label (`Tax ID: 078051120`) are an SSN, with the
+/// SSN's ranges; after other labels they are not.
+#[test]
+fn ssn_nine_digits_after_tax_id() {
+    for (text, value) in [
+        ("Tax ID: 078051120", "078051120"),
+        ("taxpayer id number 078051120.", "078051120"),
+        ("tax_id=078051120", "078051120"),
+    ] {
+        let found = pii_values(text);
+        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+        assert_eq!((found[0].0, found[0].1), ("ssn", value), "{text:?}");
+    }
+    assert_clean("ID: 078051120");
+    assert_clean("order id 078051120");
+    assert_clean("Tax ID: 0780511201");
+    assert_clean("Tax ID: 000051120 and tax id 666051120");
+    assert_clean("Tax ID: 07805112");
+    assert_clean("Tax ID: 078051120-3");
+}
+
+/// A URL without a scheme (`www.x.com/a?b=1`) has a query string too; `?` after other words
+/// stays a question.
+#[test]
+fn complexity_does_not_count_query_strings_of_www_urls() {
+    let c = Complexity::new(ComplexityConfig::default());
+    let questions = |text: &str| c.features(&[Message::new("user", text)]).questions;
+    assert_eq!(questions("see www.x.com/a?b=1&c=2"), 0);
+    assert_eq!(questions("(WWW.example.org/search?q=rust)"), 0);
+    assert_eq!(questions("is it www.x.com/a? or www.x.com/a b?c=1"), 2);
+    assert_eq!(questions("awww.x.com/a?b=1 and swww.y?z"), 2);
+    assert_eq!(questions("why?\nwww.x.com/a?b=1\nhow?"), 2);
 }

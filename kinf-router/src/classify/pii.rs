@@ -6,8 +6,9 @@
 //! out, and only then is the per-entity pattern run anchored there. Every candidate is
 //! validated in code (checksums, ranges, boundaries and context). Overlapping matches are
 //! resolved by entity priority: credential, e-mail, IBAN, card, SSN, IP address, phone. A
-//! message holding full-width digits or hyphens is scanned as a copy with their ASCII forms,
-//! and its matches moved back to the text as written (`FullWidth`). The rules are documented in
+//! message holding full-width digits, hyphens, `＋（）．`, ideographic spaces or en dashes is
+//! scanned as a copy with their ASCII forms, and its matches moved back to the text as written
+//! (`FullWidth`). The rules are documented in
 //! `docs/reference/classifiers.md`.
 
 use std::collections::BTreeMap;
@@ -33,13 +34,15 @@ enum Kind {
     Card,
     Ssn,
     SsnContext,
+    /// Nine digits without separators after a tax-ID label (`Tax ID: 078051120`).
+    SsnTax,
     Ipv4,
     Ipv6,
     Phone,
 }
 
 impl Kind {
-    const ALL: [Kind; 13] = [
+    const ALL: [Kind; 14] = [
         Kind::Pem,
         Kind::Jwt,
         Kind::Token,
@@ -50,6 +53,7 @@ impl Kind {
         Kind::Card,
         Kind::Ssn,
         Kind::SsnContext,
+        Kind::SsnTax,
         Kind::Ipv4,
         Kind::Ipv6,
         Kind::Phone,
@@ -61,7 +65,7 @@ impl Kind {
             Kind::Email => PiiEntity::Email,
             Kind::Iban => PiiEntity::Iban,
             Kind::Card => PiiEntity::CreditCard,
-            Kind::Ssn | Kind::SsnContext => PiiEntity::Ssn,
+            Kind::Ssn | Kind::SsnContext | Kind::SsnTax => PiiEntity::Ssn,
             Kind::Ipv4 | Kind::Ipv6 => PiiEntity::IpAddress,
             Kind::Phone => PiiEntity::Phone,
         }
@@ -80,7 +84,7 @@ impl Kind {
             Kind::Email => b.is_ascii_alphanumeric() || !b.is_ascii(),
             // Either case (`gb82 west ...`): `iban` upper-cases the value.
             Kind::Iban => b.is_ascii_alphabetic(),
-            Kind::Card | Kind::Ssn | Kind::Ipv4 => b.is_ascii_digit(),
+            Kind::Card | Kind::Ssn | Kind::SsnTax | Kind::Ipv4 => b.is_ascii_digit(),
             Kind::SsnContext => matches!(b, b's' | b'S'),
             Kind::Ipv6 => b.is_ascii_hexdigit() || b == b':',
             Kind::Phone => b.is_ascii_digit() || b == b'+' || b == b'(',
@@ -107,7 +111,7 @@ impl Kind {
             }
             Kind::Iban => b.is_ascii_alphabetic(),
             Kind::Card => b.is_ascii_digit() || matches!(b, b' ' | b'-' | b'.'),
-            Kind::Ssn => b.is_ascii_digit(),
+            Kind::Ssn | Kind::SsnTax => b.is_ascii_digit(),
             // The gate's `ssn` or `social`.
             Kind::SsnContext => matches!(b, b's' | b'S' | b'o' | b'O'),
             Kind::Ipv4 => b.is_ascii_digit() || b == b'.',
@@ -152,8 +156,9 @@ impl Kind {
                     || r.get(..6)
                         .is_some_and(|b| b.eq_ignore_ascii_case(b"social"))
             }
-            // Matched in code (`card_len`, `ssn_len`, `ipv4_len`, `ipv6_len`, `phone_len`).
-            Kind::Card | Kind::Ssn | Kind::Ipv4 | Kind::Ipv6 | Kind::Phone => true,
+            // Matched in code (`card_len`, `ssn_len`, `ssn_tax_len`, `ipv4_len`, `ipv6_len`,
+            // `phone_len`).
+            Kind::Card | Kind::Ssn | Kind::SsnTax | Kind::Ipv4 | Kind::Ipv6 | Kind::Phone => true,
         }
     }
 
@@ -173,6 +178,7 @@ impl Kind {
             Kind::Iban => r"[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9]){10,30}",
             Kind::Card => r"[0-9](?:[ .-]?[0-9]){12,18}",
             Kind::Ssn => r"[0-9]{3}[- –—][0-9]{2}[- –—][0-9]{4}",
+            Kind::SsnTax => r"[0-9]{9}(?-u:\b)",
             Kind::SsnContext => {
                 concat!(
                     r"(?i:ssn|social security)",
@@ -256,12 +262,13 @@ pub struct Pii {
     /// The bit of the e-mail pattern in `starts` (0 when e-mail is not detected).
     email_bit: u16,
     /// The bit of the IBAN pattern (0 when IBANs are not detected): it may start at any two
-    /// letters, so its gate (two digits next) is tested before `candidates_at` is called.
+    /// letters (of either case), so its gate (two digits next) is tested before
+    /// `candidates_at` is called.
     iban_bit: u16,
     /// The bits of card, SSN, IPv4, IPv6 and phone (`digit_start_mask` may clear them).
     digit_bits: u16,
     /// The bit of each kind (by `Kind as usize`) in the masks, 0 when it is not detected.
-    kind_bits: [u16; 13],
+    kind_bits: [u16; 14],
     pats: Vec<Pat>,
     /// [`EMAIL_DOMAIN`], anchored (`None` when e-mail is not detected).
     email_domain: Option<Regex>,
@@ -303,7 +310,7 @@ impl Pii {
                 }
             }
         }
-        let mut kind_bits = [0u16; 13];
+        let mut kind_bits = [0u16; 14];
         for (i, p) in pats.iter().enumerate() {
             if let Some(bit) = kind_bits.get_mut(p.kind as usize) {
                 *bit = 1 << i;
@@ -312,8 +319,12 @@ impl Pii {
         let bit = |k: Kind| kind_bits.get(k as usize).copied().unwrap_or(0);
         let email_bit = bit(Kind::Email);
         let iban_bit = bit(Kind::Iban);
-        let digit_bits =
-            bit(Kind::Card) | bit(Kind::Ssn) | bit(Kind::Ipv4) | bit(Kind::Ipv6) | bit(Kind::Phone);
+        let digit_bits = bit(Kind::Card)
+            | bit(Kind::Ssn)
+            | bit(Kind::SsnTax)
+            | bit(Kind::Ipv4)
+            | bit(Kind::Ipv6)
+            | bit(Kind::Phone);
         let email_domain = (email_bit != 0)
             .then(|| Regex::new(&format!("^(?:{EMAIL_DOMAIN})")).ok())
             .flatten();
@@ -363,16 +374,17 @@ impl Pii {
         out
     }
 
-    /// Scans one message. A text holding full-width digits or hyphens (`４１１１`, `－`, as an
-    /// IME types them) is scanned as its [`FullWidth`] normalization, and the matches are moved
-    /// back to the text as written; any other text is scanned as it is, without a copy.
+    /// Scans one message. A text holding full-width digits or punctuation (`４１１１`, `－`, as
+    /// an IME types them), ideographic spaces or en dashes is scanned as its [`FullWidth`]
+    /// normalization, and the matches are moved back to the text as written; any other text is
+    /// scanned as it is, without a copy.
     fn scan_message(&self, index: usize, text: &str, out: &mut Vec<Match>) {
-        let Some(norm) = FullWidth::of(text) else {
-            self.scan_text(index, text, out);
-            return;
-        };
+        let norm = FullWidth::of(text);
         let from = out.len();
-        self.scan_text(index, &norm.text, out);
+        // One call site, so that `scan_text` is inlined as before normalization existed (two
+        // made the scan 4 % slower).
+        self.scan_text(index, norm.as_ref().map_or(text, |n| n.text.as_str()), out);
+        let Some(norm) = norm else { return };
         for m in out.get_mut(from..).unwrap_or_default() {
             m.start = norm.original(m.start);
             m.end = norm.original(m.end);
@@ -423,7 +435,7 @@ impl Pii {
             if prev_word {
                 // Glued to the word before: nothing starts here or in the rest of the word.
                 if is_word_byte(b) {
-                    i = ascii_word_end(bytes, i);
+                    (i, prev_word) = skip_word(bytes, i);
                 } else {
                     prev_word = false;
                     i += non_word_len(b, bytes, i);
@@ -433,13 +445,13 @@ impl Pii {
             let next = bytes.get(i + 1).copied().unwrap_or(0);
             let mut mask = self.starts.get(usize::from(b)).copied().unwrap_or(0)
                 & self.seconds.get(usize::from(next)).copied().unwrap_or(0);
-            if mask & self.email_bit != 0 && !email_gate(bytes, i, &mut memo.next_at) {
-                mask &= !self.email_bit;
-            }
             // Most words start with two letters: without this, each would call
             // `candidates_at` for the IBAN gate alone.
             if mask & self.iban_bit != 0 && !(digit_at(bytes, i + 2) && digit_at(bytes, i + 3)) {
                 mask &= !self.iban_bit;
+            }
+            if mask & self.email_bit != 0 && !email_gate(bytes, i, &mut memo.next_at) {
+                mask &= !self.email_bit;
             }
             if b.is_ascii_digit() && mask & self.digit_bits != 0 {
                 mask &= self.digit_start_mask(bytes.get(i..).unwrap_or_default());
@@ -447,8 +459,7 @@ impl Pii {
             if mask == 0 {
                 // Most word starts: skip the word.
                 if is_word_byte(b) {
-                    prev_word = true;
-                    i = ascii_word_end(bytes, i + 1);
+                    (i, prev_word) = skip_word(bytes, i + 1);
                 } else {
                     i += non_word_len(b, bytes, i);
                 }
@@ -494,6 +505,7 @@ impl Pii {
             let len = match pat.kind {
                 Kind::Card => card_len(rest),
                 Kind::Ssn => ssn_len(rest),
+                Kind::SsnTax => ssn_tax_len(rest),
                 Kind::Ipv4 => ipv4_len(rest),
                 Kind::Ipv6 if rejected_after(Kind::Ipv6, prev) => None,
                 Kind::Ipv6 => ipv6_len(rest),
@@ -576,6 +588,9 @@ impl Pii {
         if d == 3 && matches!(x, b' ' | b'-' | 0xE2) {
             keep |= bit(Kind::Ssn);
         }
+        if d == 9 && !is_word_byte(x) {
+            keep |= bit(Kind::SsnTax);
+        }
         if d <= 3 && x == b'.' {
             keep |= bit(Kind::Ipv4);
         }
@@ -629,8 +644,10 @@ impl Pii {
     }
 }
 
-/// A text with its full-width digits (U+FF10..U+FF19) and hyphen-minus (U+FF0D) replaced by
-/// their ASCII forms, and where they were.
+/// A text with its full-width digits (U+FF10..U+FF19), hyphen-minus (U+FF0D), plus sign
+/// (U+FF0B), parentheses (U+FF08, U+FF09) and full stop (U+FF0E), its ideographic spaces
+/// (U+3000) and its en dashes (U+2013) replaced by their ASCII forms (an en dash by `-`), and
+/// where they were. Each of them is 3 bytes in UTF-8.
 struct FullWidth {
     text: String,
     /// The offsets in `text` of the replaced characters, in order (each of their 3 bytes
@@ -639,17 +656,18 @@ struct FullWidth {
 }
 
 impl FullWidth {
-    /// The normalization of `text`, or `None` when it has nothing to replace (one `memchr`
-    /// pass for the lead byte `0xEF` of the three-byte forms, no allocation).
+    /// The normalization of `text`, or `None` when it has nothing to replace (one `memchr3`
+    /// pass for the lead bytes `0xEF`, `0xE3` and `0xE2` of the three-byte forms, no
+    /// allocation).
     fn of(text: &str) -> Option<Self> {
         let bytes = text.as_bytes();
         let ascii = |j: usize| full_width_ascii(bytes.get(j..).unwrap_or_default());
-        let first = memchr::memchr_iter(0xEF, bytes).find(|j| ascii(*j).is_some())?;
+        let first = memchr::memchr3_iter(0xEF, 0xE3, 0xE2, bytes).find(|j| ascii(*j).is_some())?;
         let mut out = String::with_capacity(text.len());
         let mut replaced = Vec::new();
         let mut copied = 0;
-        // `0xEF` only ever leads a character, so each `j` is a character boundary.
-        for j in memchr::memchr_iter(0xEF, bytes.get(first..)?).map(|j| first + j) {
+        // These bytes only ever lead a character, so each `j` is a character boundary.
+        for j in memchr::memchr3_iter(0xEF, 0xE3, 0xE2, bytes.get(first..)?).map(|j| first + j) {
             let Some(a) = ascii(j) else { continue };
             out.push_str(text.get(copied..j)?);
             replaced.push(out.len());
@@ -669,10 +687,15 @@ impl FullWidth {
     }
 }
 
-/// The ASCII form of the full-width digit or hyphen-minus that `r` starts with.
+/// The ASCII form of the character `r` starts with, when [`FullWidth`] replaces it.
 fn full_width_ascii(r: &[u8]) -> Option<u8> {
     match r {
-        [0xEF, 0xBC, 0x8D, ..] => Some(b'-'),
+        [0xEF, 0xBC, 0x8D, ..] | [0xE2, 0x80, 0x93, ..] => Some(b'-'),
+        [0xEF, 0xBC, 0x8B, ..] => Some(b'+'),
+        [0xEF, 0xBC, 0x88, ..] => Some(b'('),
+        [0xEF, 0xBC, 0x89, ..] => Some(b')'),
+        [0xEF, 0xBC, 0x8E, ..] => Some(b'.'),
+        [0xE3, 0x80, 0x80, ..] => Some(b' '),
         [0xEF, 0xBC, d @ 0x90..=0x99, ..] => Some(b'0' + (d - 0x90)),
         _ => None,
     }
@@ -722,12 +745,29 @@ fn is_word_byte(b: u8) -> bool {
     WORD_BYTE[usize::from(b)]
 }
 
+/// Skips the rest of an ASCII word from `from`, and the ASCII non-word byte after it (or the
+/// escape it starts) as the scan would, glued to the word, without a turn of its loop for it:
+/// the position reached, and whether the byte before it is a word character (the word ends
+/// at a non-ASCII character or the end of the text).
+#[inline(always)]
+fn skip_word(bytes: &[u8], from: usize) -> (usize, bool) {
+    let end = ascii_word_end(bytes, from);
+    match bytes.get(end) {
+        Some(&b) if b.is_ascii() => (end + non_word_len(b, bytes, end), false),
+        _ => (end, true),
+    }
+}
+
 /// The first position at or after `from` that does not hold an ASCII word byte.
+/// A plain loop: as `position`, LLVM compiled it to twice the instructions per byte once the
+/// scan loop around it had grown.
+#[inline(always)]
 fn ascii_word_end(bytes: &[u8], from: usize) -> usize {
-    bytes
-        .get(from..)
-        .and_then(|r| r.iter().position(|b| !is_word_byte(*b)))
-        .map_or(bytes.len(), |p| from + p)
+    let mut j = from;
+    while bytes.get(j).is_some_and(|b| is_word_byte(*b)) {
+        j += 1;
+    }
+    j.min(bytes.len())
 }
 
 fn digit_at(r: &[u8], i: usize) -> bool {
@@ -780,6 +820,11 @@ fn ssn_len(r: &[u8]) -> Option<usize> {
     }
     let k = g + 2 + ssn_sep_len(r.get(g + 2..)?)?;
     digits(k, 4).then_some(k + 4)
+}
+
+/// `[0-9]{9}(?-u:\b)`: nine digits, then no ASCII word byte.
+fn ssn_tax_len(r: &[u8]) -> Option<usize> {
+    (digit_run(r, 0, 9) == 9 && !r.get(9).is_some_and(|b| is_word_byte(*b))).then_some(9)
 }
 
 /// The length of the SSN separator `r` starts with: `-`, a space, an en dash or an em dash.
@@ -1008,15 +1053,26 @@ fn context_words(text: &str, at: usize) -> Option<(String, Option<String>)> {
 }
 
 fn negative_context(text: &str, at: usize) -> bool {
+    // `Tax ID: 078-05-1120`, `taxpayer id`: a US tax identification number is an SSN (or an
+    // ITIN) whenever it has an SSN's shape.
     let Some((w, before)) = context_words(text, at) else {
         return false;
     };
-    // `Tax ID: 078-05-1120`, `taxpayer id`: a US tax identification number is an SSN (or an
-    // ITIN) whenever it has an SSN's shape.
-    if w == "id" && before.is_some_and(|b| b == "tax" || b == "taxpayer") {
+    if tax_id(&w, before.as_deref()) {
         return false;
     }
     w == "#" || NEGATIVE_CONTEXT.contains(&w.as_str())
+}
+
+/// Whether the closest non-filler word before `at` is `id` after `tax` or `taxpayer` (`Tax
+/// ID: `, `taxpayer id number`, `tax_id=`).
+fn after_tax_id(text: &str, at: usize) -> bool {
+    context_words(text, at).is_some_and(|(w, before)| tax_id(&w, before.as_deref()))
+}
+
+/// Whether a context word `w`, after the word `before`, is a tax-ID label.
+fn tax_id(w: &str, before: Option<&str>) -> bool {
+    w == "id" && matches!(before, Some("tax" | "taxpayer"))
 }
 
 /// Whether `at` follows a digit group and a separator (`12 |`, `12-|`, `12.|`): a number
@@ -1107,6 +1163,14 @@ fn validate(kind: Kind, text: &str, s: usize, e: usize) -> Option<(usize, usize)
             }
             let ds = e.checked_sub(9)?;
             ssn_valid(text.get(ds..e)?).then_some((ds, e))
+        }
+        Kind::SsnTax => {
+            if next_is(text, e, |c| is_word(c) || c == '-')
+                || prev_is(text, s, |c| is_word(c) || c == '-' || c == '.')
+            {
+                return None;
+            }
+            (ssn_valid(cand) && after_tax_id(text, s)).then_some((s, e))
         }
         Kind::Ipv4 => ipv4(text, s, e),
         Kind::Ipv6 => ipv6(text, s, e),
@@ -1652,8 +1716,8 @@ fn phone(text: &str, s: usize, e: usize) -> Option<(usize, usize)> {
 
 /// Whether `at` holds an extension written against the number (`x42`, `ext42`, `ext.42`,
 /// `EXT:42`): `x`, `ext` or `extn` (ASCII case-insensitive), an optional `.` or `:`, and 1 to 6
-/// digits that end the word. One after a space or `;` (`ext. 42`, `;ext=42`) leaves the number
-/// unglued already.
+/// digits that end the word, after at most one space (`ext 42`, `ext. 42`). One after a space
+/// or `;` (` ext. 42`, `;ext=42`) leaves the number unglued already.
 fn glued_extension(text: &str, at: usize) -> bool {
     let r = text.as_bytes().get(at..).unwrap_or_default();
     let word = r
@@ -1668,7 +1732,8 @@ fn glued_extension(text: &str, at: usize) -> bool {
     {
         return false;
     }
-    let from = word + usize::from(matches!(r.get(word), Some(b'.' | b':')));
+    let mut from = word + usize::from(matches!(r.get(word), Some(b'.' | b':')));
+    from += usize::from(r.get(from) == Some(&b' '));
     let d = digit_run(r, from, 7);
     (1..=6).contains(&d) && !next_is(text, at + from + d, is_word)
 }
@@ -1818,6 +1883,7 @@ mod tests {
         let within = |n: usize, b: u8| r.iter().take(n).any(|x| *x == b);
         match k {
             Kind::Ssn => matches!(at(3), b'-' | b' ' | 0xE2),
+            Kind::SsnTax => r.len() >= 9,
             Kind::Ipv4 => within(4, b'.'),
             Kind::Ipv6 => within(5, b':'),
             Kind::Phone => true,
@@ -1932,6 +1998,7 @@ mod tests {
     const CODE_MATCHERS: &[(Kind, Matcher)] = &[
         (Kind::Card, card_len),
         (Kind::Ssn, ssn_len),
+        (Kind::SsnTax, ssn_tax_len),
         (Kind::Ipv4, ipv4_len),
         (Kind::Ipv6, ipv6_len),
         (Kind::Phone, phone_len),
@@ -2003,7 +2070,9 @@ mod tests {
 
     #[test]
     fn full_width_normalization_maps_offsets_back() {
-        assert!(FullWidth::of("plain text 4111 – ＡＢＣ ｶﾅ").is_none());
+        assert!(FullWidth::of("plain text 4111 — ＡＢＣ ｶﾅ ’“ 〜、").is_none());
+        let n = FullWidth::of("＋（０）．–　x").unwrap();
+        assert_eq!(n.text, "+(0).- x");
         let text = "a４１－b";
         let n = FullWidth::of(text).unwrap();
         assert_eq!(n.text, "a41-b");
