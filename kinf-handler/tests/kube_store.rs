@@ -1449,3 +1449,34 @@ fn a_secret_read_before_that_cannot_be_read_again_keeps_its_value_and_says_so() 
     let refs = condition(&p, "InferenceProvider/llm/openai", "ResolvedRefs");
     assert_eq!(refs["reason"], "ResolvedRefs", "{refs}");
 }
+
+/// A Secret found missing, whose later reads fail: still `SecretNotFound`, but the message says
+/// the reads since have failed (it may exist by now), rather than a bare, possibly stale
+/// "not found".
+#[test]
+fn a_missing_secret_whose_reads_then_fail_says_so() {
+    let mut s = initial_store(policy(1, "if"));
+    s.set_secret("llm", "openai-key", None);
+    let gw = gateway_();
+    let bundle = s.bundle();
+    let (outcome, diags) = gw.apply_bundle(&bundle);
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
+    let refs = condition(&p, "InferenceProvider/llm/openai", "ResolvedRefs");
+    assert_eq!(refs["reason"], "SecretNotFound", "{refs}");
+    assert_eq!(
+        refs["message"],
+        "spec.credentials.secretRef: Secret `llm/openai-key` not found (help: create it in that namespace)"
+    );
+    assert!(s.secret_read_failed("llm", "openai-key", "the read timed out after 10s"));
+    let bundle = s.bundle();
+    let p = patches(&s, &gw, &bundle, &outcome, &diags, &live());
+    let refs = condition(&p, "InferenceProvider/llm/openai", "ResolvedRefs");
+    assert_eq!(refs["status"], "False", "{refs}");
+    assert_eq!(refs["reason"], "SecretNotFound", "{refs}");
+    assert_eq!(
+        refs["message"],
+        "spec.credentials.secretRef: Secret `llm/openai-key` not found when last read; it cannot \
+         be read again: the read timed out after 10s (help: create it in that namespace; the \
+         controller retries every 30 s)"
+    );
+}

@@ -417,10 +417,18 @@ pub fn compute(input: &StatusInput<'_>) -> Vec<StatusPatch> {
                     }),
                 (Some(None), _) => Some((
                     "SecretNotFound",
-                    format!(
-                        "{path}: Secret `{}/{name}` not found (help: create it in that namespace)",
-                        o.key.namespace
-                    ),
+                    match input.secrets_error(&o.key.namespace, name) {
+                        // Not found when last read; the reads since have failed, so it may
+                        // exist by now: say so, rather than a stale "not found" alone.
+                        Some(e) => format!(
+                            "{path}: Secret `{}/{name}` not found when last read; it cannot be read again: {e} (help: create it in that namespace; the controller retries every 30 s)",
+                            o.key.namespace
+                        ),
+                        None => format!(
+                            "{path}: Secret `{}/{name}` not found (help: create it in that namespace)",
+                            o.key.namespace
+                        ),
+                    },
                 )),
                 (Some(Some(keys)), Some(k)) if !keys.contains(k) => Some((
                     "SecretNotFound",
