@@ -96,17 +96,12 @@ impl ApiError {
         }
     }
 
-    /// The Anthropic `error.type` for this status.
-    fn anthropic_type(&self) -> &'static str {
-        anthropic_type(self.status)
-    }
-
     /// The JSON body in `api`'s shape.
     pub fn body(&self, api: Api) -> serde_json::Value {
         match api {
             Api::Messages => json!({
                 "type": "error",
-                "error": { "type": self.anthropic_type(), "message": self.message },
+                "error": { "type": anthropic_type(self.status), "message": self.message },
             }),
             Api::Chat | Api::Completions => json!({
                 "error": {
@@ -260,17 +255,15 @@ pub fn anthropic_error_from_upstream(status: StatusCode, body: &[u8]) -> Option<
         Some(p) => format!("{message} (param: `{p}`)"),
         None => message,
     };
-    Some(json!({
-        "type": "error",
-        "error": { "type": anthropic_type(status), "message": message },
-    }))
+    Some(ApiError::new(status, "upstream_error", message).body(Api::Messages))
 }
 
 /// A worker's `error` event in an Anthropic stream (`{"type": "error", "error": {"type",
-/// "message"}}`) with Anthropic's type for it, when its own is not one of Anthropic's; `None`
-/// to pass it on as it is. vLLM 0.32 sends `internal_error` (Anthropic's `api_error`); the
-/// error names vLLM uses for statuses map as those statuses do ([`anthropic_type`]).
-pub fn anthropic_stream_error(event: &serde_json::Value) -> Option<serde_json::Value> {
+/// "message"}}`) as the error to send instead, with Anthropic's type for it
+/// ([`ApiError::sse_event`]), when its own type is not one of Anthropic's; `None` to pass it on
+/// as it is. vLLM 0.32 sends `internal_error` (Anthropic's `api_error`); the error names vLLM
+/// uses for statuses map as those statuses do ([`anthropic_type`]).
+pub fn anthropic_stream_error(event: &serde_json::Value) -> Option<ApiError> {
     use serde_json::Value;
     let error = event.get("error");
     let ty = error.and_then(|e| e.get("type")).and_then(Value::as_str);
@@ -287,10 +280,7 @@ pub fn anthropic_stream_error(event: &serde_json::Value) -> Option<serde_json::V
         .and_then(|e| e.get("message"))
         .and_then(Value::as_str)
         .unwrap_or("the worker's stream failed");
-    Some(json!({
-        "type": "error",
-        "error": { "type": anthropic_type(status), "message": message },
-    }))
+    Some(ApiError::new(status, "upstream_error", message))
 }
 
 #[cfg(test)]

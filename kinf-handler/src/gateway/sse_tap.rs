@@ -238,7 +238,7 @@ impl SseTap {
             Some(b"error") => {
                 self.observed.errored = true;
                 return super::errors::anthropic_stream_error(v)
-                    .map(|e| format!("event: error\ndata: {e}\n\n"));
+                    .map(|e| e.sse_event(Api::Messages));
             }
             _ => {}
         }
