@@ -62,8 +62,4 @@ impl gateway::LiveStatus for IngestStatus {
     fn render_metrics(&self, out: &mut String) {
         self.0.render_metrics(out);
     }
-
-    fn max_model_len(&self, worker_set: &str, model: &str) -> Option<u64> {
-        self.0.max_model_len(worker_set, model)
-    }
 }

@@ -192,7 +192,7 @@ pub struct ContextShortfall {
     /// Of those, left out for their context.
     pub too_short: u32,
     /// The longest context (`max_model_len`) among those left out.
-    pub longest: u32,
+    pub longest: u64,
 }
 
 /// A candidate and its measures.

@@ -842,7 +842,7 @@ pub struct EndpointState {
     pub reported_block_size: Option<u32>,
     /// The models the worker reported serving (`GET /v1/models`), with their `max_model_len`
     /// ([`WorkerSetState::set_max_model_lens`]); empty when not read.
-    pub max_model_lens: Vec<(Arc<str>, u32)>,
+    pub max_model_lens: Vec<(Arc<str>, u64)>,
 }
 
 /// Capacity per endpoint of approximate prefix tracking, in blocks.
@@ -944,7 +944,7 @@ pub struct WorkerSetState {
     /// ([`EndpointState::max_model_lens`]); kept current by
     /// [`set_max_model_lens`](Self::set_max_model_lens) and
     /// [`carry_over_from`](Self::carry_over_from).
-    pub context_limits: AHashMap<Arc<str>, u32>,
+    pub context_limits: AHashMap<Arc<str>, u64>,
 }
 
 /// [`WorkerSetState::positions`].
@@ -1004,7 +1004,7 @@ impl WorkerSetState {
     /// Records the models the endpoint at `address` serves, with their `max_model_len` (what
     /// its `GET /v1/models` answered; empty: not known, e.g. after a restart), and brings
     /// [`context_limits`](Self::context_limits) up to date.
-    pub fn set_max_model_lens(&mut self, address: &str, lens: Vec<(Arc<str>, u32)>) {
+    pub fn set_max_model_lens(&mut self, address: &str, lens: Vec<(Arc<str>, u64)>) {
         let Some(ep) = self.endpoint_mut(address) else {
             return;
         };
@@ -1017,15 +1017,12 @@ impl WorkerSetState {
 
     /// The smallest `max_model_len` the endpoints reported for the upstream `model`, if any
     /// reported one: a request needing more context than this is refused by some of them.
-    pub fn context_limit(&self, model: &str) -> Option<u32> {
-        if self.context_limits.is_empty() {
-            return None;
-        }
+    pub fn context_limit(&self, model: &str) -> Option<u64> {
         self.context_limits.get(model).copied()
     }
 
     fn rebuild_context_limits(&mut self) {
-        let mut limits: AHashMap<Arc<str>, u32> = AHashMap::new();
+        let mut limits: AHashMap<Arc<str>, u64> = AHashMap::new();
         for (model, len) in self.endpoints.iter().flat_map(|e| &e.max_model_lens) {
             let l = limits.entry(model.clone()).or_insert(*len);
             *l = (*l).min(*len);

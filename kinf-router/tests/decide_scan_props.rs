@@ -218,7 +218,7 @@ proptest! {
             let ws = st.worker_sets.values_mut().next().expect("a worker set");
             let addrs: Vec<Arc<str>> = ws.endpoints.iter().map(|e| e.address.clone()).collect();
             for a in addrs {
-                ws.set_max_model_lens(&a, vec![(Arc::from("m"), len)]);
+                ws.set_max_model_lens(&a, vec![(Arc::from("m"), u64::from(len))]);
             }
         }
         let mut req = Request::new("m", (prompt.len() as f64 * estimate) as u32);

@@ -398,11 +398,15 @@ impl StateFile {
                     && ws.endpoints.iter().any(|ep| *ep.address == *e.address)
                 {
                     // The length applies to every model the worker set serves.
-                    let models: Vec<(Arc<str>, u32)> = policy
+                    let models: Vec<(Arc<str>, u64)> = policy
                         .destinations
                         .iter()
                         .filter(|d| format!("{}/{}", d.namespace, d.name) == **key)
-                        .flat_map(|d| d.models.iter().map(|m| (m.upstream.clone(), len)))
+                        .flat_map(|d| {
+                            d.models
+                                .iter()
+                                .map(|m| (m.upstream.clone(), u64::from(len)))
+                        })
                         .collect();
                     ws.set_max_model_lens(&e.address, models);
                 }

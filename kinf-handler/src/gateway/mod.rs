@@ -42,12 +42,6 @@ pub trait LiveStatus: Send + Sync {
     fn status_json(&self) -> serde_json::Value;
     /// Appends ingestion metrics in the text exposition format.
     fn render_metrics(&self, out: &mut String);
-    /// The smallest `max_model_len` the endpoints of `worker_set` (`namespace/name`) report
-    /// for the upstream `model`.
-    fn max_model_len(&self, worker_set: &str, model: &str) -> Option<u64> {
-        let _ = (worker_set, model);
-        None
-    }
 }
 
 /// Status of the Kubernetes controller (Kubernetes mode), for `/admin/status`; implemented by
@@ -656,16 +650,16 @@ fn model_names<'a>(pools: &[&'a kinf_lang::compiled::CompiledPool]) -> Vec<&'a s
     names
 }
 
-/// The smallest `max_model_len` that the workers behind client-facing `name` report (through
-/// live ingestion), over every worker set of `pools` serving it; `None` when none reported one
-/// (or it is served by providers only, or ingestion does not run).
+/// The smallest `max_model_len` that the workers behind client-facing `name` report (read by
+/// live ingestion into the decision state, [`kinf_router::state::WorkerSetState::context_limit`],
+/// which routing uses too), over every worker set of `pools` serving it; `None` when none
+/// reported one (or it is served by providers only, or ingestion does not run).
 fn max_model_len(
-    live: Option<&dyn LiveStatus>,
+    state: &kinf_router::ClusterState,
     policy: &kinf_lang::CompiledPolicy,
     pools: &[&kinf_lang::compiled::CompiledPool],
     name: &str,
 ) -> Option<u64> {
-    let live = live?;
     pools
         .iter()
         .filter_map(|p| p.models.get(name))
@@ -673,7 +667,9 @@ fn max_model_len(
         .filter_map(|(dest, upstream)| {
             let d = policy.destinations.get(dest.0 as usize)?;
             d.worker_set.as_ref()?;
-            live.max_model_len(&format!("{}/{}", d.namespace, d.name), upstream)
+            state
+                .worker_set(&d.namespace, &d.name)?
+                .context_limit(upstream)
         })
         .min()
 }
@@ -809,12 +805,12 @@ async fn models(
             Err(e) => e.into_response_for(api),
         };
     }
-    let live = gw.live.load_full();
-    let live = live.as_deref().map(|l| &**l);
-    let data: Vec<_> = model_names(&pools)
-        .into_iter()
-        .map(|n| model_object(n, max_model_len(live, &rt.applied.policy, &pools, n)))
-        .collect();
+    let data: Vec<_> = gw.state.with(|st| {
+        model_names(&pools)
+            .into_iter()
+            .map(|n| model_object(n, max_model_len(st, &rt.applied.policy, &pools, n)))
+            .collect()
+    });
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
@@ -842,17 +838,13 @@ async fn model(
         Err(e) => return e.into_response_for(api),
     };
     let names = model_names(&pools);
-    if api == Api::Messages && names.binary_search(&id.as_str()).is_ok() {
-        return axum::Json(anthropic_model_object(&id)).into_response();
-    }
     if names.binary_search(&id.as_str()).is_ok() {
-        let live = gw.live.load_full();
-        let len = max_model_len(
-            live.as_deref().map(|l| &**l),
-            &rt.applied.policy,
-            &pools,
-            &id,
-        );
+        if api == Api::Messages {
+            return axum::Json(anthropic_model_object(&id)).into_response();
+        }
+        let len = gw
+            .state
+            .with(|st| max_model_len(st, &rt.applied.policy, &pools, &id));
         return axum::Json(model_object(&id, len)).into_response();
     }
     let mut shown = names;

@@ -94,12 +94,9 @@ pub async fn run_scraper(
             Some(Some(m)) => {
                 // The router leaves out a worker set whose context is too short for a request
                 // (`Request::required_context`).
-                let lens: Vec<(Arc<str>, u32)> = m
+                let lens: Vec<(Arc<str>, u64)> = m
                     .iter()
-                    .filter_map(|x| {
-                        let len = u32::try_from(x.max_model_len?).unwrap_or(u32::MAX);
-                        Some((Arc::from(x.id.as_str()), len))
-                    })
+                    .filter_map(|x| Some((Arc::from(x.id.as_str()), x.max_model_len?)))
                     .collect();
                 shared.with(|st| {
                     if let Some(ws) = st.worker_sets.get_mut(&*target.worker_set) {

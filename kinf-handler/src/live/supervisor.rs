@@ -305,26 +305,6 @@ impl LiveIngest {
             .find(|s| s.worker_set == worker_set && s.address == address)
     }
 
-    /// The smallest `max_model_len` that the endpoints of `worker_set` (`namespace/name`)
-    /// report for `model`, when any reported one.
-    pub fn max_model_len(&self, worker_set: &str, model: &str) -> Option<u64> {
-        let running = self.running.lock();
-        running
-            .iter()
-            .filter(|((ws, _), _)| &**ws == worker_set)
-            .filter_map(|(_, r)| {
-                r.stats
-                    .scrape
-                    .lock()
-                    .served_models
-                    .as_ref()?
-                    .iter()
-                    .find(|m| m.id == model)?
-                    .max_model_len
-            })
-            .min()
-    }
-
     /// Appends the ingestion metrics in Prometheus text format (with `# HELP`/`# TYPE`).
     pub fn render_metrics(&self, out: &mut String) {
         render_metrics(&self.status(), out);

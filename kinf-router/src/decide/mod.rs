@@ -545,7 +545,7 @@ impl<'a> Ctx<'a> {
             Some(w) => {
                 if let (Some(need), Some(limit)) =
                     (self.req.required_context, w.context_limit(upstream))
-                    && need > limit
+                    && u64::from(need) > limit
                 {
                     st.unavailable.push(format!(
                         "{}: the request needs {need} tokens of context; `{upstream}` has {limit} (max_model_len)",
