@@ -130,8 +130,10 @@ pub struct PodInfo {
     pub terminating: bool,
     /// Container ports: `(name, port)`.
     pub ports: Vec<(Option<String>, i32)>,
-    /// `status.phase` (`Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`), when reported.
-    pub phase: Option<String>,
+    /// The pod has completed (`status.phase` `Succeeded` or `Failed`): its containers have
+    /// stopped for good, so it is no member of any worker set. (Only this is kept of the phase:
+    /// a pod going from `Pending` to `Running` changes nothing a worker set selects.)
+    pub completed: bool,
 }
 
 impl PodInfo {
@@ -165,14 +167,11 @@ impl PodInfo {
                         .collect()
                 })
                 .unwrap_or_default(),
-            phase: status.and_then(|s| s.phase.clone()),
+            completed: matches!(
+                status.and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            ),
         })
-    }
-
-    /// Whether the pod has completed (phase `Succeeded` or `Failed`): its containers have
-    /// stopped for good, so it is no member of any worker set.
-    pub fn completed(&self) -> bool {
-        matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
 
     /// `host:port` for `port` (IPv6 in brackets).
@@ -536,7 +535,7 @@ pub fn select_pods<'o>(
             .and_then(|p| u16::try_from(p).ok());
         let mut sp = SelectedPods::default();
         for p in pods_in_namespace(pods, &o.key.namespace) {
-            if p.completed() || !selector_matches(sel, &p.labels) {
+            if p.completed || !selector_matches(sel, &p.labels) {
                 continue;
             }
             sp.selected += 1;
