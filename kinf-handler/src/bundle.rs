@@ -336,37 +336,26 @@ impl ConfigSource for DirSource {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             let watch = Arc::new(parking_lot::Mutex::new(crate::config_dir::Watch::new(&dir)));
-            let read = || {
-                let w = watch.clone();
-                async move {
-                    match tokio::task::spawn_blocking(move || w.lock().read()).await {
-                        Ok(Ok(read)) => Some(read),
-                        Ok(Err(e)) => {
-                            tracing::error!(error = %e, "cannot read the configuration; the last good policy stays in force");
-                            None
-                        }
-                        Err(_) => None,
-                    }
-                }
-            };
             loop {
                 tick.tick().await;
-                let Some((_, h)) = read().await else {
-                    continue;
+                let w = watch.clone();
+                // Two reads at most: a change still under way is read again at the next poll.
+                let read =
+                    tokio::task::spawn_blocking(move || w.lock().read_settled(last, 2, SETTLE));
+                let (sources, h) = match read.await {
+                    Ok(Ok(crate::config_dir::Settled::Changed(sources, h))) => (sources, h),
+                    Ok(Ok(crate::config_dir::Settled::Unchanged)) | Err(_) => continue,
+                    Ok(Ok(crate::config_dir::Settled::Changing)) => {
+                        tracing::debug!(
+                            "the configuration is changing; it is read again at the next poll"
+                        );
+                        continue;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "cannot read the configuration; the last good policy stays in force");
+                        continue;
+                    }
                 };
-                if last == Some(h) {
-                    continue;
-                }
-                tokio::time::sleep(SETTLE).await;
-                let Some((sources, again)) = read().await else {
-                    continue;
-                };
-                if again != h {
-                    tracing::debug!(
-                        "the configuration is changing; it is read again at the next poll"
-                    );
-                    continue;
-                }
                 last = Some(h);
                 if tx
                     .send(Some(Arc::new(ConfigBundle::from_sources(sources))))

@@ -172,6 +172,17 @@ pub fn unreadable(sources: &Sources) -> Vec<String> {
         .collect()
 }
 
+/// What [`Watch::read_settled`] found.
+#[derive(Debug)]
+pub enum Settled {
+    /// The content in force (`last`).
+    Unchanged,
+    /// Another content, read the same twice in a row: its sources and hash.
+    Changed(Sources, u64),
+    /// Still changing after the reads allowed.
+    Changing,
+}
+
 /// Reads one policy file (or an API key or credential file): a regular file (a FIFO would
 /// block the reader), at most [`MAX_FILE_BYTES`], UTF-8 (the first other byte is located by
 /// line and column).
@@ -295,6 +306,39 @@ impl Watch {
             base: base_dir(config),
             named: None,
         }
+    }
+
+    /// Reads the configuration ([`read`](Self::read)); when its content is not `last`'s, reads
+    /// it again every `settle`, up to `reads` reads in all, until two reads in a row agree: a
+    /// file caught mid-save (truncated then written, deleted then created again, a ConfigMap's
+    /// `..data` swapped before its new files' links exist) reads differently a moment later.
+    /// Blocks the calling thread for the waits. The directory watcher
+    /// ([`crate::bundle::DirSource`]) and the read at startup ([`crate::serve::reload`]) both
+    /// read through it.
+    pub fn read_settled(
+        &mut self,
+        last: Option<u64>,
+        reads: usize,
+        settle: std::time::Duration,
+    ) -> Result<Settled, ConfigDirError> {
+        let (_, mut h) = self.read()?;
+        if last == Some(h) {
+            return Ok(Settled::Unchanged);
+        }
+        for _ in 1..reads {
+            std::thread::sleep(settle);
+            let (sources, again) = self.read()?;
+            if again == h {
+                // Settled, possibly back on what is in force.
+                return Ok(if last == Some(h) {
+                    Settled::Unchanged
+                } else {
+                    Settled::Changed(sources, h)
+                });
+            }
+            h = again;
+        }
+        Ok(Settled::Changing)
     }
 
     /// Reads the YAML ([`read_dir_for_reload`]) and returns it with a hash of its content and

@@ -68,39 +68,21 @@ pub fn reload(
     last: Option<u64>,
     on_applied: &OnApplied,
 ) -> Option<u64> {
-    let mut watch = config_dir::Watch::new(dir);
-    let mut read = || match watch.read() {
-        Ok(read) => Some(read),
+    let read = config_dir::Watch::new(dir).read_settled(last, SETTLE_READS, crate::bundle::SETTLE);
+    let (sources, h) = match read {
+        Ok(config_dir::Settled::Changed(sources, h)) => (sources, h),
+        Ok(config_dir::Settled::Unchanged) => return last,
+        Ok(config_dir::Settled::Changing) => {
+            tracing::warn!(
+                "the configuration kept changing while it was read; it is applied once it settles"
+            );
+            return last;
+        }
         Err(e) => {
             tracing::error!(error = %e, "cannot read the configuration; the last good policy stays in force");
-            None
+            return last;
         }
     };
-    let (mut sources, mut h) = read()?;
-    if last == Some(h) {
-        return last;
-    }
-    let mut settled = false;
-    for _ in 1..SETTLE_READS {
-        std::thread::sleep(crate::bundle::SETTLE);
-        let Some((again, h2)) = read() else {
-            return last;
-        };
-        if h2 == h {
-            settled = true;
-            break;
-        }
-        (sources, h) = (again, h2);
-    }
-    if !settled {
-        tracing::warn!(
-            "the configuration kept changing while it was read; it is applied once it settles"
-        );
-        return last;
-    }
-    if last == Some(h) {
-        return last;
-    }
     if let ApplyOutcome::Applied { .. } = gw.apply(&sources)
         && let Some(applied) = gw.store.current()
     {
