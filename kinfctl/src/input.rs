@@ -301,6 +301,20 @@ impl Input {
         None
     }
 
+    /// A [`count`](Self::count) of at least 1 (`n`, `maxModelLen`): 0 is an error of its own.
+    pub fn positive_count(&mut self, node: &Node, field: &str) -> Option<u32> {
+        let v = self.count(node, field)?;
+        if v == 0 {
+            self.error(
+                node.span,
+                format!("{field} must be at least 1, not 0"),
+                None,
+            );
+            return None;
+        }
+        Some(v)
+    }
+
     /// A finite number from `min` to `max` (inclusive; no upper bound when `None`).
     pub fn number(&mut self, node: &Node, field: &str, min: f64, max: Option<f64>) -> Option<f64> {
         let v = match node.value {

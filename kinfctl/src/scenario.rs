@@ -232,15 +232,7 @@ impl RequestFile {
                 "maxTokens" => input
                     .count(n, "`maxTokens`")
                     .map(|v| r.max_tokens = Some(v)),
-                "n" => input.count(n, "`n`").and_then(|v| {
-                    if v == 0 {
-                        input.error(n.span, "`n` must be at least 1, not 0", None);
-                        None
-                    } else {
-                        r.n = Some(v);
-                        Some(())
-                    }
-                }),
+                "n" => input.positive_count(n, "`n`").map(|v| r.n = Some(v)),
                 "stream" => input.boolean(n, "`stream`").map(|v| r.stream = v),
                 "headers" => headers(input, n).map(|v| r.headers = v),
                 // Unknown fields were reported by `mapping`.
@@ -542,15 +534,9 @@ fn endpoint(input: &mut Input, item: &Entry) -> Option<EndpointFile> {
                 v.map(|v| ep.kv_cache_usage = v)
             }
             "cachedPromptTokens" => input.count(n, &field).map(|v| ep.cached_prompt_tokens = v),
-            "maxModelLen" => input.count(n, &field).and_then(|v| {
-                if v == 0 {
-                    input.error(n.span, format!("{field} must be at least 1, not 0"), None);
-                    None
-                } else {
-                    ep.max_model_len = Some(v);
-                    Some(())
-                }
-            }),
+            "maxModelLen" => input
+                .positive_count(n, &field)
+                .map(|v| ep.max_model_len = Some(v)),
             _ => None,
         };
         ok &= good.is_some();
