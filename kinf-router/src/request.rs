@@ -73,6 +73,13 @@ impl Request {
         }
     }
 
+    /// The context a request needs ([`required_context`](Self::required_context)): its
+    /// `prompt_tokens` plus its explicit `max_tokens`, or plus 1 without one (vLLM then
+    /// generates what the context has left, and refuses only a prompt that fills it).
+    pub fn context_needed(prompt_tokens: u32, max_tokens: Option<u32>) -> u32 {
+        prompt_tokens.saturating_add(max_tokens.unwrap_or(1).max(1))
+    }
+
     /// Output tokens the request may generate in all: `max_tokens` × [`sequences`](Self::sequences).
     pub fn decode_tokens(&self) -> f64 {
         f64::from(self.max_tokens) * f64::from(self.sequences.max(1))

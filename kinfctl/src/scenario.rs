@@ -262,10 +262,8 @@ impl RequestFile {
         r.qos = self.qos.unwrap_or(Qos::Interactive);
         r.max_tokens = self.max_tokens.unwrap_or(256);
         r.sequences = self.n.unwrap_or(1);
-        // As the gateway counts it: the prompt plus the request's own `max_tokens`, or plus 1
-        // without one. Checked only against endpoints given a `maxModelLen`.
-        r.required_context =
-            Some(prompt_tokens.saturating_add(self.max_tokens.unwrap_or(1).max(1)));
+        // As the gateway counts it; checked only against endpoints given a `maxModelLen`.
+        r.required_context = Some(Request::context_needed(prompt_tokens, self.max_tokens));
         r.headers = self
             .headers
             .iter()

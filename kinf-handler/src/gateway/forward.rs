@@ -451,13 +451,12 @@ pub(crate) fn count_request(
     crate::accounting::account_refusal(&gw.metrics, who, code);
 }
 
-/// The context a request needs ([`kinf_router::Request::required_context`]): its prompt plus
-/// its explicit `max_tokens`, or plus 1 without one (vLLM then generates what the context has
-/// left). Only from an exact count (the model's tokenizer, or token ids sent), and for one
-/// prompt (each prompt of a batch is a sequence of its own).
+/// The context a request needs ([`kinf_router::Request::context_needed`]), only from an exact
+/// count (the model's tokenizer, or token ids sent), and for one prompt (each prompt of a batch
+/// is a sequence of its own).
 fn required_context(parsed: &super::parse::Parsed, exact: bool, prompt_tokens: u32) -> Option<u32> {
     (exact && parsed.prompts == 1)
-        .then(|| prompt_tokens.saturating_add(parsed.max_tokens.unwrap_or(1).max(1)))
+        .then(|| kinf_router::Request::context_needed(prompt_tokens, parsed.max_tokens))
 }
 
 /// The request field that holds the prompt: `prompt` (completions) or `messages`.
