@@ -825,6 +825,13 @@ fn pii_values(text: &str) -> Vec<(&'static str, &str, String)> {
         .collect()
 }
 
+/// Asserts that `text` holds exactly one PII value, of `entity`, written `value`.
+fn assert_single_value(text: &str, entity: &str, value: &str) {
+    let found = pii_values(text);
+    assert_eq!(found.len(), 1, "{text:?}: {found:?}");
+    assert_eq!((found[0].0, found[0].1), (entity, value), "{text:?}");
+}
+
 /// Full-width digits and hyphens (U+FF10..U+FF19, U+FF0D, as an IME types them) read as their
 /// ASCII forms; the offsets and the redaction are those of the text as written.
 #[test]
@@ -890,9 +897,7 @@ fn cards_grouped_with_dots() {
         ("pan: 5555.5555.5555.4444.", "5555.5555.5555.4444"),
         ("amex 3782.822463.10005", "3782.822463.10005"),
     ] {
-        let found = pii_values(text);
-        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
-        assert_eq!((found[0].0, found[0].1), ("credit-card", value), "{text:?}");
+        assert_single_value(text, "credit-card", value);
     }
     assert_clean("card 4111.1111.1111.1112"); // Luhn
     assert_clean("total 4.111.111.111.111 EUR"); // thousands separators
@@ -929,9 +934,7 @@ fn lower_case_ibans() {
             "Gb82 West 1234 5698 7654 32",
         ),
     ] {
-        let found = pii_values(text);
-        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
-        assert_eq!((found[0].0, found[0].1), ("iban", value), "{text:?}");
+        assert_single_value(text, "iban", value);
     }
     assert_clean("gb82 west 1234 5698 7654 33"); // checksum
     assert_clean("de88370400440532013000");
@@ -948,9 +951,7 @@ fn ssns_with_en_and_em_dashes() {
         ("my ssn is 078—05—1120.", "078—05—1120"),
         ("(078–05–1120)", "078–05–1120"),
     ] {
-        let found = pii_values(text);
-        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
-        assert_eq!((found[0].0, found[0].1), ("ssn", value), "{text:?}");
+        assert_single_value(text, "ssn", value);
     }
     assert_clean("078–05—1120"); // two different dashes
     assert_clean("pages 123–45–0000 and 000–12–3456");
@@ -973,9 +974,7 @@ fn phones_with_extensions() {
         ("tel:+1-415-555-0132;ext=42", "+1-415-555-0132"),
         ("+44 20 7946 0958 extn. 3", "+44 20 7946 0958"),
     ] {
-        let found = pii_values(text);
-        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
-        assert_eq!((found[0].0, found[0].1), ("phone", value), "{text:?}");
+        assert_single_value(text, "phone", value);
     }
     assert_clean("SKU 550-123-4567x42");
     assert_clean("size 415-555-0132xl and 415-555-0132x4a");
@@ -991,9 +990,7 @@ fn ssn_after_tax_id() {
         ("tax_id=078 05 1120", "078 05 1120"),
         ("Tax ID no. 078–05–1120", "078–05–1120"),
     ] {
-        let found = pii_values(text);
-        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
-        assert_eq!((found[0].0, found[0].1), ("ssn", value), "{text:?}");
+        assert_single_value(text, "ssn", value);
     }
     assert_clean("ID: 078-05-1120");
     assert_clean("employee id 078-05-1120");
@@ -1032,9 +1029,7 @@ fn phones_with_en_dashes() {
         ("call +1 415–555–0132.", "+1 415–555–0132"),
         ("tel (415) 555–0132", "(415) 555–0132"),
     ] {
-        let found = pii_values(text);
-        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
-        assert_eq!((found[0].0, found[0].1), ("phone", value), "{text:?}");
+        assert_single_value(text, "phone", value);
     }
     assert_clean("the 2019–2020 season, pages 123–456 and 1999–2005");
     assert_clean("SKU 550–123–4567");
@@ -1052,9 +1047,7 @@ fn phone_extensions_with_a_space_or_hash() {
         ("call 415-555-0132 #42 today", "415-555-0132"),
         ("call (415) 555-0132#42", "(415) 555-0132"),
     ] {
-        let found = pii_values(text);
-        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
-        assert_eq!((found[0].0, found[0].1), ("phone", value), "{text:?}");
+        assert_single_value(text, "phone", value);
     }
     assert_clean("SKU 550-123-4567ext 42");
     assert_clean("call 415-555-0132ext 1234567 or 415-555-0132ext 42a");
@@ -1105,9 +1098,7 @@ fn ssn_nine_digits_after_tax_id() {
         ("taxpayer id number 078051120.", "078051120"),
         ("tax_id=078051120", "078051120"),
     ] {
-        let found = pii_values(text);
-        assert_eq!(found.len(), 1, "{text:?}: {found:?}");
-        assert_eq!((found[0].0, found[0].1), ("ssn", value), "{text:?}");
+        assert_single_value(text, "ssn", value);
     }
     assert_clean("ID: 078051120");
     assert_clean("order id 078051120");
