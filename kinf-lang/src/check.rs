@@ -1376,15 +1376,23 @@ impl<'a> Checker<'a> {
                         && d.running_prompts.is_none()
                         && d.kv_cache_usage.is_none()
                         && d.predicted_ttft.is_none();
-                    crate::constant_when::check_drop_when(
-                        self,
-                        doc,
-                        &wp,
-                        &name,
-                        e.expr(),
-                        alone,
-                        f.if_.is_some(),
-                    );
+                    // A filter whose `if` never holds never applies: KINF0412 says so at the
+                    // `if`, and what its `drop` would do is moot.
+                    let never_applies = condition
+                        .as_ref()
+                        .and_then(|c| c.when.as_ref())
+                        .is_some_and(|w| crate::constant_when::constant(w.expr()) == Some(false));
+                    if !never_applies {
+                        crate::constant_when::check_drop_when(
+                            self,
+                            doc,
+                            &wp,
+                            &name,
+                            e.expr(),
+                            alone,
+                            f.if_.is_some(),
+                        );
+                    }
                     let when_text: Arc<str> = e.to_string().into();
                     join_part(&mut text, format_args!("when {when_text}"));
                     drop.when_text = Some(when_text);

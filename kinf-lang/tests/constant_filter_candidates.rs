@@ -80,6 +80,21 @@ fn a_drop_of_only_an_always_true_when_is_reported_once() {
 }
 
 #[test]
+fn a_filter_that_never_applies_is_not_said_to_drop_every_candidate() {
+    // An `if` that is always false: the filter never applies, whatever its `drop`. KINF0412
+    // says so at the `if`, once; it does not also say at an always-true `drop.when` that the
+    // filter drops every candidate.
+    let out = lint(&rule(Some("{ when: 'false' }"), "{ when: 'true' }"));
+    assert_eq!(out.matches("warning[KINF0412]").count(), 1, "{out}");
+    assert!(
+        out.contains("`when` is always false, so the filter never applies"),
+        "{out}"
+    );
+    assert!(!out.contains("drops every candidate"), "{out}");
+    assert!(!out.contains("KINF0504"), "{out}");
+}
+
+#[test]
 fn a_filter_that_never_applies_or_never_drops_empties_nothing() {
     // KINF0412 says the filter never applies, or never drops anything; the rule keeps its
     // candidates.
