@@ -716,15 +716,22 @@ fn signed_radix_help(text: &str) -> Option<String> {
         _ => return None,
     };
     let digits = rest.get(usize::from(after.is_some())..)?;
-    let magnitude = crate::yaml::radix_digits(digits, radix)?;
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
     let (name, prefix) = if radix == 16 {
         ("a hexadecimal", "0x")
     } else {
         ("an octal", "0o")
     };
-    let value = if negative { -magnitude } else { magnitude };
+    // Past `i64` too (the field then says it is too large); digits past `u128` are too many
+    // to convert here.
+    let fix = match u128::from_str_radix(digits, radix) {
+        Ok(magnitude) => format!("write `{}{magnitude}`", if negative { "-" } else { "" }),
+        Err(_) => "write it in decimal".into(),
+    };
     Some(format!(
         "`{text}` is not a number: {name} integer (`{prefix}`) takes no sign, so YAML reads it \
-         as a string; write `{value}`"
+         as a string; {fix}"
     ))
 }

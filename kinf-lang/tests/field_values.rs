@@ -144,6 +144,41 @@ fn signed_hexadecimal_and_octal_integers_are_not_numbers() {
 }
 
 #[test]
+fn signed_radix_integers_past_i64_get_the_same_help() {
+    // A signed `0x`/`0o` integer is a string whatever its size: the help gives the decimal of
+    // one past `i64` too, and says to write it in decimal when it is too long to convert.
+    let limits = |value: &str| {
+        format!(
+            "{CLUSTER}{}",
+            policy(&format!(
+                "  rules: [ {{ name: r }} ]\n  limits:\n  - {{ name: l, tokensPerMinute: {value} }}\n"
+            ))
+        )
+    };
+    let out = lint(&limits("0x-10000000000000000"));
+    assert!(
+        out.contains("hexadecimal integer (`0x`) takes no sign")
+            && out.contains("write `-18446744073709551616`"),
+        "{out}"
+    );
+    let out = lint(&limits("-0o1000000000000000000000"));
+    assert!(
+        out.contains("octal integer (`0o`) takes no sign")
+            && out.contains("write `-9223372036854775808`"),
+        "{out}"
+    );
+    let huge = format!("0x+{}", "F".repeat(40));
+    let out = lint(&limits(&huge));
+    assert!(
+        out.contains(
+            "hexadecimal integer (`0x`) takes no sign, so YAML reads it as a string; write it \
+             in decimal"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
 fn hexadecimal_and_octal_integers_past_i64_are_too_large_as_decimal_ones_are() {
     // YAML's core schema sets no size on `0x` / `0o` integers: one past `i64` is a number, read
     // as a float, as a decimal one is, and so reported as out of range (KINF0105) at the field,
