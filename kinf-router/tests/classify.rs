@@ -1120,3 +1120,21 @@ fn complexity_does_not_count_query_strings_of_www_urls() {
     assert_eq!(questions("awww.x.com/a?b=1 and swww.y?z"), 2);
     assert_eq!(questions("why?\nwww.x.com/a?b=1\nhow?"), 2);
 }
+
+/// A URL written as a bare host and a path (`x.com/a?b=1`) has a query string too; a `?`
+/// after a slash that follows no host name stays a question.
+#[test]
+fn complexity_does_not_count_query_strings_of_bare_host_urls() {
+    let c = Complexity::new(ComplexityConfig::default());
+    let questions = |text: &str| c.features(&[Message::new("user", text)]).questions;
+    assert_eq!(questions("see x.com/a?b=1"), 0);
+    assert_eq!(questions("(docs.rs/serde?search=derive&x=1)"), 0);
+    assert_eq!(questions("api.example.org/v1/items?id=7 and a?b.io/x?y=1"), 1);
+    // Not hosts: no dot, a numeric or one-letter last label, a dot glued to the slash.
+    assert_eq!(questions("and/or?b"), 1);
+    assert_eq!(questions("is 1.5/2?x"), 1);
+    assert_eq!(questions("e.g./?x"), 1);
+    assert_eq!(questions("a.b/c?d"), 1);
+    // Still a question when nothing of a query follows.
+    assert_eq!(questions("did you read x.com/a?"), 1);
+}

@@ -80,7 +80,7 @@ pub struct Features {
     /// Multi-step markers.
     pub steps: usize,
     /// Question marks, but not those starting a URL's query string (`https://x.com/a?b=1`,
-    /// `www.x.com/a?b=1`).
+    /// `www.x.com/a?b=1`, `x.com/a?b=1`).
     pub questions: usize,
 }
 
@@ -328,15 +328,22 @@ fn scan(text: &str, f: &mut Features) {
 }
 
 /// Whether a position is inside a URL (from `://` after a letter or digit, or from `www.` after
-/// no letter or digit, to the next [`url_end`] byte), found by reading back from it; what was
-/// read is remembered, so that the positions asked about, in increasing order, read each byte
-/// at most once in all.
+/// no letter or digit, to the next [`url_end`] byte; or in a word that starts with a bare host
+/// and a path, `x.com/a`, see [`bare_host`]), found by reading back from it; what was read is
+/// remembered, so that the positions asked about, in increasing order, read each byte at most
+/// once in all.
 #[derive(Default)]
 struct UrlMemo {
     /// The positions before this one have been read.
     read_to: usize,
-    /// Whether `read_to` is inside a URL.
-    in_url: bool,
+    /// Whether a URL start (`://`, `www.`) is before `read_to` in its word.
+    scheme: bool,
+    /// Where the word holding `read_to` starts (meaningful while `scheme` is false).
+    word_start: usize,
+    /// Whether the word starts with a bare host and a path, once its first `/` has been read.
+    bare: Option<bool>,
+    /// The word has no `/` before this position.
+    slash_from: usize,
 }
 
 impl UrlMemo {
@@ -345,11 +352,14 @@ impl UrlMemo {
     #[inline(never)]
     fn in_url(&mut self, bytes: &[u8], at: usize) -> bool {
         let from = self.read_to.min(at);
-        let mut state = self.in_url;
         for j in (from..at).rev() {
             let b = bytes.get(j).copied().unwrap_or(b'\n');
             if url_end(b) {
-                state = false;
+                // A new word: what was remembered is of an earlier one.
+                self.scheme = false;
+                self.word_start = j + 1;
+                self.bare = None;
+                self.slash_from = j + 1;
                 break;
             }
             let alnum_before = || {
@@ -365,14 +375,56 @@ impl UrlMemo {
                     .is_some_and(|w| w.eq_ignore_ascii_case(b"www."))
                 && !alnum_before();
             if scheme || www {
-                state = true;
+                self.scheme = true;
                 break;
             }
         }
         self.read_to = at;
-        self.in_url = state;
-        state
+        if self.scheme {
+            return true;
+        }
+        if self.bare.is_none() {
+            let tail = bytes.get(self.slash_from..at).unwrap_or_default();
+            match tail.iter().position(|&b| b == b'/') {
+                Some(k) => {
+                    let word = bytes
+                        .get(self.word_start..self.slash_from + k)
+                        .unwrap_or_default();
+                    self.bare = Some(bare_host(word));
+                }
+                None => self.slash_from = at,
+            }
+        }
+        self.bare == Some(true)
     }
+}
+
+/// Whether the text before a word's first `/` ends in a host name (`x.com`, `api.example.org`):
+/// letters, digits and `-` in two or more labels separated by `.`, the last of two or more
+/// letters, not glued to a letter, digit, `.` or `-` before it. So `x.com/a?b=1` and
+/// `(docs.rs/serde?search=x)` are URLs, and `and/or?`, `1.5/2?` and `e.g./?` are not.
+fn bare_host(before_slash: &[u8]) -> bool {
+    let host_byte = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-');
+    let run = before_slash
+        .iter()
+        .rev()
+        .take_while(|b| host_byte(b))
+        .count();
+    let host = before_slash
+        .get(before_slash.len() - run..)
+        .unwrap_or_default();
+    let mut labels = host.split(|&b| b == b'.');
+    let Some(tld) = labels.next_back() else {
+        return false;
+    };
+    let mut others = 0;
+    for label in labels {
+        if label.is_empty() {
+            return false;
+        }
+        others += 1;
+    }
+    others > 0 && tld.len() >= 2 && tld.iter().all(u8::is_ascii_alphabetic)
 }
 
 /// A byte that ends a URL: ASCII whitespace (the line break included), `"`, `<`, `>` and
@@ -558,11 +610,17 @@ mod tests {
         // digit, or `www.` after no letter or digit) with no URL end between them.
         let url_start = regex::Regex::new(r"[A-Za-z0-9]://|(?:^|[^A-Za-z0-9])(?i:www)\.").unwrap();
         let query = regex::Regex::new(r"\?[A-Za-z0-9=&%_~+/\[-]").unwrap();
+        // A word whose first `/` follows a host name (`x.com/`), not glued to a host byte.
+        let bare = regex::Regex::new(
+            r"^[^/]*?(?:^|[^A-Za-z0-9./-])(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}/",
+        )
+        .unwrap();
         for q in query.find_iter(text) {
             let from = text[..q.start()]
                 .rfind(['\t', '\n', '\x0C', '\r', ' ', '"', '<', '>', '`'])
                 .map_or(0, |p| p + 1);
-            if url_start.is_match(&text[from..q.start()]) {
+            if url_start.is_match(&text[from..q.start()]) || bare.is_match(&text[from..q.start()])
+            {
                 f.questions -= 1;
             }
         }
@@ -668,6 +726,13 @@ mod tests {
         "afterwards",
         "lastly",
         "https://x.com/a",
+        "x.com/a",
+        "a.b",
+        "e.g.",
+        "x.co",
+        "1.5/",
+        "-",
+        "(docs.rs/",
         "www.",
         "WwW.",
         "www",
