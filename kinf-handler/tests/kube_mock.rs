@@ -1820,3 +1820,82 @@ async fn a_secret_that_cannot_be_read_again_is_logged_and_its_value_kept() {
             .contains_key(&("llm".to_owned(), "openai-key".to_owned()))
     }));
 }
+
+/// A Secret whose reads keep failing the same way is warned about once, not at every re-read
+/// (every 30 s): again when the error changes, and at `info` when a read succeeds again.
+#[tokio::test]
+async fn a_secret_failing_the_same_way_is_warned_about_once() {
+    let logs = LogCapture::default();
+    let sink = logs.clone();
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish(),
+    );
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    load(&c, policy(1, "if"));
+    let warnings = |logs: &LogCapture| {
+        logs.text()
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("cannot read the Secret"))
+            .count()
+    };
+    let failures = [
+        "etcdserver: request timed out",
+        "etcdserver: request timed out",
+        "etcdserver: request timed out",
+        "etcdserver: leader changed",
+    ];
+    for (i, why) in failures.into_iter().enumerate() {
+        let reading = tokio::spawn({
+            let c = c.clone();
+            async move { c.read_secrets(true).await }
+        });
+        let (_, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("a Secret read")
+            .unwrap();
+        send.send_response(api_error(500, "InternalError", why));
+        reading.await.unwrap();
+        let want = if i < 3 { 1 } else { 2 };
+        assert_eq!(
+            warnings(&logs),
+            want,
+            "after read {}: {}",
+            i + 1,
+            logs.text()
+        );
+    }
+    // The last failure shows in the status.
+    assert!(c.with_store(|s| {
+        s.secret_errors()
+            .get(&("llm".to_owned(), "openai-key".to_owned()))
+            .is_some_and(|e| e.contains("etcdserver: leader changed"))
+    }));
+    // A read that succeeds again says so, once.
+    for _ in 0..2 {
+        let reading = tokio::spawn({
+            let c = c.clone();
+            async move { c.read_secrets(true).await }
+        });
+        let (_, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("a Secret read")
+            .unwrap();
+        let body = serde_json::to_vec(&secret("openai-key", &[("apiKey", "sk-2")])).unwrap();
+        send.send_response(Response::builder().body(Body::from(body)).unwrap());
+        reading.await.unwrap();
+    }
+    let text = logs.text();
+    let recovered: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("the Secret can be read again"))
+        .collect();
+    assert_eq!(recovered.len(), 1, "{text}");
+    assert!(recovered[0].contains("INFO") && recovered[0].contains("secret=llm/openai-key"));
+    assert!(!text.contains("sk-2"), "never the value: {text}");
+    assert_eq!(warnings(&logs), 2, "{text}");
+}

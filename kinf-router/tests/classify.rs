@@ -1129,7 +1129,10 @@ fn complexity_does_not_count_query_strings_of_bare_host_urls() {
     let questions = |text: &str| c.features(&[Message::new("user", text)]).questions;
     assert_eq!(questions("see x.com/a?b=1"), 0);
     assert_eq!(questions("(docs.rs/serde?search=derive&x=1)"), 0);
-    assert_eq!(questions("api.example.org/v1/items?id=7 and a?b.io/x?y=1"), 1);
+    assert_eq!(
+        questions("api.example.org/v1/items?id=7 and a?b.io/x?y=1"),
+        1
+    );
     // Not hosts: no dot, a numeric or one-letter last label, a dot glued to the slash.
     assert_eq!(questions("and/or?b"), 1);
     assert_eq!(questions("is 1.5/2?x"), 1);

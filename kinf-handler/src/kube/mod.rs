@@ -700,7 +700,12 @@ impl Controller {
                         return;
                     }
                 };
+                let key = (ns.clone(), name.clone());
+                let failed_before = self.with_store(|s| s.secret_errors().contains_key(&key));
                 self.update_store(|s| s.set_secret(&ns, &name, got.as_ref()));
+                if failed_before {
+                    tracing::info!(secret = %format!("{ns}/{name}"), "the Secret can be read again");
+                }
             })
             .await;
     }
@@ -708,9 +713,17 @@ impl Controller {
     /// Records that reading Secret `ns/name` failed with `why`, and logs it: a warning naming
     /// the Secret and the error, which says whether the value read before stays in use (it
     /// does: a failed read drops no key; the status of the objects naming it says so too).
+    /// The same error as the last read's is logged at `debug` only: the Secrets are read again
+    /// every 30 s, and one warning per failure is enough.
     fn secret_read_failed(&self, ns: &str, name: &str, why: &str) {
         let secret = format!("{ns}/{name}");
+        let key = (ns.to_owned(), name.to_owned());
+        let repeated =
+            self.with_store(|s| s.secret_errors().get(&key).map(String::as_str) == Some(why));
         match self.with_store(|s| s.secret_state(ns, name, None)) {
+            _ if repeated => {
+                tracing::debug!(%secret, error = %why, "cannot read the Secret (as before)");
+            }
             Some(true) => tracing::warn!(
                 %secret, error = %why,
                 "cannot read the Secret again; the value read before stays in use"

@@ -611,16 +611,14 @@ mod tests {
         let url_start = regex::Regex::new(r"[A-Za-z0-9]://|(?:^|[^A-Za-z0-9])(?i:www)\.").unwrap();
         let query = regex::Regex::new(r"\?[A-Za-z0-9=&%_~+/\[-]").unwrap();
         // A word whose first `/` follows a host name (`x.com/`), not glued to a host byte.
-        let bare = regex::Regex::new(
-            r"^[^/]*?(?:^|[^A-Za-z0-9./-])(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}/",
-        )
-        .unwrap();
+        let bare =
+            regex::Regex::new(r"^[^/]*?(?:^|[^A-Za-z0-9./-])(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}/")
+                .unwrap();
         for q in query.find_iter(text) {
             let from = text[..q.start()]
                 .rfind(['\t', '\n', '\x0C', '\r', ' ', '"', '<', '>', '`'])
                 .map_or(0, |p| p + 1);
-            if url_start.is_match(&text[from..q.start()]) || bare.is_match(&text[from..q.start()])
-            {
+            if url_start.is_match(&text[from..q.start()]) || bare.is_match(&text[from..q.start()]) {
                 f.questions -= 1;
             }
         }
