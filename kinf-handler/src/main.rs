@@ -80,7 +80,8 @@ struct ServeArgs {
     #[arg(long, default_value = "600s", value_parser = parse_positive_duration)]
     upstream_timeout: Duration,
     /// Token-rate-limit store: `memory` (one replica), or Redis shared by replicas:
-    /// `redis://[USER][:PASS@]HOST[:PORT][/DB]` or `redis+unix:///PATH?db=N` (no TLS). A URL
+    /// `redis://[USER][:PASS@]HOST[:PORT][/DB]`, `redis+unix:///PATH?db=N`, or a Redis Cluster,
+    /// `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...]` (no TLS). A URL
     /// with a password is better given in `KINF_LIMITER_STORE`, which `ps` does not show.
     #[arg(
         long,

@@ -149,7 +149,7 @@ async fn request_bucket_key_outlives_short_ttl() {
         other => panic!("a third request within the minute: {other:?}"),
     }
     let ttl: i64 = redis::cmd("PTTL")
-        .arg("test:rl:b:p/rpm:t")
+        .arg("test:rl:b:p/rpm:{t:t}")
         .query_async(&mut server.conn().await)
         .await
         .unwrap();
@@ -178,7 +178,7 @@ async fn debt_charged_after_key_expired() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let mut conn = server.conn().await;
     let exists: i64 = redis::cmd("EXISTS")
-        .arg("test:rl:b:p/tpm:t")
+        .arg("test:rl:b:p/tpm:{t:t}")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -188,7 +188,7 @@ async fn debt_charged_after_key_expired() {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
         let exists: i64 = redis::cmd("EXISTS")
-            .arg("test:rl:b:p/tpm:t")
+            .arg("test:rl:b:p/tpm:{t:t}")
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -199,7 +199,7 @@ async fn debt_charged_after_key_expired() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let ttl: i64 = redis::cmd("PTTL")
-        .arg("test:rl:b:p/tpm:t")
+        .arg("test:rl:b:p/tpm:{t:t}")
         .query_async(&mut conn)
         .await
         .unwrap();

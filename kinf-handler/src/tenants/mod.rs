@@ -13,13 +13,13 @@ pub use limiter::{
     LimitError, LimitExceeded, Limiter, RateLimitHeaders, Reservation, TokenEstimate, format_reset,
 };
 pub use memory::MemoryStore;
-pub use redis_store::{RedisConfig, RedisStore};
+pub use redis_store::{CLUSTER_SCHEME, RedisConfig, RedisStore, cluster_nodes};
 pub use store::{FailMode, LimitStore, StoreStats, StoreStatsSnapshot};
 
-/// The store named by the server flags: `memory`, or a `redis://` / `redis+unix://` URL with
-/// `fail_mode` and `key_prefix` (`None`: `kinf:rl:`); `rediss://` is refused (no TLS). A Redis store must be built inside a
-/// Tokio runtime; it connects lazily, so Redis being down at startup is not an error (the fail
-/// mode applies).
+/// The store named by the server flags: `memory`, or a `redis://`, `redis+unix://` or
+/// `redis+cluster://` URL with `fail_mode` and `key_prefix` (`None`: `kinf:rl:`); `rediss://`
+/// is refused (no TLS). A Redis store must be built inside a Tokio runtime; it connects lazily,
+/// so Redis being down at startup is not an error (the fail mode applies).
 pub fn store_from_flags(
     store: &str,
     fail_mode: FailMode,
@@ -35,7 +35,10 @@ pub fn store_from_flags(
                 .into(),
         );
     }
-    if store.starts_with("redis://") || store.starts_with("redis+unix://") {
+    if store.starts_with("redis://")
+        || store.starts_with("redis+unix://")
+        || store.starts_with(redis_store::CLUSTER_SCHEME)
+    {
         let mut cfg = RedisConfig::new(store);
         cfg.fail_mode = fail_mode;
         if let Some(p) = key_prefix {
@@ -44,8 +47,9 @@ pub fn store_from_flags(
         return Ok(std::sync::Arc::new(RedisStore::new(cfg)?));
     }
     Err(format!(
-        "--limiter-store: expected `memory`, `redis://[USER][:PASS@]HOST[:PORT][/DB]` or \
-         `redis+unix:///PATH?db=N`, got `{}`",
+        "--limiter-store: expected `memory`, `redis://[USER][:PASS@]HOST[:PORT][/DB]`, \
+         `redis+unix:///PATH?db=N` or `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...]`, \
+         got `{}`",
         redact_url(store)
     ))
 }

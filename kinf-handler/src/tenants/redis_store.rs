@@ -2,11 +2,14 @@
 //! matching limit atomically, over one multiplexed connection (concurrent admissions are
 //! pipelined on it). Redis's own clock (`TIME`) drives refills, so replicas' clocks don't matter.
 //!
-//! Keys, for each (limit, tenant): `{prefix}b:{limit}:{tenant}`, a hash with the token and
+//! Keys, for each (limit, tenant): `{prefix}b:{limit}:{t:{tenant}}`, a hash with the token and
 //! request buckets (`tl`/`ta`: level and time in ms, `rl`/`ra` likewise), and
-//! `{prefix}c:{limit}:{tenant}`, a sorted set of the requests in flight scored by their lease's
-//! expiry (a replica that dies without releasing leaks a slot only until then). Both expire when
-//! idle. While a request is in flight its replica renews its lease every third of the lease, so
+//! `{prefix}c:{limit}:{t:{tenant}}`, a sorted set of the requests in flight scored by their
+//! lease's expiry (a replica that dies without releasing leaks a slot only until then). Both
+//! expire when idle. `{t:TENANT}` is a Redis Cluster hash tag: every key of one tenant is in one
+//! hash slot, so an admission's script (which reads and writes all the keys of one request's
+//! tenant) runs on one node of a cluster (`redis+cluster://`). `{`, `}` and `%` in a limit's
+//! name are written `%7B`, `%7D` and `%25`, so that only the tenant's tag is a tag. While a request is in flight its replica renews its lease every third of the lease, so
 //! a request longer than the lease keeps its slot, and a replica that dies leaks its slots for
 //! one lease at most.
 
@@ -17,6 +20,7 @@ use std::time::Duration;
 
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
 
 use super::store::{
     Admission, Budget, BudgetKind, Check, CheckState, FailMode, LimitStore, Settle, StoreError,
@@ -26,7 +30,8 @@ use super::store::{
 /// Settings of a [`RedisStore`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct RedisConfig {
-    /// `redis://HOST:PORT/DB` (or `redis+unix:///PATH?db=N`).
+    /// `redis://HOST:PORT/DB` (or `redis+unix:///PATH?db=N`), or
+    /// `redis+cluster://HOST:PORT[,HOST:PORT...]` for a Redis Cluster (see [`cluster_nodes`]).
     pub url: String,
     /// Prefix of every key (`kinf:rl:` by default).
     pub key_prefix: String,
@@ -207,12 +212,92 @@ return 1
 /// Most slots renewed by one script call.
 const RENEW_BATCH: usize = 512;
 
-/// The concurrency slots this store holds, by lease: their sorted-set keys.
-type Held = parking_lot::Mutex<HashMap<u64, Vec<String>>>;
+/// The concurrency slots this store holds, by lease: the request's tenant and the slots'
+/// sorted-set keys (all of that tenant, so in one hash slot of a cluster).
+type Held = parking_lot::Mutex<HashMap<u64, (Arc<str>, Vec<String>)>>;
 
-/// Budgets in Redis, shared by every replica using the same server and key prefix.
+/// A connection to one Redis server (reconnecting), or to a Redis Cluster (routing each
+/// command to the node of its keys' slot, following `MOVED`/`ASK` redirections).
+#[derive(Clone)]
+enum Conn {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Server(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Server(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The scheme of a Redis Cluster's URL.
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// The seed nodes of a `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...][/0]` URL, as
+/// `redis://` URLs with the credentials of each (the client learns the other nodes from
+/// them). A cluster has only database 0: another is an error, as is a node without a port.
+pub fn cluster_nodes(url: &str) -> Result<Vec<String>, String> {
+    let rest = url
+        .strip_prefix(CLUSTER_SCHEME)
+        .ok_or_else(|| format!("not a `{CLUSTER_SCHEME}` URL"))?;
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if !matches!(path, "" | "/" | "/0") {
+        return Err(format!(
+            "`{path}`: a Redis Cluster has only database 0; remove the path"
+        ));
+    }
+    let (credentials, hosts) = match authority.rfind('@') {
+        Some(at) => (
+            authority.get(..=at).unwrap_or(""),
+            authority.get(at + 1..).unwrap_or(""),
+        ),
+        None => ("", authority),
+    };
+    let mut nodes = Vec::new();
+    for host in hosts.split(',') {
+        let port = host.rsplit_once(':').map(|(_, p)| p);
+        if host.is_empty() || !port.is_some_and(|p| !p.is_empty() && p.parse::<u16>().is_ok()) {
+            return Err(format!(
+                "`{host}`: every node is `HOST:PORT` (nodes separated by `,`)"
+            ));
+        }
+        nodes.push(format!("redis://{credentials}{host}"));
+    }
+    Ok(nodes)
+}
+
+/// Budgets in Redis, shared by every replica using the same server (or cluster) and key
+/// prefix.
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     config: RedisConfig,
     admit_script: Script,
     settle_script: Script,
@@ -237,19 +322,42 @@ impl RedisStore {
     /// A store for `config`. Connects lazily (Redis being down at startup is handled by the
     /// fail mode, like any outage); must be called inside a Tokio runtime.
     pub fn new(config: RedisConfig) -> Result<Self, String> {
-        let client = redis::Client::open(config.url.as_str()).map_err(|e| {
+        let invalid = |e: &dyn std::fmt::Display| {
             format!(
                 "invalid Redis URL `{}`: {e}",
                 super::redact_url(&config.url)
             )
-        })?;
-        let mc = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.timeout))
-            .set_response_timeout(Some(config.timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, mc)
-            .map_err(|e| format!("cannot create the Redis connection: {e}"))?;
+        };
+        let conn = if config.url.starts_with(CLUSTER_SCHEME) {
+            if config.key_prefix.contains(['{', '}']) {
+                return Err(format!(
+                    "key prefix `{}`: `{{` and `}}` are not allowed with a Redis Cluster (they \
+                     would make a hash tag of the prefix)",
+                    config.key_prefix
+                ));
+            }
+            let nodes = cluster_nodes(&config.url).map_err(|e| invalid(&e))?;
+            let client = redis::cluster::ClusterClient::builder(nodes)
+                .retries(1)
+                .max_retry_wait(500)
+                .build()
+                .map_err(|e| invalid(&e))?;
+            let cc = redis::cluster::ClusterConfig::new()
+                .set_connection_timeout(config.timeout)
+                .set_response_timeout(config.timeout);
+            Conn::Cluster(client.get_pending_async_connection_with_config(cc))
+        } else {
+            let client = redis::Client::open(config.url.as_str()).map_err(|e| invalid(&e))?;
+            let mc = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.timeout))
+                .set_response_timeout(Some(config.timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(500));
+            Conn::Server(
+                ConnectionManager::new_lazy_with_config(client, mc)
+                    .map_err(|e| format!("cannot create the Redis connection: {e}"))?,
+            )
+        };
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| "the Redis store needs a Tokio runtime".to_string())?;
         // Random per store (std's `RandomState` is seeded from the OS): replicas in containers
@@ -286,11 +394,7 @@ impl RedisStore {
     }
 
     fn keys(&self, limit: &str, tenant: &str) -> (String, String) {
-        let p = &self.config.key_prefix;
-        (
-            format!("{p}b:{limit}:{tenant}"),
-            format!("{p}c:{limit}:{tenant}"),
-        )
+        keys(&self.config.key_prefix, limit, tenant)
     }
 
     /// `EVALSHA` (or `EVAL`) of the settlement script, owned so that it can run on a task.
@@ -367,8 +471,8 @@ impl RedisStore {
                 .filter(|c| c.concurrent_requests.is_some())
                 .map(|c| self.keys(&c.limit, &c.tenant).1)
                 .collect();
-            if !slots.is_empty() {
-                self.held.lock().insert(lease, slots);
+            if let (false, Some(c)) = (slots.is_empty(), checks.first()) {
+                self.held.lock().insert(lease, (c.tenant.clone(), slots));
             }
         }
         Ok(admission)
@@ -413,6 +517,23 @@ impl Drop for LostAdmission<'_> {
     }
 }
 
+/// The bucket and concurrency keys of `limit` for `tenant` (see the module docs): the
+/// tenant's hash tag last, the limit's name with its braces (and `%`) escaped.
+fn keys(prefix: &str, limit: &str, tenant: &str) -> (String, String) {
+    let limit = if limit.contains(['{', '}', '%']) {
+        limit
+            .replace('%', "%25")
+            .replace('{', "%7B")
+            .replace('}', "%7D")
+    } else {
+        limit.to_owned()
+    };
+    (
+        format!("{prefix}b:{limit}:{{t:{tenant}}}"),
+        format!("{prefix}c:{limit}:{{t:{tenant}}}"),
+    )
+}
+
 /// The sorted-set member of lease `lease` of store `instance`.
 fn member(instance: u64, lease: u64) -> String {
     format!("{instance:016x}-{lease}")
@@ -424,7 +545,7 @@ fn member(instance: u64, lease: u64) -> String {
 async fn renew_leases(
     held: Weak<Held>,
     instance: u64,
-    conn: ConnectionManager,
+    conn: Conn,
     script: Script,
     lease: Duration,
     timeout: Duration,
@@ -436,13 +557,20 @@ async fn renew_leases(
         let Some(held) = held.upgrade() else {
             return;
         };
-        let slots: Vec<(String, u64)> = held
-            .lock()
-            .iter()
-            .flat_map(|(lease, keys)| keys.iter().map(move |k| (k.clone(), *lease)))
-            .collect();
+        // By tenant: one script call touches the keys of one hash slot (a cluster refuses
+        // keys of several).
+        let mut by_tenant: HashMap<Arc<str>, Vec<(String, u64)>> = HashMap::new();
+        for (lease, (tenant, keys)) in held.lock().iter() {
+            by_tenant
+                .entry(tenant.clone())
+                .or_default()
+                .extend(keys.iter().map(|k| (k.clone(), *lease)));
+        }
         drop(held);
-        for batch in slots.chunks(RENEW_BATCH) {
+        for batch in by_tenant
+            .values()
+            .flat_map(|slots| slots.chunks(RENEW_BATCH))
+        {
             let mut inv = script.prepare_invoke();
             inv.arg(lease_ms);
             for (key, lease) in batch {
@@ -477,7 +605,7 @@ enum Attempt {
 
 /// One try of a settlement: `EVALSHA`, then `EVAL` if the script is not cached.
 async fn settle_once(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     (by_sha, full): &(redis::Cmd, redis::Cmd),
     timeout: Duration,
 ) -> Attempt {
@@ -629,5 +757,63 @@ impl LimitStore for RedisStore {
 
     fn stats(&self) -> &StoreStats {
         &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::{cluster_nodes, keys};
+
+    #[test]
+    fn a_cluster_url_names_its_seed_nodes_with_their_credentials() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://10.0.0.1:7000,10.0.0.2:7001").unwrap(),
+            ["redis://10.0.0.1:7000", "redis://10.0.0.2:7001"]
+        );
+        assert_eq!(
+            cluster_nodes("redis+cluster://app:s3cr@t@r1:6379,r2:6379/0").unwrap(),
+            ["redis://app:s3cr@t@r1:6379", "redis://app:s3cr@t@r2:6379"]
+        );
+        assert_eq!(
+            cluster_nodes("redis+cluster://[::1]:7000/").unwrap(),
+            ["redis://[::1]:7000"]
+        );
+        for (url, why) in [
+            ("redis+cluster://r1:6379/2", "only database 0"),
+            (
+                "redis+cluster://r1,r2:6379",
+                "`r1`: every node is `HOST:PORT`",
+            ),
+            ("redis+cluster://r1:6379,", "every node is `HOST:PORT`"),
+            ("redis+cluster://r1:http", "every node is `HOST:PORT`"),
+            ("redis+cluster://", "every node is `HOST:PORT`"),
+        ] {
+            let e = cluster_nodes(url).unwrap_err();
+            assert!(e.contains(why), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn every_key_of_a_tenant_has_its_hash_tag_and_only_that() {
+        // What Redis Cluster hashes: between the first `{` and the next `}`.
+        fn tag(key: &str) -> &str {
+            let open = key.find('{').unwrap();
+            let close = key[open + 1..].find('}').unwrap() + open + 1;
+            &key[open + 1..close]
+        }
+        for limit in ["ns/p/tpm", "ns/p/{odd}", "ns/p/}x{", "ns/p/%7B"] {
+            let (b, c) = keys("kinf:rl:", limit, "acme");
+            assert_eq!((tag(&b), tag(&c)), ("t:acme", "t:acme"), "{b} {c}");
+        }
+        let (b, c) = keys("kinf:rl:", "ns/p/tpm", "");
+        assert_eq!((tag(&b), tag(&c)), ("t:", "t:"));
+        // Names that differ only by what is escaped stay distinct.
+        assert_ne!(keys("p:", "a{b", "t").0, keys("p:", "a%7Bb", "t").0);
+        assert_eq!(
+            keys("p:", "l", "t"),
+            ("p:b:l:{t:t}".into(), "p:c:l:{t:t}".into())
+        );
     }
 }
