@@ -268,6 +268,9 @@ fn opt_bool(v: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
     }
 }
 
+/// What a completions request without `max_tokens` generates at most (vLLM's default).
+const COMPLETIONS_DEFAULT_MAX_TOKENS: i128 = 16;
+
 /// `max_completion_tokens` (chat), else `max_tokens`, with the name vLLM reports.
 fn requested_max(
     v: &Map<String, Value>,
@@ -477,6 +480,12 @@ fn options(
         }
     };
     let (requested, param) = requested_max(v, kind)?;
+    // vLLM's `CompletionRequest.max_tokens` defaults to 16 (OpenAI's default for completions);
+    // a chat request without a limit may fill the context.
+    let requested = match kind {
+        Kind::Completion => requested.or(Some(COMPLETIONS_DEFAULT_MAX_TOKENS)),
+        Kind::Chat => requested,
+    };
     let max_tokens = s.max_tokens(prompt_len, requested, param)?;
     Ok(Opts {
         model,
