@@ -99,6 +99,10 @@ label_set!(
     ApiLabels { /** API. */ api }
 );
 label_set!(
+    /// `model`.
+    ModelLabels { /** Requested model. */ model }
+);
+label_set!(
     /// `model`, `destination`, `destination_namespace`, `kind`.
     TokenLabels { /** Model sent upstream. */ model, /** Worker set. */ destination, /** Its namespace. */ destination_namespace, /** Token kind. */ kind }
 );
@@ -211,6 +215,7 @@ pub struct Metrics {
     pub(crate) endpoint_running: Family<WorkerEndpointLabels, FGauge>,
     pub(crate) endpoint_load_age: Family<WorkerEndpointLabels, FGauge>,
     pub(crate) endpoint_routable: Family<WorkerEndpointLabels, FGauge>,
+    pub(crate) output_tokens_estimate: Family<ModelLabels, FGauge>,
     pub(crate) classifier_seconds: HistFamily<ClassifierLabels>,
     pub(crate) classifier_failures: Family<ClassifierFailureLabels, Counter>,
     pub(crate) classifier_undeclared_tags: Family<ClassifierLabels, Counter>,
@@ -277,6 +282,7 @@ impl Metrics {
             endpoint_running: Family::default(),
             endpoint_load_age: Family::default(),
             endpoint_routable: Family::default(),
+            output_tokens_estimate: Family::default(),
             classifier_seconds: hist(LATENCY_BUCKETS),
             classifier_failures: Family::default(),
             classifier_undeclared_tags: Family::default(),
@@ -473,6 +479,11 @@ impl Metrics {
             "kinference_endpoint_routable",
             "1 when the endpoint is ready and its metrics are fresh",
             self.endpoint_routable.clone(),
+        );
+        r.register(
+            "kinference_output_tokens_estimate",
+            "Output tokens per sequence expected of a request without max_tokens, learned from the model's answers",
+            self.output_tokens_estimate.clone(),
         );
         r.register(
             "kinference_classifier_seconds",

@@ -88,6 +88,9 @@ pub struct Chosen {
     prediction: Option<kinf_router::PredictionInputs>,
     /// Counts the request in flight at its endpoint until the last clone is dropped.
     inflight: Option<Arc<InFlightTicket>>,
+    /// The request set no `max_tokens`: what it generates, over this many sequences, teaches
+    /// the gateway its model's output length.
+    learn_output: Option<u64>,
 }
 
 /// A request counted in flight at a local endpoint ([`ClusterState::begin_request`]): its
@@ -205,6 +208,21 @@ impl ResponseObservation {
 /// histograms, token counters.
 pub fn report(gw: &Gateway, api: Api, c: &Chosen, o: &ResponseObservation) {
     let m = &gw.metrics;
+    // Only a whole answer with the worker's own count teaches the output length.
+    if let (Some(sequences), Some(u), true) = (c.learn_output, o.usage, o.completed)
+        && (200..300).contains(&o.status)
+    {
+        let l = gw
+            .output_lengths
+            .observe(&c.requested_model, u.output_tokens, sequences);
+        if let Some(n) = l.estimate() {
+            m.output_tokens_estimate
+                .get_or_create(&crate::metrics::ModelLabels {
+                    model: c.requested_model.to_string(),
+                })
+                .set(f64::from(n));
+        }
+    }
     let ep = crate::metrics::EndpointLabels {
         destination: c.destination.to_string(),
         destination_namespace: c.namespace.to_string(),
@@ -504,6 +522,11 @@ pub struct Admitted {
     pub policy: Arc<kinf_lang::CompiledPolicy>,
     /// The token rate limits that apply (the front door's pool).
     pub limiter: Option<Arc<crate::tenants::Limiter>>,
+    /// The request sets no `max_tokens` (a chat or messages request): `request.max_tokens` is
+    /// an estimate, learned from the model's answers ([`OutputLengths`]) once enough are known.
+    ///
+    /// [`OutputLengths`]: super::output_lengths::OutputLengths
+    pub output_estimated: bool,
 }
 
 impl Admitted {
@@ -554,6 +577,23 @@ pub fn admit(
 /// tokenizes. Large bodies are parsed, classified and tokenized on the blocking pool while other
 /// requests are in flight, in place when the request is alone (up to 256 KiB).
 pub async fn admit_async(
+    gw: &Gateway,
+    rt: &Arc<super::runtime::Runtime>,
+    api: Api,
+    headers: &HeaderMap,
+    bytes: Bytes,
+) -> Result<Admitted, ApiError> {
+    let mut a = admit_parsed(gw, rt, api, headers, bytes).await?;
+    if a.output_estimated
+        && let Some(n) = gw.output_lengths.estimate(&a.request.model)
+    {
+        a.request.max_tokens = n;
+    }
+    Ok(a)
+}
+
+/// [`admit_async`] before the learned output estimate.
+async fn admit_parsed(
     gw: &Gateway,
     rt: &Arc<super::runtime::Runtime>,
     api: Api,
@@ -737,12 +777,14 @@ pub fn complete(
             o.remove("continuous_usage_stats");
         }
     }
+    let output_estimated = parsed.max_tokens.is_none() && api != Api::Completions;
     Ok(Admitted {
         parsed,
         request,
         inject_usage,
         policy: rt.applied.policy.clone(),
         limiter: door.limiter.clone(),
+        output_estimated,
     })
 }
 
@@ -1027,8 +1069,9 @@ pub fn plan_with(
             }
             Err(e)
         }
-        (Outcome::Route(_), Some(c)) => {
+        (Outcome::Route(_), Some(mut c)) => {
             gw.metrics.decision(&c.rule, &c.destination, &c.namespace);
+            c.learn_output = a.output_estimated.then(|| a.parsed.sequences());
             Ok(c)
         }
         (Outcome::Route(r), None) => Err(ApiError::new(
@@ -1374,6 +1417,7 @@ fn decide(
                 uncached_tokens,
                 prediction,
                 inflight,
+                learn_output: None,
             }
         });
         (d, chosen)

@@ -9,6 +9,7 @@
 pub mod errors;
 pub mod external;
 pub mod forward;
+pub mod output_lengths;
 pub mod parse;
 pub mod runtime;
 pub mod sse_tap;
@@ -118,6 +119,8 @@ pub struct Gateway {
     /// Shutting down: `/readyz` answers 503 so that load balancers stop sending requests,
     /// while requests still arriving are served.
     draining: std::sync::atomic::AtomicBool,
+    /// What requests without `max_tokens` generate, per model (their estimate once known).
+    pub output_lengths: output_lengths::OutputLengths,
     options: GatewayOptions,
 }
 
@@ -221,6 +224,7 @@ impl Gateway {
                 ),
             ),
             draining: std::sync::atomic::AtomicBool::new(false),
+            output_lengths: output_lengths::OutputLengths::default(),
             options,
         })
     }
