@@ -987,20 +987,8 @@ async fn a_forbidden_secret_is_reported_as_forbidden_not_missing() {
     let (client, mut handle) = mock();
     let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
     list_all(&c, policy(1, "if"));
-    let reading = tokio::spawn({
-        let c = c.clone();
-        async move { c.read_secrets(true).await }
-    });
-    let (_, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
-        .await
-        .expect("a Secret read")
-        .unwrap();
-    send.send_response(api_error(
-        403,
-        "Forbidden",
-        "secrets \"openai-key\" is forbidden",
-    ));
-    reading.await.unwrap();
+    let answer = api_error(403, "Forbidden", "secrets \"openai-key\" is forbidden");
+    read_secrets_answering(&c, &mut handle, answer).await;
     let why = c.with_store(|s| {
         (
             s.secret_state("llm", "openai-key", None),
@@ -1753,26 +1741,33 @@ impl std::io::Write for LogCapture {
 }
 
 impl LogCapture {
+    /// Captures the log lines at `level` and above while the guard lives, as the thread's
+    /// default subscriber (a current-thread runtime: the reading task runs on this thread).
+    fn install(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = LogCapture::default();
+        let sink = logs.clone();
+        let guard = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_writer(move || sink.clone())
+                .with_ansi(false)
+                .with_max_level(level)
+                .finish(),
+        );
+        (logs, guard)
+    }
+
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 }
 
-#[tokio::test]
-async fn a_secret_that_cannot_be_read_again_is_logged_and_its_value_kept() {
-    let logs = LogCapture::default();
-    let sink = logs.clone();
-    // The thread's default (a current-thread runtime: the reading task runs on this thread).
-    let _log = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_writer(move || sink.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .finish(),
-    );
-    let (client, mut handle) = mock();
-    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
-    load(&c, policy(1, "if"));
+/// Reads the referenced Secrets once (`c` references one), the API server answering the read
+/// with `answer`; returns the path read.
+async fn read_secrets_answering(
+    c: &Arc<Controller>,
+    handle: &mut Handle,
+    answer: Response<Body>,
+) -> String {
     let reading = tokio::spawn({
         let c = c.clone();
         async move { c.read_secrets(true).await }
@@ -1781,16 +1776,22 @@ async fn a_secret_that_cannot_be_read_again_is_logged_and_its_value_kept() {
         .await
         .expect("a Secret read")
         .unwrap();
+    send.send_response(answer);
+    reading.await.unwrap();
+    req.uri().path().to_owned()
+}
+
+#[tokio::test]
+async fn a_secret_that_cannot_be_read_again_is_logged_and_its_value_kept() {
+    let (logs, _log) = LogCapture::install(tracing::Level::WARN);
+    let (client, mut handle) = mock();
+    let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
+    load(&c, policy(1, "if"));
+    let answer = api_error(500, "InternalError", "etcdserver: request timed out");
     assert_eq!(
-        req.uri().path(),
+        read_secrets_answering(&c, &mut handle, answer).await,
         "/api/v1/namespaces/llm/secrets/openai-key"
     );
-    send.send_response(api_error(
-        500,
-        "InternalError",
-        "etcdserver: request timed out",
-    ));
-    reading.await.unwrap();
     let text = logs.text();
     let line = text
         .lines()
@@ -1825,15 +1826,7 @@ async fn a_secret_that_cannot_be_read_again_is_logged_and_its_value_kept() {
 /// (every 30 s): again when the error changes, and at `info` when a read succeeds again.
 #[tokio::test]
 async fn a_secret_failing_the_same_way_is_warned_about_once() {
-    let logs = LogCapture::default();
-    let sink = logs.clone();
-    let _log = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_writer(move || sink.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish(),
-    );
+    let (logs, _log) = LogCapture::install(tracing::Level::INFO);
     let (client, mut handle) = mock();
     let c = Controller::new(client, KubeOptions::new(Some("llm".into()), "pod-a"));
     load(&c, policy(1, "if"));
@@ -1850,16 +1843,7 @@ async fn a_secret_failing_the_same_way_is_warned_about_once() {
         "etcdserver: leader changed",
     ];
     for (i, why) in failures.into_iter().enumerate() {
-        let reading = tokio::spawn({
-            let c = c.clone();
-            async move { c.read_secrets(true).await }
-        });
-        let (_, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
-            .await
-            .expect("a Secret read")
-            .unwrap();
-        send.send_response(api_error(500, "InternalError", why));
-        reading.await.unwrap();
+        read_secrets_answering(&c, &mut handle, api_error(500, "InternalError", why)).await;
         let want = if i < 3 { 1 } else { 2 };
         assert_eq!(
             warnings(&logs),
@@ -1877,17 +1861,9 @@ async fn a_secret_failing_the_same_way_is_warned_about_once() {
     }));
     // A read that succeeds again says so, once.
     for _ in 0..2 {
-        let reading = tokio::spawn({
-            let c = c.clone();
-            async move { c.read_secrets(true).await }
-        });
-        let (_, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
-            .await
-            .expect("a Secret read")
-            .unwrap();
         let body = serde_json::to_vec(&secret("openai-key", &[("apiKey", "sk-2")])).unwrap();
-        send.send_response(Response::builder().body(Body::from(body)).unwrap());
-        reading.await.unwrap();
+        let answer = Response::builder().body(Body::from(body)).unwrap();
+        read_secrets_answering(&c, &mut handle, answer).await;
     }
     let text = logs.text();
     let recovered: Vec<&str> = text

@@ -14,31 +14,15 @@ use serde_json::json;
 use support::post_json as post;
 use support::*;
 
-fn config(worker: SocketAddr) -> String {
-    format!(
-        r#"apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: {{ name: tiny, namespace: t }}
-spec:
-  endpoints: ["{worker}"]
-  models: [ {{ name: tiny-llama, aliases: [tiny] }} ]
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: {{ name: pool, namespace: t }}
-spec:
-  destinations: [ {{ kind: InferenceWorkerSet, name: tiny }} ]
----
-apiVersion: kinference.buoyant.io/v1alpha1
+/// A pool-wide token limit over the tiny worker set of [`write_tiny_bundle`].
+const BUDGET: &str = r#"apiVersion: kinference.buoyant.io/v1alpha1
 kind: InferencePolicy
-metadata: {{ name: budgets, namespace: t }}
+metadata: { name: budgets, namespace: t }
 spec:
   limits:
   - name: pool-budget
     tokensPerMinute: 6000000
-"#
-    )
-}
+"#;
 
 /// Sends `body`; its status, the tokens left in the budget once it was admitted, and what it
 /// generated.
@@ -60,7 +44,7 @@ async fn send(addr: SocketAddr, path: &str, body: &serde_json::Value) -> (u16, u
 async fn estimate_metric(addr: SocketAddr) -> Option<f64> {
     let (_, text) = get_text(addr, "/metrics").await;
     text.lines()
-        .find(|l| l.starts_with("kinference_output_tokens_estimate{model=\"tiny\"}"))
+        .find(|l| l.starts_with("kinference_output_tokens_estimate{model=\"tiny-llama\"}"))
         .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
 }
 
@@ -68,9 +52,11 @@ async fn estimate_metric(addr: SocketAddr) -> Option<f64> {
 async fn requests_without_max_tokens_reserve_what_the_model_answers_on_average() {
     let worker = tiny_sim("50", &["--max-model-len", "64"]).await;
     let dir = temp_dir("output-lengths");
-    std::fs::write(dir.join("c.yaml"), config(worker.http)).unwrap();
+    write_tiny_bundle(&dir, &worker.http.to_string(), "");
+    std::fs::write(dir.join("budgets.yaml"), BUDGET).unwrap();
     let (_gw, addr) = gateway(&dir).await;
-    let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]});
+    let chat =
+        json!({"model": "tiny-llama", "messages": [{"role": "user", "content": "hello there"}]});
     // The bucket holds 6,000,000 tokens and refills 100,000 a second: it is full again at the
     // next admission, which then reserves its prompt and its output estimate.
     let capacity = 6_000_000;
@@ -80,7 +66,7 @@ async fn requests_without_max_tokens_reserve_what_the_model_answers_on_average()
         let (s, _, _) = send(
             addr,
             "/v1/chat/completions",
-            &json!({"model": "tiny", "max_tokens": 3,
+            &json!({"model": "tiny-llama", "max_tokens": 3,
                     "messages": [{"role": "user", "content": "hello there"}]}),
         )
         .await;
@@ -111,11 +97,11 @@ async fn requests_without_max_tokens_reserve_what_the_model_answers_on_average()
     assert_eq!(capacity - left, prompt + answered);
     assert_eq!(estimate_metric(addr).await, Some(answered as f64));
     // A completion without `max_tokens` gets vLLM's default of 16, learned nothing from.
-    let prompt_only = json!({"model": "tiny", "prompt": "hello there"});
+    let prompt_only = json!({"model": "tiny-llama", "prompt": "hello there"});
     let (s, left, out) = send(addr, "/v1/completions", &prompt_only).await;
     assert_eq!((s, out), (200, 16));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let explicit = json!({"model": "tiny", "prompt": "hello there", "max_tokens": 16});
+    let explicit = json!({"model": "tiny-llama", "prompt": "hello there", "max_tokens": 16});
     let (s, left_explicit, _) = send(addr, "/v1/completions", &explicit).await;
     assert_eq!((s, left), (200, left_explicit));
 }

@@ -14,7 +14,7 @@ use kinf_handler::tenants::{
 };
 use kinf_lang::compiled::CompiledLimit;
 use kinf_router::usage::TokenUsage;
-use support::redis::{RedisServer, limit, req};
+use support::redis::{RedisServer, limit, req, tokens_and_concurrency};
 
 fn store(server: &RedisServer, mode: FailMode) -> Arc<RedisStore> {
     let mut c = RedisConfig::new(server.url());
@@ -33,21 +33,7 @@ async fn redis_tokens_requests_concurrency() {
         return;
     };
     let st = store(&server, FailMode::Closed);
-    let l = Limiter::new(
-        &[
-            Arc::new(CompiledLimit {
-                tokens_per_minute: Some(6000),
-                requests_per_minute: Some(100),
-                ..limit("p/tpm")
-            }),
-            Arc::new(CompiledLimit {
-                concurrent_requests: Some(2),
-                when_exceeded: Default::default(),
-                ..limit("p/conc")
-            }),
-        ],
-        st.clone(),
-    );
+    let l = Limiter::new(&tokens_and_concurrency(), st.clone());
     let r1 = l
         .admit(
             &req("a", 4000, 1000),

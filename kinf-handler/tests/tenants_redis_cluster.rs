@@ -18,8 +18,7 @@ use kinf_handler::tenants::store::BudgetKind;
 use kinf_handler::tenants::{
     FailMode, LimitError, Limiter, RedisConfig, RedisStore, TokenEstimate, store_from_flags,
 };
-use kinf_lang::compiled::CompiledLimit;
-use support::redis::{limit, redis_installed, req};
+use support::redis::{redis_installed, req, tokens_and_concurrency};
 
 /// Three cluster-mode masters sharing the 16,384 slots, killed on drop.
 struct Cluster {
@@ -126,26 +125,14 @@ impl Drop for Cluster {
     }
 }
 
-fn limits() -> Vec<Arc<CompiledLimit>> {
-    vec![
-        Arc::new(CompiledLimit {
-            tokens_per_minute: Some(6000),
-            requests_per_minute: Some(100),
-            ..limit("p/tpm")
-        }),
-        Arc::new(CompiledLimit {
-            concurrent_requests: Some(2),
-            when_exceeded: Default::default(),
-            ..limit("p/conc")
-        }),
-    ]
-}
-
 fn replica(cluster: &Cluster, lease: Duration) -> Limiter {
     let mut c = RedisConfig::new(cluster.url());
     c.key_prefix = "test:cl:".into();
     c.lease = lease;
-    Limiter::new(&limits(), Arc::new(RedisStore::new(c).unwrap()))
+    Limiter::new(
+        &tokens_and_concurrency(),
+        Arc::new(RedisStore::new(c).unwrap()),
+    )
 }
 
 fn estimate(prompt: u64, output: u64) -> TokenEstimate {
@@ -234,7 +221,7 @@ async fn the_server_flag_takes_a_cluster_url_and_refuses_a_prefix_with_a_hash_ta
         return;
     };
     let store = store_from_flags(&cluster.url(), FailMode::Closed, Some("flag:")).unwrap();
-    let l = Limiter::new(&limits(), store);
+    let l = Limiter::new(&tokens_and_concurrency(), store);
     let r = l
         .admit(&req("x", 100, 100), estimate(100, 100))
         .await

@@ -130,6 +130,22 @@ pub fn limit(name: &str) -> CompiledLimit {
     }
 }
 
+/// `p/tpm` (6,000 tokens and 100 requests a minute) and `p/conc` (2 in flight).
+pub fn tokens_and_concurrency() -> Vec<std::sync::Arc<CompiledLimit>> {
+    vec![
+        std::sync::Arc::new(CompiledLimit {
+            tokens_per_minute: Some(6000),
+            requests_per_minute: Some(100),
+            ..limit("p/tpm")
+        }),
+        std::sync::Arc::new(CompiledLimit {
+            concurrent_requests: Some(2),
+            when_exceeded: Default::default(),
+            ..limit("p/conc")
+        }),
+    ]
+}
+
 /// A request of `tenant` for model `qwen`.
 pub fn req(tenant: &str, prompt: u32, max_tokens: u32) -> Request {
     let mut r = Request::new("qwen", prompt);
