@@ -96,6 +96,28 @@ async fn requests_without_max_tokens_reserve_what_the_model_answers_on_average()
     assert_eq!(s, 200);
     assert_eq!(capacity - left, prompt + answered);
     assert_eq!(estimate_metric(addr).await, Some(answered as f64));
+    let (_, status) = get_text(addr, "/admin/status").await;
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let learned = &status["outputEstimates"];
+    assert_eq!(learned.as_array().map(Vec::len), Some(1), "{status}");
+    assert_eq!(
+        (
+            &learned[0]["model"],
+            &learned[0]["meanOutputTokens"],
+            &learned[0]["estimate"]
+        ),
+        (
+            &json!("tiny-llama"),
+            &json!(answered as f64),
+            &json!(answered)
+        ),
+        "{status}"
+    );
+    // The 21st answer may have been learned by now.
+    assert!(
+        matches!(learned[0]["observations"].as_u64(), Some(20 | 21)),
+        "{status}"
+    );
     // A completion without `max_tokens` gets vLLM's default of 16, learned nothing from.
     let prompt_only = json!({"model": "tiny-llama", "prompt": "hello there"});
     let (s, left, out) = send(addr, "/v1/completions", &prompt_only).await;

@@ -998,6 +998,12 @@ async fn admin_status(State(gw): State<Arc<Gateway>>) -> Response {
             v.into_iter().map(str::to_owned).collect::<Vec<_>>()
         }).unwrap_or_default(),
         "endpoints": endpoints,
+        "outputEstimates": gw.output_lengths.snapshot().into_iter().map(|(model, l)| json!({
+            "model": &*model,
+            "meanOutputTokens": l.mean,
+            "observations": l.observations,
+            "estimate": l.estimate(),
+        })).collect::<Vec<_>>(),
         "ingestion": gw.live.load_full().map(|l| l.status_json()),
         "kubernetes": gw.controller.get().map(|c| c.status_json()),
     });
