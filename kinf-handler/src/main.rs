@@ -80,8 +80,9 @@ struct ServeArgs {
     #[arg(long, default_value = "600s", value_parser = parse_positive_duration)]
     upstream_timeout: Duration,
     /// Token-rate-limit store: `memory` (one replica), or Redis shared by replicas:
-    /// `redis://[USER][:PASS@]HOST[:PORT][/DB]`, `redis+unix:///PATH?db=N`, or a Redis Cluster,
-    /// `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...]` (no TLS). A URL
+    /// `redis://[USER][:PASS@]HOST[:PORT][/DB]` (`rediss://` over TLS), `redis+unix:///PATH?db=N`,
+    /// or a Redis Cluster, `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...]`
+    /// (`rediss+cluster://` over TLS). A URL
     /// with a password is better given in `KINF_LIMITER_STORE`, which `ps` does not show.
     #[arg(
         long,
@@ -96,6 +97,10 @@ struct ServeArgs {
     /// Prefix of the limiter's Redis keys (several gateways can share one Redis).
     #[arg(long, default_value = "kinf:rl:")]
     limiter_key_prefix: String,
+    /// PEM file of the certificate authorities that sign the Redis servers' TLS certificates,
+    /// for a `rediss://` or `rediss+cluster://` store (default: the system's trust store).
+    #[arg(long, value_name = "FILE")]
+    limiter_tls_ca: Option<PathBuf>,
     /// YAML file of service objectives whose attainment is exported (docs/reference/metrics.md).
     #[arg(long)]
     slo_file: Option<PathBuf>,
@@ -155,6 +160,7 @@ impl ServeArgs {
             reload_interval: self.reload_interval,
             upstream_timeout: self.upstream_timeout,
             limiter_store: self.limiter_store.clone(),
+            limiter_tls_ca: self.limiter_tls_ca.clone(),
             limiter_fail_mode: if self.limiter_fail_mode == "open" {
                 kinf_handler::tenants::FailMode::Open
             } else {

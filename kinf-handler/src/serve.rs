@@ -27,8 +27,11 @@ pub struct ServeOptions {
     pub reload_interval: Duration,
     /// Longest wait for an upstream's response headers.
     pub upstream_timeout: Duration,
-    /// Token-rate-limit store: `memory` or a `redis://HOST:PORT/DB` URL.
+    /// Token-rate-limit store: `memory` or a Redis URL (`redis://HOST:PORT/DB`, ...).
     pub limiter_store: String,
+    /// PEM file of the authorities that sign the Redis servers' TLS certificates (`rediss`
+    /// URLs); `None`: the system's trust store.
+    pub limiter_tls_ca: Option<PathBuf>,
     /// What a Redis limiter does when Redis is unreachable.
     pub limiter_fail_mode: crate::tenants::FailMode,
     /// Prefix of the limiter's Redis keys (`None`: `kinf:rl:`).
@@ -120,10 +123,17 @@ pub fn watch_directory(
 /// Runs the server until SIGINT/SIGTERM.
 pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result<()> {
     let base_dir = config_dir::base_dir(&opts.config);
-    let limit_store = crate::tenants::store_from_flags(
+    let tls_ca = match &opts.limiter_tls_ca {
+        Some(path) => Some(std::fs::read(path).map_err(|e| {
+            std::io::Error::other(format!("--limiter-tls-ca {}: {e}", path.display()))
+        })?),
+        None => None,
+    };
+    let limit_store = crate::tenants::store_from_flags_with_ca(
         &opts.limiter_store,
         opts.limiter_fail_mode,
         opts.limiter_key_prefix.as_deref(),
+        tls_ca,
     )
     .map_err(std::io::Error::other)?;
     let gw = Gateway::new(GatewayOptions {

@@ -13,45 +13,78 @@ pub use limiter::{
     LimitError, LimitExceeded, Limiter, RateLimitHeaders, Reservation, TokenEstimate, format_reset,
 };
 pub use memory::MemoryStore;
-pub use redis_store::{CLUSTER_SCHEME, RedisConfig, RedisStore, cluster_nodes};
+pub use redis_store::{CLUSTER_SCHEME, RedisConfig, RedisStore, TLS_CLUSTER_SCHEME, cluster_nodes};
 pub use store::{FailMode, LimitStore, StoreStats, StoreStatsSnapshot};
 
-/// The store named by the server flags: `memory`, or a `redis://`, `redis+unix://` or
-/// `redis+cluster://` URL with `fail_mode` and `key_prefix` (`None`: `kinf:rl:`); `rediss://`
-/// is refused (no TLS). A Redis store must be built inside a Tokio runtime; it connects lazily,
-/// so Redis being down at startup is not an error (the fail mode applies).
+/// The store named by the server flags: `memory`, or a `redis://`, `rediss://`,
+/// `redis+unix://`, `redis+cluster://` or `rediss+cluster://` URL with `fail_mode` and
+/// `key_prefix` (`None`: `kinf:rl:`). A Redis store must be built inside a Tokio runtime; it
+/// connects lazily, so Redis being down at startup is not an error (the fail mode applies).
 pub fn store_from_flags(
     store: &str,
     fail_mode: FailMode,
     key_prefix: Option<&str>,
 ) -> Result<std::sync::Arc<dyn LimitStore>, String> {
+    store_from_flags_with_ca(store, fail_mode, key_prefix, None)
+}
+
+/// [`store_from_flags`], with the PEM certificates of the authorities that sign the Redis
+/// servers' TLS certificates (`--limiter-tls-ca`; `None`: the system's trust store). A CA
+/// with a URL that is not TLS is refused: it would silently not be used.
+pub fn store_from_flags_with_ca(
+    store: &str,
+    fail_mode: FailMode,
+    key_prefix: Option<&str>,
+    tls_ca: Option<Vec<u8>>,
+) -> Result<std::sync::Arc<dyn LimitStore>, String> {
     if store == "memory" {
+        if tls_ca.is_some() {
+            return Err("--limiter-tls-ca is for a `rediss://` store, not `memory`".into());
+        }
         return Ok(std::sync::Arc::new(MemoryStore::new()));
     }
-    if store.starts_with("rediss://") {
-        return Err(
-            "--limiter-store: `rediss://` (Redis over TLS) is not supported by this build; use \
-             `redis://` on a network you trust, or `redis+unix:///PATH` beside the gateway"
-                .into(),
-        );
-    }
-    if store.starts_with("redis://")
-        || store.starts_with("redis+unix://")
-        || store.starts_with(redis_store::CLUSTER_SCHEME)
-    {
+    let redis = ["redis://", "redis+unix://", redis_store::CLUSTER_SCHEME];
+    let tls = ["rediss://", redis_store::TLS_CLUSTER_SCHEME];
+    let is = |schemes: &[&str]| schemes.iter().any(|s| store.starts_with(s));
+    if is(&redis) || is(&tls) {
+        if tls_ca.is_some() && !is(&tls) {
+            return Err(format!(
+                "--limiter-tls-ca is for TLS: use `rediss://` or `rediss+cluster://`, not `{}`",
+                redact_url(store)
+            ));
+        }
+        if let Some(pem) = &tls_ca {
+            check_ca_pem(pem)?;
+        }
         let mut cfg = RedisConfig::new(store);
         cfg.fail_mode = fail_mode;
+        cfg.tls_ca = tls_ca;
         if let Some(p) = key_prefix {
             cfg.key_prefix = p.to_string();
         }
         return Ok(std::sync::Arc::new(RedisStore::new(cfg)?));
     }
     Err(format!(
-        "--limiter-store: expected `memory`, `redis://[USER][:PASS@]HOST[:PORT][/DB]`, \
-         `redis+unix:///PATH?db=N` or `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...]`, \
+        "--limiter-store: expected `memory`, `redis://[USER][:PASS@]HOST[:PORT][/DB]` \
+         (`rediss://` over TLS), `redis+unix:///PATH?db=N` or \
+         `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...]` (`rediss+cluster://` over TLS), \
          got `{}`",
         redact_url(store)
     ))
+}
+
+/// Refuses a `--limiter-tls-ca` file with no PEM certificate in it (a key, a DER file, an
+/// empty file): the TLS handshake would otherwise fail later, on every admission.
+fn check_ca_pem(pem: &[u8]) -> Result<(), String> {
+    let text = String::from_utf8_lossy(pem);
+    if text.contains("-----BEGIN CERTIFICATE-----") && text.contains("-----END CERTIFICATE-----") {
+        Ok(())
+    } else {
+        Err(
+            "--limiter-tls-ca: no PEM certificate (`-----BEGIN CERTIFICATE-----`) in the file"
+                .into(),
+        )
+    }
 }
 
 /// `url` with the credentials between `://` and the host's `@` (and a `pass=` query

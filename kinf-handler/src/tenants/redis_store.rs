@@ -30,9 +30,13 @@ use super::store::{
 /// Settings of a [`RedisStore`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct RedisConfig {
-    /// `redis://HOST:PORT/DB` (or `redis+unix:///PATH?db=N`), or
-    /// `redis+cluster://HOST:PORT[,HOST:PORT...]` for a Redis Cluster (see [`cluster_nodes`]).
+    /// `redis://HOST:PORT/DB` (`rediss://` over TLS, or `redis+unix:///PATH?db=N`), or
+    /// `redis+cluster://HOST:PORT[,HOST:PORT...]` for a Redis Cluster (`rediss+cluster://` over
+    /// TLS; see [`cluster_nodes`]).
     pub url: String,
+    /// PEM certificates of the authorities that sign the servers' TLS certificates (`rediss`
+    /// URLs); `None`: the system's trust store.
+    pub tls_ca: Option<Vec<u8>>,
     /// Prefix of every key (`kinf:rl:` by default).
     pub key_prefix: String,
     /// What to do when Redis cannot be reached.
@@ -52,6 +56,7 @@ impl RedisConfig {
     pub fn new(url: impl Into<String>) -> Self {
         RedisConfig {
             url: url.into(),
+            tls_ca: None,
             key_prefix: "kinf:rl:".into(),
             fail_mode: FailMode::Closed,
             timeout: Duration::from_millis(250),
@@ -257,14 +262,23 @@ impl redis::aio::ConnectionLike for Conn {
 
 /// The scheme of a Redis Cluster's URL.
 pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+/// The scheme of a Redis Cluster's URL over TLS.
+pub const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
 
 /// The seed nodes of a `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...][/0]` URL, as
 /// `redis://` URLs with the credentials of each (the client learns the other nodes from
-/// them). A cluster has only database 0: another is an error, as is a node without a port.
+/// them); of a `rediss+cluster://` URL, as `rediss://` URLs. A cluster has only database 0:
+/// another is an error, as is a node without a port.
 pub fn cluster_nodes(url: &str) -> Result<Vec<String>, String> {
-    let rest = url
-        .strip_prefix(CLUSTER_SCHEME)
-        .ok_or_else(|| format!("not a `{CLUSTER_SCHEME}` URL"))?;
+    let (scheme, rest) = if let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) {
+        ("redis", rest)
+    } else if let Some(rest) = url.strip_prefix(TLS_CLUSTER_SCHEME) {
+        ("rediss", rest)
+    } else {
+        return Err(format!(
+            "not a `{CLUSTER_SCHEME}` or `{TLS_CLUSTER_SCHEME}` URL"
+        ));
+    };
     let (authority, path) = match rest.find(['/', '?', '#']) {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
@@ -289,7 +303,7 @@ pub fn cluster_nodes(url: &str) -> Result<Vec<String>, String> {
                 "`{host}`: every node is `HOST:PORT` (nodes separated by `,`)"
             ));
         }
-        nodes.push(format!("redis://{credentials}{host}"));
+        nodes.push(format!("{scheme}://{credentials}{host}"));
     }
     Ok(nodes)
 }
@@ -328,7 +342,14 @@ impl RedisStore {
                 super::redact_url(&config.url)
             )
         };
-        let conn = if config.url.starts_with(CLUSTER_SCHEME) {
+        let certs = || redis::TlsCertificates {
+            client_tls: None,
+            root_cert: config.tls_ca.clone(),
+        };
+        let tls = config.url.starts_with("rediss");
+        let conn = if config.url.starts_with(CLUSTER_SCHEME)
+            || config.url.starts_with(TLS_CLUSTER_SCHEME)
+        {
             if config.key_prefix.contains(['{', '}']) {
                 return Err(format!(
                     "key prefix `{}`: `{{` and `}}` are not allowed with a Redis Cluster (they \
@@ -337,17 +358,24 @@ impl RedisStore {
                 ));
             }
             let nodes = cluster_nodes(&config.url).map_err(|e| invalid(&e))?;
-            let client = redis::cluster::ClusterClient::builder(nodes)
+            let mut builder = redis::cluster::ClusterClient::builder(nodes)
                 .retries(1)
-                .max_retry_wait(500)
-                .build()
-                .map_err(|e| invalid(&e))?;
+                .max_retry_wait(500);
+            if tls && config.tls_ca.is_some() {
+                builder = builder.certs(certs());
+            }
+            let client = builder.build().map_err(|e| invalid(&e))?;
             let cc = redis::cluster::ClusterConfig::new()
                 .set_connection_timeout(config.timeout)
                 .set_response_timeout(config.timeout);
             Conn::Cluster(client.get_pending_async_connection_with_config(cc))
         } else {
-            let client = redis::Client::open(config.url.as_str()).map_err(|e| invalid(&e))?;
+            let client = if tls && config.tls_ca.is_some() {
+                redis::Client::build_with_tls(config.url.as_str(), certs())
+            } else {
+                redis::Client::open(config.url.as_str())
+            }
+            .map_err(|e| invalid(&e))?;
             let mc = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(config.timeout))
                 .set_response_timeout(Some(config.timeout))
@@ -779,6 +807,10 @@ mod tests {
         assert_eq!(
             cluster_nodes("redis+cluster://[::1]:7000/").unwrap(),
             ["redis://[::1]:7000"]
+        );
+        assert_eq!(
+            cluster_nodes("rediss+cluster://:pw@r1:6380,r2:6380").unwrap(),
+            ["rediss://:pw@r1:6380", "rediss://:pw@r2:6380"]
         );
         for (url, why) in [
             ("redis+cluster://r1:6379/2", "only database 0"),
