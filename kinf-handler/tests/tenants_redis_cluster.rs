@@ -23,6 +23,8 @@ use support::redis::{redis_installed, req, tokens_and_concurrency};
 /// Three cluster-mode masters sharing the 16,384 slots, killed on drop.
 struct Cluster {
     children: Vec<Child>,
+    /// Each node's `redis-server` arguments (to restart it as it was).
+    args: Vec<Vec<String>>,
     ports: Vec<u16>,
     dir: PathBuf,
     /// With TLS (clients and the cluster bus): the nodes' certificate, their own CA (PEM).
@@ -83,6 +85,7 @@ impl Cluster {
         });
         let mut c = Cluster {
             children: Vec::new(),
+            args: Vec::new(),
             ports: Vec::new(),
             dir,
             ca,
@@ -113,29 +116,30 @@ impl Cluster {
             } else {
                 ["--tls-port", "0", "--port"]
             };
-            let child = Command::new("redis-server")
-                .args(ports)
-                .arg(port.to_string())
-                .args(["--bind", "127.0.0.1"])
-                .args(&tls_args)
-                .args(["--save", "", "--appendonly", "no"])
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-                .args(["--dir", c.dir.to_str().unwrap()])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            c.children.push(child);
+            let mut args: Vec<String> = ports.map(str::to_owned).to_vec();
+            args.push(port.to_string());
+            args.extend(tls_args.iter().cloned());
+            for a in [
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &format!("nodes-{port}.conf"),
+                "--dir",
+                c.dir.to_str().unwrap(),
+            ] {
+                args.push(a.to_owned());
+            }
+            c.children.push(spawn_node(&args));
+            c.args.push(args);
             c.ports.push(port);
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for &p in &c.ports {
-            while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
-                assert!(Instant::now() < deadline, "redis-server did not start");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        c.wait_listening();
         let nodes: Vec<String> = c.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let mut args = vec!["--cluster", "create"];
         args.extend(nodes.iter().map(String::as_str));
@@ -153,6 +157,39 @@ impl Cluster {
             }
         }
         Some(c)
+    }
+
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for &p in &self.ports {
+            while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
+                assert!(Instant::now() < deadline, "redis-server did not start");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Kills every node (their cluster configuration stays in their `nodes-PORT.conf`).
+    fn stop_all(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts every node again as it was, and waits for the cluster to be up.
+    fn restart_all(&mut self) {
+        self.children = self.args.iter().map(|a| spawn_node(a)).collect();
+        self.wait_listening();
+        let tls_dir = self.ca.as_ref().map(|_| self.dir.clone());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for &p in &self.ports {
+            while !cli_tls(tls_dir.as_deref(), p, &["cluster", "info"]).contains("cluster_state:ok")
+            {
+                assert!(Instant::now() < deadline, "the cluster did not come back");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
 
     /// The URL naming only the first node: the client learns the others from it.
@@ -174,6 +211,15 @@ impl Cluster {
             })
             .collect()
     }
+}
+
+fn spawn_node(args: &[String]) -> Child {
+    Command::new("redis-server")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
 }
 
 impl Drop for Cluster {
@@ -376,4 +422,34 @@ async fn a_cluster_over_tls_shares_budgets() {
         untrusting.admit(&req("x", 1, 1), estimate(1, 1)).await,
         Err(LimitError::Unavailable(_))
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_resume_when_the_whole_cluster_comes_back() {
+    let Some(mut cluster) = Cluster::start("cluster-back") else {
+        return;
+    };
+    let r = replica(&cluster, Duration::from_secs(60));
+    drop(r.admit(&req("t", 10, 10), estimate(10, 10)).await.unwrap());
+    cluster.stop_all();
+    assert!(matches!(
+        r.admit(&req("t", 10, 10), estimate(10, 10)).await,
+        Err(LimitError::Unavailable(_))
+    ));
+    cluster.restart_all();
+    // The same store (no restart of the gateway) reconnects.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut tenants = (0..12).map(|i| format!("back-{i}")).cycle();
+    let mut served = 0;
+    while served < 12 {
+        let t = tenants.next().unwrap();
+        match r.admit(&req(&t, 10, 10), estimate(10, 10)).await {
+            Ok(_) => served += 1,
+            Err(e) => {
+                served = 0;
+                assert!(Instant::now() < deadline, "not back: {e:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
 }
