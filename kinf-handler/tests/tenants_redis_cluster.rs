@@ -340,7 +340,10 @@ async fn the_server_flag_takes_a_cluster_url_and_refuses_a_prefix_with_a_hash_ta
     let e = store_from_flags(&cluster.url(), FailMode::Closed, Some("kinf{x}:"))
         .err()
         .unwrap();
-    assert!(e.contains("`{` and `}` are not allowed"), "{e}");
+    assert!(
+        e.contains("--limiter-key-prefix `kinf{x}:`: `{` and `}` are not allowed"),
+        "{e}"
+    );
     let e = store_from_flags("redis+cluster://127.0.0.1:1/3", FailMode::Closed, None)
         .err()
         .unwrap();

@@ -56,6 +56,13 @@ pub fn store_from_flags_with_ca(
         if let Some(pem) = &tls_ca {
             check_ca_pem(pem)?;
         }
+        let cluster = [redis_store::CLUSTER_SCHEME, redis_store::TLS_CLUSTER_SCHEME];
+        if let Some(p) = key_prefix.filter(|p| is(&cluster) && p.contains(['{', '}'])) {
+            return Err(format!(
+                "--limiter-key-prefix `{p}`: `{{` and `}}` are not allowed with a Redis Cluster \
+                 (they would make a hash tag of the prefix)"
+            ));
+        }
         let mut cfg = RedisConfig::new(store);
         cfg.fail_mode = fail_mode;
         cfg.tls_ca = tls_ca;

@@ -6,12 +6,14 @@
 //! request buckets (`tl`/`ta`: level and time in ms, `rl`/`ra` likewise), and
 //! `{prefix}c:{limit}:{t:{tenant}}`, a sorted set of the requests in flight scored by their
 //! lease's expiry (a replica that dies without releasing leaks a slot only until then). Both
-//! expire when idle. `{t:TENANT}` is a Redis Cluster hash tag: every key of one tenant is in one
-//! hash slot, so an admission's script (which reads and writes all the keys of one request's
-//! tenant) runs on one node of a cluster (`redis+cluster://`). `{`, `}` and `%` in a limit's
-//! name are written `%7B`, `%7D` and `%25`, so that only the tenant's tag is a tag. While a request is in flight its replica renews its lease every third of the lease, so
-//! a request longer than the lease keeps its slot, and a replica that dies leaks its slots for
-//! one lease at most.
+//! expire when idle. While a request is in flight its replica renews its lease every third of
+//! the lease, so a request longer than the lease keeps its slot, and a replica that dies leaks
+//! its slots for one lease at most.
+//!
+//! `{t:TENANT}` is a Redis Cluster hash tag: every key of one tenant is in one hash slot, so an
+//! admission's script (which reads and writes all the keys of one request's tenant) runs on one
+//! node of a cluster (`redis+cluster://`). `{`, `}` and `%` in a limit's name are written
+//! `%7B`, `%7D` and `%25`, so that only the tenant's tag is a tag.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
