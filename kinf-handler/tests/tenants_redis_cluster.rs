@@ -18,7 +18,7 @@ use kinf_handler::tenants::store::BudgetKind;
 use kinf_handler::tenants::{
     FailMode, LimitError, Limiter, RedisConfig, RedisStore, TokenEstimate, store_from_flags,
 };
-use support::redis::{redis_installed, req, tokens_and_concurrency};
+use support::redis::{redis_installed, req, tokens_and_concurrency, wait_listening};
 
 /// Three cluster-mode masters sharing the 16,384 slots, killed on drop.
 struct Cluster {
@@ -139,7 +139,7 @@ impl Cluster {
             c.args.push(args);
             c.ports.push(port);
         }
-        c.wait_listening();
+        wait_listening(&c.ports);
         let nodes: Vec<String> = c.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let mut args = vec!["--cluster", "create"];
         args.extend(nodes.iter().map(String::as_str));
@@ -159,16 +159,6 @@ impl Cluster {
         Some(c)
     }
 
-    fn wait_listening(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for &p in &self.ports {
-            while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
-                assert!(Instant::now() < deadline, "redis-server did not start");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-
     /// Kills every node (their cluster configuration stays in their `nodes-PORT.conf`).
     fn stop_all(&mut self) {
         for c in &mut self.children {
@@ -180,7 +170,7 @@ impl Cluster {
     /// Starts every node again as it was, and waits for the cluster to be up.
     fn restart_all(&mut self) {
         self.children = self.args.iter().map(|a| spawn_node(a)).collect();
-        self.wait_listening();
+        wait_listening(&self.ports);
         let tls_dir = self.ca.as_ref().map(|_| self.dir.clone());
         let deadline = Instant::now() + Duration::from_secs(30);
         for &p in &self.ports {
@@ -247,17 +237,15 @@ fn estimate(prompt: u64, output: u64) -> TokenEstimate {
     TokenEstimate { prompt, output }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_share_budgets_in_a_cluster_across_its_nodes() {
-    let Some(cluster) = Cluster::start("cluster-budgets") else {
-        return;
-    };
+/// Two replicas share the budgets of 12 tenants (`{name}-0` …) on `cluster`, whose keys
+/// spread over its nodes.
+async fn replicas_share_budgets(cluster: &Cluster, name: &str) {
     let (r1, r2) = (
-        replica(&cluster, Duration::from_secs(60)),
-        replica(&cluster, Duration::from_secs(60)),
+        replica(cluster, Duration::from_secs(60)),
+        replica(cluster, Duration::from_secs(60)),
     );
     // Enough tenants that their hash tags fall on more than one node.
-    let tenants: Vec<String> = (0..12).map(|i| format!("tenant-{i}")).collect();
+    let tenants: Vec<String> = (0..12).map(|i| format!("{name}-{i}")).collect();
     for t in &tenants {
         // Replica 1 takes 4,000 of the tenant's 6,000 tokens; replica 2 sees what is left.
         let a = r1.admit(&req(t, 3000, 1000), estimate(3000, 1000)).await;
@@ -292,6 +280,14 @@ async fn replicas_share_budgets_in_a_cluster_across_its_nodes() {
         per_node.iter().filter(|&&n| n > 0).count() >= 2,
         "the tenants' keys are spread over the nodes: {per_node:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_budgets_in_a_cluster_across_its_nodes() {
+    let Some(cluster) = Cluster::start("cluster-budgets") else {
+        return;
+    };
+    replicas_share_budgets(&cluster, "tenant").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -392,28 +388,7 @@ async fn a_cluster_over_tls_shares_budgets() {
     let Some(cluster) = Cluster::start_with("cluster-tls", true) else {
         return;
     };
-    let (r1, r2) = (
-        replica(&cluster, Duration::from_secs(60)),
-        replica(&cluster, Duration::from_secs(60)),
-    );
-    let tenants: Vec<String> = (0..12).map(|i| format!("secure-{i}")).collect();
-    for t in &tenants {
-        let a = r1.admit(&req(t, 3000, 1000), estimate(3000, 1000)).await;
-        let a = a.unwrap_or_else(|e| panic!("{t}: {e:?}"));
-        assert_eq!(a.headers().tokens.unwrap().remaining, 2000, "{t}");
-        let b = r2
-            .admit(&req(t, 1500, 500), estimate(1500, 500))
-            .await
-            .unwrap();
-        // What refilled since (100 tokens a second) is left too.
-        let left = b.headers().tokens.unwrap().remaining;
-        assert!(left < 100, "{t}: {left}");
-    }
-    let per_node = cluster.keys_per_node();
-    assert!(
-        per_node.iter().filter(|&&n| n > 0).count() >= 2,
-        "{per_node:?}"
-    );
+    replicas_share_budgets(&cluster, "secure").await;
     // Without the CA the handshake fails: closed.
     let mut c = RedisConfig::new(cluster.url());
     c.key_prefix = "test:cl:".into();

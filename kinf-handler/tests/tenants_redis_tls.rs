@@ -8,7 +8,6 @@
 
 mod support;
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,7 +15,7 @@ use std::time::{Duration, Instant};
 use kinf_handler::tenants::{
     FailMode, LimitError, Limiter, TokenEstimate, store_from_flags_with_ca,
 };
-use support::redis::{redis_installed, req, tokens_and_concurrency};
+use support::redis::{free_port, redis_installed, req, tokens_and_concurrency, wait_listening};
 
 /// `redis-server` listening with TLS only, its certificate self-signed for `localhost`.
 struct TlsRedis {
@@ -32,11 +31,7 @@ impl TlsRedis {
         if !redis_installed() {
             return None;
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("kinf-redis-tls-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -57,11 +52,7 @@ impl TlsRedis {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_listening(&[port]);
         Some(TlsRedis {
             child,
             port,

@@ -40,6 +40,26 @@ pub fn redis_installed() -> bool {
     found
 }
 
+/// A port free on 127.0.0.1 now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (10 s at most) until every one of `ports` accepts connections.
+pub fn wait_listening(ports: &[u16]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for &p in ports {
+        while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 impl RedisServer {
     /// `redis-server` on a free port, with its RDB file in a directory of its own (so that a
     /// restart after `SAVE` finds the same data), or `None` when it is not installed.
@@ -47,11 +67,7 @@ impl RedisServer {
         if !redis_installed() {
             return None;
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(format!("kinf-{name}-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut s = RedisServer {
@@ -83,11 +99,7 @@ impl RedisServer {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_listening(&[self.port]);
     }
 
     pub fn url(&self) -> String {
