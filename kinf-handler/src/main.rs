@@ -101,6 +101,13 @@ struct ServeArgs {
     /// for a `rediss://` or `rediss+cluster://` store (default: the system's trust store).
     #[arg(long, value_name = "FILE")]
     limiter_tls_ca: Option<PathBuf>,
+    /// PEM file of the client certificate (chain) presented to Redis over TLS, for servers that
+    /// ask for one; needs --limiter-tls-key.
+    #[arg(long, value_name = "FILE", requires = "limiter_tls_key")]
+    limiter_tls_cert: Option<PathBuf>,
+    /// PEM file of the private key of --limiter-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "limiter_tls_cert")]
+    limiter_tls_key: Option<PathBuf>,
     /// YAML file of service objectives whose attainment is exported (docs/reference/metrics.md).
     #[arg(long)]
     slo_file: Option<PathBuf>,
@@ -161,6 +168,10 @@ impl ServeArgs {
             upstream_timeout: self.upstream_timeout,
             limiter_store: self.limiter_store.clone(),
             limiter_tls_ca: self.limiter_tls_ca.clone(),
+            limiter_tls_client: self
+                .limiter_tls_cert
+                .clone()
+                .zip(self.limiter_tls_key.clone()),
             limiter_fail_mode: if self.limiter_fail_mode == "open" {
                 kinf_handler::tenants::FailMode::Open
             } else {

@@ -32,6 +32,8 @@ pub struct ServeOptions {
     /// PEM file of the authorities that sign the Redis servers' TLS certificates (`rediss`
     /// URLs); `None`: the system's trust store.
     pub limiter_tls_ca: Option<PathBuf>,
+    /// PEM files of the client certificate chain and key presented to Redis over TLS.
+    pub limiter_tls_client: Option<(PathBuf, PathBuf)>,
     /// What a Redis limiter does when Redis is unreachable.
     pub limiter_fail_mode: crate::tenants::FailMode,
     /// Prefix of the limiter's Redis keys (`None`: `kinf:rl:`).
@@ -123,17 +125,28 @@ pub fn watch_directory(
 /// Runs the server until SIGINT/SIGTERM.
 pub async fn serve(opts: ServeOptions, on_applied: OnApplied) -> std::io::Result<()> {
     let base_dir = config_dir::base_dir(&opts.config);
-    let tls_ca = match &opts.limiter_tls_ca {
-        Some(path) => Some(std::fs::read(path).map_err(|e| {
-            std::io::Error::other(format!("--limiter-tls-ca {}: {e}", path.display()))
-        })?),
-        None => None,
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read(path)
+            .map_err(|e| std::io::Error::other(format!("{flag} {}: {e}", path.display())))
     };
-    let limit_store = crate::tenants::store_from_flags_with_ca(
+    let tls = crate::tenants::RedisTls {
+        ca: match &opts.limiter_tls_ca {
+            Some(path) => Some(read("--limiter-tls-ca", path)?),
+            None => None,
+        },
+        client: match &opts.limiter_tls_client {
+            Some((cert, key)) => Some((
+                read("--limiter-tls-cert", cert)?,
+                read("--limiter-tls-key", key)?,
+            )),
+            None => None,
+        },
+    };
+    let limit_store = crate::tenants::store_from_flags_with_tls(
         &opts.limiter_store,
         opts.limiter_fail_mode,
         opts.limiter_key_prefix.as_deref(),
-        tls_ca,
+        tls,
     )
     .map_err(std::io::Error::other)?;
     let gw = Gateway::new(GatewayOptions {

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kinf_handler::tenants::{
-    FailMode, LimitError, Limiter, TokenEstimate, store_from_flags_with_ca,
+    FailMode, LimitError, Limiter, RedisTls, TokenEstimate, store_from_flags_with_tls,
 };
 use support::redis::{free_port, redis_installed, req, tokens_and_concurrency, wait_listening};
 
@@ -71,10 +71,22 @@ impl Drop for TlsRedis {
 }
 
 fn limiter(url: &str, ca: Option<Vec<u8>>) -> Limiter {
-    let store = store_from_flags_with_ca(url, FailMode::Closed, Some("tls:"), ca)
+    limiter_with(url, RedisTls { ca, client: None })
+}
+
+fn limiter_with(url: &str, tls: RedisTls) -> Limiter {
+    let store = store_from_flags_with_tls(url, FailMode::Closed, Some("tls:"), tls)
         .map_err(|e| e.to_string())
         .unwrap();
     Limiter::new(&tokens_and_concurrency(), store)
+}
+
+/// `RedisTls` with only a CA.
+fn ca_only(ca: &[u8]) -> RedisTls {
+    RedisTls {
+        ca: Some(ca.to_vec()),
+        client: None,
+    }
 }
 
 fn estimate(prompt: u64, output: u64) -> TokenEstimate {
@@ -125,41 +137,142 @@ async fn admissions_over_tls_with_the_servers_ca_and_refused_without_trust() {
 }
 
 #[tokio::test]
-async fn a_tls_ca_needs_a_tls_url_and_a_certificate() {
-    let pem = rcgen::generate_simple_self_signed(vec!["localhost".into()])
-        .unwrap()
-        .cert
-        .pem()
-        .into_bytes();
+async fn tls_files_need_a_tls_url_and_what_they_should_hold() {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (pem, key) = (
+        ck.cert.pem().into_bytes(),
+        ck.signing_key.serialize_pem().into_bytes(),
+    );
+    let flags = |url: &str, tls: RedisTls| {
+        store_from_flags_with_tls(url, FailMode::Closed, None, tls)
+            .err()
+            .unwrap_or_default()
+    };
     for url in [
         "memory",
         "redis://127.0.0.1:1/0",
         "redis+cluster://127.0.0.1:1",
     ] {
-        let e = store_from_flags_with_ca(url, FailMode::Closed, None, Some(pem.clone()))
-            .err()
-            .unwrap();
+        let e = flags(url, ca_only(&pem));
         assert!(e.contains("--limiter-tls-ca"), "{url}: {e}");
     }
-    for bad in [
-        &b""[..],
-        b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
-    ] {
-        let e = store_from_flags_with_ca(
-            "rediss://127.0.0.1:1/0",
-            FailMode::Closed,
-            None,
-            Some(bad.to_vec()),
-        )
-        .err()
-        .unwrap();
-        assert!(e.contains("no PEM certificate"), "{e}");
+    for bad in [&b""[..], key.as_slice()] {
+        let e = flags("rediss://127.0.0.1:1/0", ca_only(bad));
+        assert!(e.contains("--limiter-tls-ca: no PEM `CERTIFICATE`"), "{e}");
     }
+    // A client certificate and key, each checked for what it holds.
+    let client = |cert: &[u8], key: &[u8]| RedisTls {
+        ca: None,
+        client: Some((cert.to_vec(), key.to_vec())),
+    };
+    let e = flags("rediss://127.0.0.1:1/0", client(&key, &key));
+    assert!(
+        e.contains("--limiter-tls-cert: no PEM `CERTIFICATE`"),
+        "{e}"
+    );
+    let e = flags("rediss://127.0.0.1:1/0", client(&pem, &pem));
+    assert!(e.contains("--limiter-tls-key: no PEM `PRIVATE KEY`"), "{e}");
     for url in [
         "rediss://127.0.0.1:1/0",
         "rediss+cluster://127.0.0.1:1,127.0.0.1:2",
     ] {
-        assert!(store_from_flags_with_ca(url, FailMode::Closed, None, Some(pem.clone())).is_ok());
-        assert!(store_from_flags_with_ca(url, FailMode::Closed, None, None).is_ok());
+        assert_eq!(flags(url, ca_only(&pem)), "");
+        assert_eq!(flags(url, client(&pem, &key)), "");
+        assert_eq!(flags(url, RedisTls::default()), "");
     }
+}
+
+/// A CA, and a server and a client certificate it signs.
+struct Pki {
+    ca: Vec<u8>,
+    server: (String, String),
+    client: (String, String),
+}
+
+fn pki() -> Pki {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa,
+        KeyPair,
+    };
+    // Distinct names: OpenSSL takes a certificate whose subject is its issuer's name for a
+    // self-signed one.
+    let named = |sans: Vec<String>, cn: &str| {
+        let mut p = CertificateParams::new(sans).unwrap();
+        p.distinguished_name = DistinguishedName::new();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p
+    };
+    let mut params = named(Vec::new(), "kinference test CA");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let cert = named(vec![name.to_owned()], name)
+            .signed_by(&key, &ca)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    Pki {
+        ca: ca.pem().into_bytes(),
+        server: leaf("localhost"),
+        client: leaf("kinference"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_asks_for_client_certificates_admits_only_with_one() {
+    if !redis_installed() {
+        return;
+    }
+    let pki = pki();
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("kinf-redis-mtls-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (f, content) in [
+        ("ca.pem", String::from_utf8(pki.ca.clone()).unwrap()),
+        ("cert.pem", pki.server.0.clone()),
+        ("key.pem", pki.server.1.clone()),
+    ] {
+        std::fs::write(dir.join(f), content).unwrap();
+    }
+    let file = |f: &str| dir.join(f).to_str().unwrap().to_owned();
+    let mut child = Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", &port.to_string()])
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--tls-cert-file", &file("cert.pem")])
+        .args(["--tls-key-file", &file("key.pem")])
+        .args(["--tls-ca-cert-file", &file("ca.pem")])
+        .args(["--tls-auth-clients", "yes"])
+        .args(["--dir", dir.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(&[port]);
+    let url = format!("rediss://localhost:{port}/0");
+    let with_client = limiter_with(
+        &url,
+        RedisTls {
+            ca: Some(pki.ca.clone()),
+            client: Some((
+                pki.client.0.clone().into_bytes(),
+                pki.client.1.clone().into_bytes(),
+            )),
+        },
+    );
+    let r = with_client
+        .admit(&req("a", 100, 100), estimate(100, 100))
+        .await;
+    let outcome = r.map(|r| r.headers().tokens.unwrap().remaining);
+    // Without a client certificate the server refuses the connection: closed.
+    let without = limiter(&url, Some(pki.ca.clone()));
+    let refused = without.admit(&req("b", 1, 1), estimate(1, 1)).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(outcome.map_err(|e| format!("{e:?}")), Ok(5800));
+    assert!(
+        matches!(refused, Err(LimitError::Unavailable(_))),
+        "{refused:?}"
+    );
 }

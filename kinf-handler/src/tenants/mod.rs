@@ -25,21 +25,41 @@ pub fn store_from_flags(
     fail_mode: FailMode,
     key_prefix: Option<&str>,
 ) -> Result<std::sync::Arc<dyn LimitStore>, String> {
-    store_from_flags_with_ca(store, fail_mode, key_prefix, None)
+    store_from_flags_with_tls(store, fail_mode, key_prefix, RedisTls::default())
 }
 
-/// [`store_from_flags`], with the PEM certificates of the authorities that sign the Redis
-/// servers' TLS certificates (`--limiter-tls-ca`; `None`: the system's trust store). A CA
-/// with a URL that is not TLS is refused: it would silently not be used.
-pub fn store_from_flags_with_ca(
+/// TLS material for a `rediss` store, read from the server flags' files (PEM).
+#[derive(Clone, Debug, Default)]
+pub struct RedisTls {
+    /// `--limiter-tls-ca`: the authorities that sign the servers' certificates; `None`: the
+    /// system's trust store.
+    pub ca: Option<Vec<u8>>,
+    /// `--limiter-tls-cert` and `--limiter-tls-key`: the client's certificate chain and key,
+    /// for servers that ask for one.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl RedisTls {
+    fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.client.is_none()
+    }
+}
+
+/// [`store_from_flags`], with TLS material for a `rediss://` or `rediss+cluster://` store.
+/// Material with a store that is not TLS is refused (it would silently not be used), as are
+/// files without what they should hold.
+pub fn store_from_flags_with_tls(
     store: &str,
     fail_mode: FailMode,
     key_prefix: Option<&str>,
-    tls_ca: Option<Vec<u8>>,
+    tls_files: RedisTls,
 ) -> Result<std::sync::Arc<dyn LimitStore>, String> {
     if store == "memory" {
-        if tls_ca.is_some() {
-            return Err("--limiter-tls-ca is for a `rediss://` store, not `memory`".into());
+        if !tls_files.is_empty() {
+            return Err(
+                "--limiter-tls-ca/--limiter-tls-cert are for a `rediss://` store, not `memory`"
+                    .into(),
+            );
         }
         return Ok(std::sync::Arc::new(MemoryStore::new()));
     }
@@ -47,14 +67,19 @@ pub fn store_from_flags_with_ca(
     let tls = ["rediss://", redis_store::TLS_CLUSTER_SCHEME];
     let is = |schemes: &[&str]| schemes.iter().any(|s| store.starts_with(s));
     if is(&redis) || is(&tls) {
-        if tls_ca.is_some() && !is(&tls) {
+        if !tls_files.is_empty() && !is(&tls) {
             return Err(format!(
-                "--limiter-tls-ca is for TLS: use `rediss://` or `rediss+cluster://`, not `{}`",
+                "--limiter-tls-ca/--limiter-tls-cert are for TLS: use `rediss://` or \
+                 `rediss+cluster://`, not `{}`",
                 redact_url(store)
             ));
         }
-        if let Some(pem) = &tls_ca {
-            check_ca_pem(pem)?;
+        if let Some(pem) = &tls_files.ca {
+            check_pem("--limiter-tls-ca", pem, "CERTIFICATE")?;
+        }
+        if let Some((cert, key)) = &tls_files.client {
+            check_pem("--limiter-tls-cert", cert, "CERTIFICATE")?;
+            check_pem("--limiter-tls-key", key, "PRIVATE KEY")?;
         }
         let cluster = [redis_store::CLUSTER_SCHEME, redis_store::TLS_CLUSTER_SCHEME];
         if let Some(p) = key_prefix.filter(|p| is(&cluster) && p.contains(['{', '}'])) {
@@ -65,7 +90,8 @@ pub fn store_from_flags_with_ca(
         }
         let mut cfg = RedisConfig::new(store);
         cfg.fail_mode = fail_mode;
-        cfg.tls_ca = tls_ca;
+        cfg.tls_ca = tls_files.ca;
+        cfg.tls_client = tls_files.client;
         if let Some(p) = key_prefix {
             cfg.key_prefix = p.to_string();
         }
@@ -80,17 +106,22 @@ pub fn store_from_flags_with_ca(
     ))
 }
 
-/// Refuses a `--limiter-tls-ca` file with no PEM certificate in it (a key, a DER file, an
-/// empty file): the TLS handshake would otherwise fail later, on every admission.
-fn check_ca_pem(pem: &[u8]) -> Result<(), String> {
+/// Refuses a flag's file without a PEM block whose label ends in `label` (`CERTIFICATE`,
+/// `PRIVATE KEY`: a DER file, an empty one, the wrong file): the TLS handshake would otherwise
+/// fail later, on every admission.
+fn check_pem(flag: &str, pem: &[u8], label: &str) -> Result<(), String> {
     let text = String::from_utf8_lossy(pem);
-    if text.contains("-----BEGIN CERTIFICATE-----") && text.contains("-----END CERTIFICATE-----") {
+    let found = text.lines().any(|l| {
+        l.strip_prefix("-----BEGIN ")
+            .and_then(|r| r.strip_suffix("-----"))
+            .is_some_and(|l| l.ends_with(label))
+    });
+    if found {
         Ok(())
     } else {
-        Err(
-            "--limiter-tls-ca: no PEM certificate (`-----BEGIN CERTIFICATE-----`) in the file"
-                .into(),
-        )
+        Err(format!(
+            "{flag}: no PEM `{label}` (`-----BEGIN … {label}-----`) in the file"
+        ))
     }
 }
 

@@ -39,6 +39,9 @@ pub struct RedisConfig {
     /// PEM certificates of the authorities that sign the servers' TLS certificates (`rediss`
     /// URLs); `None`: the system's trust store.
     pub tls_ca: Option<Vec<u8>>,
+    /// The client's certificate chain and private key (PEM), for servers that ask for one
+    /// (`tls-auth-clients yes`); `None`: no client certificate.
+    pub tls_client: Option<(Vec<u8>, Vec<u8>)>,
     /// Prefix of every key (`kinf:rl:` by default).
     pub key_prefix: String,
     /// What to do when Redis cannot be reached.
@@ -59,6 +62,7 @@ impl RedisConfig {
         RedisConfig {
             url: url.into(),
             tls_ca: None,
+            tls_client: None,
             key_prefix: "kinf:rl:".into(),
             fail_mode: FailMode::Closed,
             timeout: Duration::from_millis(250),
@@ -345,10 +349,17 @@ impl RedisStore {
             )
         };
         let certs = || redis::TlsCertificates {
-            client_tls: None,
+            client_tls: config.tls_client.clone().map(|(client_cert, client_key)| {
+                redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }
+            }),
             root_cert: config.tls_ca.clone(),
         };
         let tls = config.url.starts_with("rediss");
+        // Certificates of our own, else the client's defaults (the system's trust store).
+        let own_certs = tls && (config.tls_ca.is_some() || config.tls_client.is_some());
         let conn = if config.url.starts_with(CLUSTER_SCHEME)
             || config.url.starts_with(TLS_CLUSTER_SCHEME)
         {
@@ -363,7 +374,7 @@ impl RedisStore {
             let mut builder = redis::cluster::ClusterClient::builder(nodes)
                 .retries(1)
                 .max_retry_wait(500);
-            if tls && config.tls_ca.is_some() {
+            if own_certs {
                 builder = builder.certs(certs());
             }
             let client = builder.build().map_err(|e| invalid(&e))?;
@@ -372,7 +383,7 @@ impl RedisStore {
                 .set_response_timeout(config.timeout);
             Conn::Cluster(client.get_pending_async_connection_with_config(cc))
         } else {
-            let client = if tls && config.tls_ca.is_some() {
+            let client = if own_certs {
                 redis::Client::build_with_tls(config.url.as_str(), certs())
             } else {
                 redis::Client::open(config.url.as_str())
