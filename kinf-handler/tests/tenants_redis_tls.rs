@@ -17,17 +17,32 @@ use kinf_handler::tenants::{
 };
 use support::redis::{free_port, redis_installed, req, tokens_and_concurrency, wait_listening};
 
-/// `redis-server` listening with TLS only, its certificate self-signed for `localhost`.
+/// `redis-server` listening with TLS only.
 struct TlsRedis {
     child: Child,
     port: u16,
     dir: PathBuf,
-    /// The server's certificate (its own CA), PEM.
+    /// The CA that signs the server's certificate, PEM.
     ca: Vec<u8>,
 }
 
 impl TlsRedis {
+    /// With a certificate self-signed for `localhost` (its own CA), not asking for client
+    /// certificates.
     fn start() -> Option<TlsRedis> {
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let cert = ck.cert.pem();
+        Self::start_with(
+            cert.as_bytes(),
+            &cert,
+            &ck.signing_key.serialize_pem(),
+            false,
+        )
+    }
+
+    /// With `cert` and `key` (PEM) signed by `ca`; `auth_clients`: asking clients for a
+    /// certificate `ca` signs.
+    fn start_with(ca: &[u8], cert: &str, key: &str, auth_clients: bool) -> Option<TlsRedis> {
         if !redis_installed() {
             return None;
         }
@@ -35,18 +50,20 @@ impl TlsRedis {
         let dir =
             std::env::temp_dir().join(format!("kinf-redis-tls-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-        let ca = ck.cert.pem().into_bytes();
-        std::fs::write(dir.join("cert.pem"), &ca).unwrap();
-        std::fs::write(dir.join("key.pem"), ck.signing_key.serialize_pem()).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca).unwrap();
+        std::fs::write(dir.join("cert.pem"), cert).unwrap();
+        std::fs::write(dir.join("key.pem"), key).unwrap();
         let file = |f: &str| dir.join(f).to_str().unwrap().to_owned();
         let child = Command::new("redis-server")
             .args(["--port", "0", "--tls-port", &port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--tls-cert-file", &file("cert.pem")])
             .args(["--tls-key-file", &file("key.pem")])
-            .args(["--tls-ca-cert-file", &file("cert.pem")])
-            .args(["--tls-auth-clients", "no"])
+            .args(["--tls-ca-cert-file", &file("ca.pem")])
+            .args([
+                "--tls-auth-clients",
+                if auth_clients { "yes" } else { "no" },
+            ])
             .args(["--dir", dir.to_str().unwrap()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -57,7 +74,7 @@ impl TlsRedis {
             child,
             port,
             dir,
-            ca,
+            ca: ca.to_vec(),
         })
     }
 }
@@ -221,34 +238,11 @@ fn pki() -> Pki {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_asks_for_client_certificates_admits_only_with_one() {
-    if !redis_installed() {
-        return;
-    }
     let pki = pki();
-    let port = free_port();
-    let dir = std::env::temp_dir().join(format!("kinf-redis-mtls-{}-{port}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for (f, content) in [
-        ("ca.pem", String::from_utf8(pki.ca.clone()).unwrap()),
-        ("cert.pem", pki.server.0.clone()),
-        ("key.pem", pki.server.1.clone()),
-    ] {
-        std::fs::write(dir.join(f), content).unwrap();
-    }
-    let file = |f: &str| dir.join(f).to_str().unwrap().to_owned();
-    let mut child = Command::new("redis-server")
-        .args(["--port", "0", "--tls-port", &port.to_string()])
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(["--tls-cert-file", &file("cert.pem")])
-        .args(["--tls-key-file", &file("key.pem")])
-        .args(["--tls-ca-cert-file", &file("ca.pem")])
-        .args(["--tls-auth-clients", "yes"])
-        .args(["--dir", dir.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(&[port]);
+    let Some(server) = TlsRedis::start_with(&pki.ca, &pki.server.0, &pki.server.1, true) else {
+        return;
+    };
+    let port = server.port;
     let url = format!("rediss://localhost:{port}/0");
     let with_client = limiter_with(
         &url,
@@ -267,9 +261,6 @@ async fn a_server_that_asks_for_client_certificates_admits_only_with_one() {
     // Without a client certificate the server refuses the connection: closed.
     let without = limiter(&url, Some(pki.ca.clone()));
     let refused = without.admit(&req("b", 1, 1), estimate(1, 1)).await;
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(outcome.map_err(|e| format!("{e:?}")), Ok(5800));
     assert!(
         matches!(refused, Err(LimitError::Unavailable(_))),
