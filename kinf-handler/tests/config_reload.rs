@@ -273,7 +273,11 @@ async fn a_save_caught_midway_is_not_applied() {
     let watcher = watch(&gw, &dir, last);
     let workers = dir.join("workers.yaml");
     let text = model_aliases("workers.yaml");
+    // How long the file was caught midway, at the longest: on a machine loaded enough to hold
+    // this task up for most of the settle time, a midway state may truly have lasted it.
+    let mut longest_gap = Duration::ZERO;
     for round in 0..12 {
+        let gap = std::time::Instant::now();
         if round % 2 == 0 {
             // Truncate, then write.
             std::fs::write(&workers, "").unwrap();
@@ -282,19 +286,38 @@ async fn a_save_caught_midway_is_not_applied() {
         }
         tokio::time::sleep(Duration::from_millis(15)).await;
         std::fs::write(&workers, &text).unwrap();
+        longest_gap = longest_gap.max(gap.elapsed());
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        (
-            gw.store.current().unwrap().generation,
-            reloads(&gw, "applied"),
-            reloads(&gw, "refused"),
-        ),
-        (1, 1.0, 0.0),
-        "a half-saved bundle was applied or refused: {:?}",
-        refusal(&gw)
-    );
+    if longest_gap < kinf_handler::bundle::SETTLE * 4 / 5 {
+        assert_eq!(
+            (
+                gw.store.current().unwrap().generation,
+                reloads(&gw, "applied"),
+                reloads(&gw, "refused"),
+            ),
+            (1, 1.0, 0.0),
+            "a half-saved bundle was applied or refused: {:?}",
+            refusal(&gw)
+        );
+    } else {
+        // Held up: only the end state can be asserted, the whole file in force.
+        eprintln!("midway check skipped: a midway state lasted {longest_gap:?}");
+        assert!(
+            until(|| refusal(&gw).is_empty()
+                && gw
+                    .store
+                    .current()
+                    .unwrap()
+                    .sources
+                    .iter()
+                    .any(|(_, f)| { f.name.ends_with("workers.yaml") && *f.text == *text }))
+            .await,
+            "{:?}",
+            refusal(&gw)
+        );
+    }
 
     // Two edits in quick succession: the second is in force at the end.
     let edit = |model: &str| {
@@ -380,6 +403,7 @@ async fn a_configmap_symlink_swap_is_applied_once_whole() {
         .replace("glm-worker", "glm-worker-2")
         .replace("qwen-worker", "qwen-worker-2");
     let policy = model_aliases("policy.yaml").replace("name: glm-worker", "name: glm-worker-2");
+    let mut held_up = false;
     for round in 0..4 {
         let (policy, more) = if round % 2 == 0 {
             (policy.clone(), more.clone())
@@ -395,6 +419,7 @@ async fn a_configmap_symlink_swap_is_applied_once_whole() {
             files.push(("more.yaml", more));
         }
         let next = data(&version, &files);
+        let gap = std::time::Instant::now();
         symlink(next.file_name().unwrap(), dir.join("..data_tmp")).unwrap();
         std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
         // The kubelet links a new key, or unlinks a removed one, after the swap.
@@ -404,12 +429,26 @@ async fn a_configmap_symlink_swap_is_applied_once_whole() {
         } else {
             std::fs::remove_file(dir.join("more.yaml")).unwrap();
         }
+        let gap = gap.elapsed();
         let generation = u64::try_from(round).unwrap() + 2;
         assert!(
             until(|| gw.store.current().unwrap().generation >= generation).await,
             "round {round}: not applied"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+        held_up |= gap >= kinf_handler::bundle::SETTLE * 4 / 5;
+        if held_up {
+            // A machine loaded enough to hold this task up for most of the settle time: the
+            // midway state may truly have settled (and been refused or applied), here or in an
+            // earlier round. Only the outcome counts.
+            eprintln!("round {round}: midway check skipped, a swap took {gap:?} or more");
+            assert!(
+                until(|| refusal(&gw).is_empty()).await,
+                "round {round}: {:?}",
+                refusal(&gw)
+            );
+            continue;
+        }
         assert_eq!(
             (
                 gw.store.current().unwrap().generation,
