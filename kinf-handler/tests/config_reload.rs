@@ -466,9 +466,9 @@ async fn a_configmap_symlink_swap_is_applied_once_whole() {
 /// At startup too, a file caught mid-save is not applied: the configuration is read again
 /// until two reads a settle interval apart agree. Here `workers.yaml` is first written without
 /// its last line (still valid YAML that compiles) and completed a moment later (5 ms: should
-/// the write come before the first read, the complete file is all there is to apply; the test
-/// fails only if the writer is held up for a whole settle interval); what is applied is the
-/// complete file.
+/// the write come before the first read, the complete file is all there is to apply); what is
+/// applied is the complete file. A writer held up for most of a settle interval (a loaded
+/// machine) lets the truncated file truly settle: then either outcome is right.
 #[test]
 fn startup_applies_a_save_only_once_it_has_settled() {
     let dir = temp_dir("startup-settle");
@@ -480,9 +480,12 @@ fn startup_applies_a_save_only_once_it_has_settled() {
     let truncated = kinf_handler::config_dir::Watch::new(&dir).read().unwrap().1;
     let writer = {
         let (path, full) = (dir.join("workers.yaml"), full.clone());
+        let started = std::time::Instant::now();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(5));
             std::fs::write(path, full).unwrap();
+            // How long the truncated file stood.
+            started.elapsed()
         })
     };
     let gw = Gateway::new(GatewayOptions {
@@ -490,10 +493,17 @@ fn startup_applies_a_save_only_once_it_has_settled() {
         ..GatewayOptions::default()
     });
     let applied = reload(&gw, &dir, None);
-    writer.join().unwrap();
+    let stood = writer.join().unwrap();
     let complete = kinf_handler::config_dir::Watch::new(&dir).read().unwrap().1;
     assert_ne!(truncated, complete);
-    assert_eq!(applied, Some(complete), "the truncated save was applied");
+    if stood < kinf_handler::bundle::SETTLE * 4 / 5 {
+        assert_eq!(applied, Some(complete), "the truncated save was applied");
+    } else {
+        // The writer was held up for most of the settle time: the truncated file may truly
+        // have settled before the write.
+        eprintln!("settle check skipped: the truncated file stood {stood:?}");
+        assert!(applied == Some(complete) || applied == Some(truncated));
+    }
     assert_eq!(gw.store.current().unwrap().generation, 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
