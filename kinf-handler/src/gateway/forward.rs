@@ -522,11 +522,6 @@ pub struct Admitted {
     pub policy: Arc<kinf_lang::CompiledPolicy>,
     /// The token rate limits that apply (the front door's pool).
     pub limiter: Option<Arc<crate::tenants::Limiter>>,
-    /// The request sets no `max_tokens` (a chat or messages request): `request.max_tokens` is
-    /// an estimate, learned from the model's answers ([`OutputLengths`]) once enough are known.
-    ///
-    /// [`OutputLengths`]: super::output_lengths::OutputLengths
-    pub output_estimated: bool,
 }
 
 impl Admitted {
@@ -584,7 +579,7 @@ pub async fn admit_async(
     bytes: Bytes,
 ) -> Result<Admitted, ApiError> {
     let mut a = admit_parsed(gw, rt, api, headers, bytes).await?;
-    if a.output_estimated
+    if a.parsed.output_limit_unknown()
         && let Some(n) = gw.output_lengths.estimate(&a.request.model)
     {
         a.request.max_tokens = n;
@@ -777,14 +772,12 @@ pub fn complete(
             o.remove("continuous_usage_stats");
         }
     }
-    let output_estimated = parsed.max_tokens.is_none() && api != Api::Completions;
     Ok(Admitted {
         parsed,
         request,
         inject_usage,
         policy: rt.applied.policy.clone(),
         limiter: door.limiter.clone(),
-        output_estimated,
     })
 }
 
@@ -1071,7 +1064,10 @@ pub fn plan_with(
         }
         (Outcome::Route(_), Some(mut c)) => {
             gw.metrics.decision(&c.rule, &c.destination, &c.namespace);
-            c.learn_output = a.output_estimated.then(|| a.parsed.sequences());
+            c.learn_output = a
+                .parsed
+                .output_limit_unknown()
+                .then(|| a.parsed.sequences());
             Ok(c)
         }
         (Outcome::Route(r), None) => Err(ApiError::new(

@@ -66,10 +66,20 @@ impl Parsed {
     /// else vLLM's default of 16 for completions, else [`DEFAULT_MAX_TOKENS`] (vLLM lets a chat
     /// request without a limit fill the context, which the gateway does not know).
     pub fn max_output_tokens(&self) -> u32 {
-        self.max_tokens.unwrap_or(match self.api {
-            Api::Completions => COMPLETIONS_DEFAULT_MAX_TOKENS,
-            Api::Chat | Api::Messages => DEFAULT_MAX_TOKENS,
-        })
+        if self.output_limit_unknown() {
+            return DEFAULT_MAX_TOKENS;
+        }
+        self.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS)
+    }
+
+    /// Whether the worker applies no known output limit: a chat or messages request without
+    /// `max_tokens` (a completion without one gets vLLM's 16). Its
+    /// [`max_output_tokens`](Self::max_output_tokens) is then an estimate, which the gateway
+    /// replaces with what it learned of the model ([`OutputLengths`]).
+    ///
+    /// [`OutputLengths`]: super::output_lengths::OutputLengths
+    pub fn output_limit_unknown(&self) -> bool {
+        self.max_tokens.is_none() && self.api != Api::Completions
     }
 
     /// Sequences the request generates: `n` for each prompt of the batch.
