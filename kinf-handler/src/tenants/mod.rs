@@ -75,18 +75,17 @@ pub fn store_from_flags_with_tls(
             ));
         }
         if let Some(pem) = &tls_files.ca {
-            check_pem("--limiter-tls-ca", pem, "CERTIFICATE")?;
+            check_certificates("--limiter-tls-ca", pem)?;
         }
         if let Some((cert, key)) = &tls_files.client {
-            check_pem("--limiter-tls-cert", cert, "CERTIFICATE")?;
-            check_pem("--limiter-tls-key", key, "PRIVATE KEY")?;
+            check_certificates("--limiter-tls-cert", cert)?;
+            check_private_key("--limiter-tls-key", key)?;
         }
         let cluster = [redis_store::CLUSTER_SCHEME, redis_store::TLS_CLUSTER_SCHEME];
-        if let Some(p) = key_prefix.filter(|p| is(&cluster) && p.contains(['{', '}'])) {
-            return Err(format!(
-                "--limiter-key-prefix `{p}`: `{{` and `}}` are not allowed with a Redis Cluster \
-                 (they would make a hash tag of the prefix)"
-            ));
+        if let Some(p) = key_prefix.filter(|_| is(&cluster))
+            && let Some(why) = redis_store::cluster_prefix_problem(p)
+        {
+            return Err(format!("--limiter-key-prefix `{p}`: {why}"));
         }
         let mut cfg = RedisConfig::new(store);
         cfg.fail_mode = fail_mode;
@@ -106,23 +105,37 @@ pub fn store_from_flags_with_tls(
     ))
 }
 
-/// Refuses a flag's file without a PEM block whose label ends in `label` (`CERTIFICATE`,
-/// `PRIVATE KEY`: a DER file, an empty one, the wrong file): the TLS handshake would otherwise
-/// fail later, on every admission.
-fn check_pem(flag: &str, pem: &[u8], label: &str) -> Result<(), String> {
-    let text = String::from_utf8_lossy(pem);
-    let found = text.lines().any(|l| {
-        l.strip_prefix("-----BEGIN ")
-            .and_then(|r| r.strip_suffix("-----"))
-            .is_some_and(|l| l.ends_with(label))
-    });
-    if found {
-        Ok(())
-    } else {
-        Err(format!(
-            "{flag}: no PEM `{label}` (`-----BEGIN … {label}-----`) in the file"
-        ))
+/// Refuses a flag's file without a PEM certificate (a DER file, an empty one, the wrong
+/// file), or with one that does not decode: the TLS handshake would otherwise fail later, on
+/// every admission.
+fn check_certificates(flag: &str, pem: &[u8]) -> Result<(), String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{flag}: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{flag}: no PEM `CERTIFICATE` (`-----BEGIN CERTIFICATE-----`) in the file"
+        ));
     }
+    Ok(())
+}
+
+/// Refuses a flag's file without a PEM private key (`PRIVATE KEY`, `RSA PRIVATE KEY`, `EC
+/// PRIVATE KEY`; an encrypted key is none), as [`check_certificates`] does certificates.
+fn check_private_key(flag: &str, pem: &[u8]) -> Result<(), String> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::{self, PemObject};
+    PrivateKeyDer::from_pem_slice(pem)
+        .map(|_| ())
+        .map_err(|e| match e {
+            pem::Error::NoItemsFound => format!(
+                "{flag}: no PEM `PRIVATE KEY` (PKCS#8), `RSA PRIVATE KEY` (PKCS#1) or `EC \
+                 PRIVATE KEY` (SEC1) in the file; encrypted keys are not supported"
+            ),
+            e => format!("{flag}: {e}"),
+        })
 }
 
 /// `url` with the credentials between `://` and the host's `@` (and a `pass=` query

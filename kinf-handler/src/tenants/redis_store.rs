@@ -314,6 +314,15 @@ pub fn cluster_nodes(url: &str) -> Result<Vec<String>, String> {
     Ok(nodes)
 }
 
+/// Why `prefix` cannot prefix the keys of a Redis Cluster, if it cannot: a `{` or `}` in it
+/// would make a hash tag of (part of) the prefix, and put a tenant's keys in several slots.
+pub(crate) fn cluster_prefix_problem(prefix: &str) -> Option<&'static str> {
+    prefix.contains(['{', '}']).then_some(
+        "`{` and `}` are not allowed with a Redis Cluster (they would make a hash tag of the \
+         prefix)",
+    )
+}
+
 /// Budgets in Redis, shared by every replica using the same server (or cluster) and key
 /// prefix.
 pub struct RedisStore {
@@ -363,12 +372,8 @@ impl RedisStore {
         let conn = if config.url.starts_with(CLUSTER_SCHEME)
             || config.url.starts_with(TLS_CLUSTER_SCHEME)
         {
-            if config.key_prefix.contains(['{', '}']) {
-                return Err(format!(
-                    "key prefix `{}`: `{{` and `}}` are not allowed with a Redis Cluster (they \
-                     would make a hash tag of the prefix)",
-                    config.key_prefix
-                ));
+            if let Some(why) = cluster_prefix_problem(&config.key_prefix) {
+                return Err(format!("key prefix `{}`: {why}", config.key_prefix));
             }
             let nodes = cluster_nodes(&config.url).map_err(|e| invalid(&e))?;
             let mut builder = redis::cluster::ClusterClient::builder(nodes)
