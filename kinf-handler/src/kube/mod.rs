@@ -718,9 +718,13 @@ impl Controller {
     fn secret_read_failed(&self, ns: &str, name: &str, why: &str) {
         let secret = format!("{ns}/{name}");
         let key = (ns.to_owned(), name.to_owned());
-        let repeated =
-            self.with_store(|s| s.secret_errors().get(&key).map(String::as_str) == Some(why));
-        match self.with_store(|s| s.secret_state(ns, name, None)) {
+        let (repeated, state) = self.with_store(|s| {
+            (
+                s.secret_errors().get(&key).map(String::as_str) == Some(why),
+                s.secret_state(ns, name, None),
+            )
+        });
+        match state {
             _ if repeated => {
                 tracing::debug!(%secret, error = %why, "cannot read the Secret (as before)");
             }
