@@ -716,7 +716,7 @@ fn signed_radix_help(text: &str) -> Option<String> {
         _ => return None,
     };
     let digits = rest.get(usize::from(after.is_some())..)?;
-    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+    if !crate::yaml::are_radix_digits(digits, radix) {
         return None;
     }
     let (name, prefix) = if radix == 16 {

@@ -907,10 +907,15 @@ pub(crate) fn radix_literal(text: &str) -> Option<(u32, &str)> {
 /// would be -5), so a signed one is not a number but a string, as `0xZZ` is. `None` also past
 /// the range of `i64`.
 pub(crate) fn radix_digits(digits: &str, radix: u32) -> Option<i64> {
-    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+    if !are_radix_digits(digits, radix) {
         return None;
     }
     i64::from_str_radix(digits, radix).ok()
+}
+
+/// Whether `digits` are one or more digits of `radix`, and nothing else (no sign).
+pub(crate) fn are_radix_digits(digits: &str, radix: u32) -> bool {
+    !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix))
 }
 
 /// The value of the digits of a `0x` / `0o` integer as a float, whatever its size (infinite
