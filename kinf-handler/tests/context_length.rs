@@ -29,33 +29,30 @@ async fn a_prompt_goes_where_its_context_fits_and_one_that_fits_nowhere_is_a_400
     let short = tiny_sim("1000", &["--max-model-len", "256"]).await;
     let long = tiny_sim("1000", &["--max-model-len", "2048"]).await;
     let dir = temp_dir("context-length");
-    std::fs::write(
-        dir.join("bundle.yaml"),
+    let worker_set = |name: &str, endpoint: std::net::SocketAddr| {
         format!(
             r#"apiVersion: kinference.buoyant.io/v1alpha1
 kind: InferenceWorkerSet
-metadata: {{ name: short, namespace: t }}
+metadata: {{ name: {name}, namespace: t }}
 spec:
-  endpoints: ["{short}"]
+  endpoints: ["{endpoint}"]
   models: [ {{ name: tiny-llama }} ]
   metrics: {{ interval: 200ms }}
 ---
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: {{ name: long, namespace: t }}
-spec:
-  endpoints: ["{long}"]
-  models: [ {{ name: tiny-llama }} ]
-  metrics: {{ interval: 200ms }}
----
-apiVersion: kinference.buoyant.io/v1alpha1
+"#
+        )
+    };
+    std::fs::write(
+        dir.join("bundle.yaml"),
+        format!(
+            r#"{}{}apiVersion: kinference.buoyant.io/v1alpha1
 kind: InferencePool
 metadata: {{ name: pool, namespace: t }}
 spec:
   destinations: [ {{ kind: InferenceWorkerSet, name: short }}, {{ kind: InferenceWorkerSet, name: long }} ]
 "#,
-            short = short.http,
-            long = long.http
+            worker_set("short", short.http),
+            worker_set("long", long.http)
         ),
     )
     .unwrap();

@@ -997,12 +997,17 @@ fn ssn_after_tax_id() {
     assert_clean("tax order id 078-05-1120");
 }
 
+/// The questions the default complexity classifier counts in one user message.
+fn questions(text: &str) -> usize {
+    Complexity::new(ComplexityConfig::default())
+        .features(&[Message::new("user", text)])
+        .questions
+}
+
 /// A `?` that starts a URL's query string (`https://x.com/a?b=1&c=2`) is no question; one that
 /// ends a URL (`... https://x.com/a?`) or follows it is.
 #[test]
 fn complexity_does_not_count_url_query_strings() {
-    let c = Complexity::new(ComplexityConfig::default());
-    let questions = |text: &str| c.features(&[Message::new("user", text)]).questions;
     assert_eq!(questions("see https://x.com/a?b=1&c=2"), 0);
     assert_eq!(
         questions("GET http://api.example.com/v1/items?id=3&q=a?b and https://x.com/?utm=1"),
@@ -1017,6 +1022,7 @@ fn complexity_does_not_count_url_query_strings() {
     assert_eq!(questions("what?why ftp:/x?y a?b=1 x ://?q"), 4);
     let urls = "Summarise https://x.com/a?b=1&c=2 and https://y.org/p?q=1&r=2 and \
                 https://z.net/s?t=1 and https://w.io/?u=1&v=2 and https://v.dev/?x=1.";
+    let c = Complexity::new(ComplexityConfig::default());
     assert_eq!(c.level(&[Message::new("user", urls)]), ComplexityLevel::Low);
 }
 
@@ -1112,8 +1118,6 @@ fn ssn_nine_digits_after_tax_id() {
 /// stays a question.
 #[test]
 fn complexity_does_not_count_query_strings_of_www_urls() {
-    let c = Complexity::new(ComplexityConfig::default());
-    let questions = |text: &str| c.features(&[Message::new("user", text)]).questions;
     assert_eq!(questions("see www.x.com/a?b=1&c=2"), 0);
     assert_eq!(questions("(WWW.example.org/search?q=rust)"), 0);
     assert_eq!(questions("is it www.x.com/a? or www.x.com/a b?c=1"), 2);
@@ -1127,8 +1131,6 @@ fn complexity_does_not_count_query_strings_of_www_urls() {
 /// after a slash that follows no host name stays a question.
 #[test]
 fn complexity_does_not_count_query_strings_of_bare_host_urls() {
-    let c = Complexity::new(ComplexityConfig::default());
-    let questions = |text: &str| c.features(&[Message::new("user", text)]).questions;
     assert_eq!(questions("see x.com/a?b=1"), 0);
     assert_eq!(questions("(docs.rs/serde?search=derive&x=1)"), 0);
     assert_eq!(
