@@ -81,8 +81,10 @@ struct ServeArgs {
     upstream_timeout: Duration,
     /// Token-rate-limit store: `memory` (one replica), or Redis shared by replicas:
     /// `redis://[USER][:PASS@]HOST[:PORT][/DB]` (`rediss://` over TLS), `redis+unix:///PATH?db=N`,
-    /// or a Redis Cluster, `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...]`
-    /// (`rediss+cluster://` over TLS). A URL
+    /// a Redis Cluster, `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...]`
+    /// (`rediss+cluster://` over TLS), or the master of a Redis Sentinel deployment,
+    /// `redis+sentinel://[USER][:PASS@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]`
+    /// (`rediss+sentinel://` over TLS). A URL
     /// with a password is better given in `KINF_LIMITER_STORE`, which `ps` does not show.
     #[arg(
         long,

@@ -5,6 +5,7 @@
 pub mod identity;
 pub mod limiter;
 pub mod memory;
+pub mod redis_sentinel;
 pub mod redis_store;
 pub mod store;
 
@@ -13,6 +14,7 @@ pub use limiter::{
     LimitError, LimitExceeded, Limiter, RateLimitHeaders, Reservation, TokenEstimate, format_reset,
 };
 pub use memory::MemoryStore;
+pub use redis_sentinel::{SENTINEL_SCHEME, SentinelUrl, TLS_SENTINEL_SCHEME, parse_sentinel_url};
 pub use redis_store::{CLUSTER_SCHEME, RedisConfig, RedisStore, TLS_CLUSTER_SCHEME, cluster_nodes};
 pub use store::{FailMode, LimitStore, StoreStats, StoreStatsSnapshot};
 
@@ -63,14 +65,23 @@ pub fn store_from_flags_with_tls(
         }
         return Ok(std::sync::Arc::new(MemoryStore::new()));
     }
-    let redis = ["redis://", "redis+unix://", redis_store::CLUSTER_SCHEME];
-    let tls = ["rediss://", redis_store::TLS_CLUSTER_SCHEME];
+    let redis = [
+        "redis://",
+        "redis+unix://",
+        redis_store::CLUSTER_SCHEME,
+        redis_sentinel::SENTINEL_SCHEME,
+    ];
+    let tls = [
+        "rediss://",
+        redis_store::TLS_CLUSTER_SCHEME,
+        redis_sentinel::TLS_SENTINEL_SCHEME,
+    ];
     let is = |schemes: &[&str]| schemes.iter().any(|s| store.starts_with(s));
     if is(&redis) || is(&tls) {
         if !tls_files.is_empty() && !is(&tls) {
             return Err(format!(
-                "--limiter-tls-ca/--limiter-tls-cert are for TLS: use `rediss://` or \
-                 `rediss+cluster://`, not `{}`",
+                "--limiter-tls-ca/--limiter-tls-cert are for TLS: use `rediss://`, \
+                 `rediss+cluster://` or `rediss+sentinel://`, not `{}`",
                 redact_url(store)
             ));
         }
@@ -99,8 +110,9 @@ pub fn store_from_flags_with_tls(
     Err(format!(
         "--limiter-store: expected `memory`, `redis://[USER][:PASS@]HOST[:PORT][/DB]` \
          (`rediss://` over TLS), `redis+unix:///PATH?db=N` or \
-         `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...]` (`rediss+cluster://` over TLS), \
-         got `{}`",
+         `redis+cluster://[USER][:PASS@]HOST:PORT[,HOST:PORT...]` (`rediss+cluster://` over TLS) \
+         or `redis+sentinel://[USER][:PASS@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]` \
+         (`rediss+sentinel://` over TLS), got `{}`",
         redact_url(store)
     ))
 }
@@ -151,7 +163,7 @@ pub fn redact_url(url: &str) -> String {
         }
         None => url.to_owned(),
     };
-    for key in ["pass=", "password="] {
+    for key in ["pass=", "password=", "sentinel_password="] {
         let mut from = 0;
         while let Some(i) = out.get(from..).and_then(|s| s.find(key)).map(|i| i + from) {
             let start = i + key.len();
@@ -188,6 +200,10 @@ mod tests {
                 "redis+unix:///r.sock?pass=***&db=2",
             ),
             ("redis://cache:6379/0", "redis://cache:6379/0"),
+            (
+                "redis+sentinel://:pw@s1:26379,s2:26379/m?sentinel_password=s3cret",
+                "redis+sentinel://***@s1:26379,s2:26379/m?sentinel_password=***",
+            ),
             ("memroy", "memroy"),
             ("redis://cache/0?x=a@b", "redis://cache/0?x=a@b"),
         ] {

@@ -24,6 +24,10 @@ use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
+use super::redis_sentinel::{
+    SENTINEL_SCHEME, SentinelConnection, TLS_SENTINEL_SCHEME, parse_sentinel_url,
+};
+
 use super::store::{
     Admission, Budget, BudgetKind, Check, CheckState, FailMode, LimitStore, Settle, StoreError,
     StoreFuture, StoreStats,
@@ -227,12 +231,14 @@ const RENEW_BATCH: usize = 512;
 /// sorted-set keys (all of that tenant, so in one hash slot of a cluster).
 type Held = parking_lot::Mutex<HashMap<u64, (Arc<str>, Vec<String>)>>;
 
-/// A connection to one Redis server (reconnecting), or to a Redis Cluster (routing each
-/// command to the node of its keys' slot, following `MOVED`/`ASK` redirections).
+/// A connection to one Redis server (reconnecting), to a Redis Cluster (routing each command
+/// to the node of its keys' slot, following `MOVED`/`ASK` redirections), or to the master of
+/// a Redis Sentinel deployment (following failovers).
 #[derive(Clone)]
 enum Conn {
     Server(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConnection),
 }
 
 impl redis::aio::ConnectionLike for Conn {
@@ -243,6 +249,7 @@ impl redis::aio::ConnectionLike for Conn {
         match self {
             Conn::Server(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -255,6 +262,7 @@ impl redis::aio::ConnectionLike for Conn {
         match self {
             Conn::Server(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -262,6 +270,7 @@ impl redis::aio::ConnectionLike for Conn {
         match self {
             Conn::Server(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
         }
     }
 }
@@ -387,6 +396,14 @@ impl RedisStore {
                 .set_connection_timeout(config.timeout)
                 .set_response_timeout(config.timeout);
             Conn::Cluster(client.get_pending_async_connection_with_config(cc))
+        } else if config.url.starts_with(SENTINEL_SCHEME)
+            || config.url.starts_with(TLS_SENTINEL_SCHEME)
+        {
+            let url = parse_sentinel_url(&config.url).map_err(|e| invalid(&e))?;
+            Conn::Sentinel(
+                SentinelConnection::new(&url, own_certs.then(certs), config.timeout)
+                    .map_err(|e| invalid(&e))?,
+            )
         } else {
             let client = if own_certs {
                 redis::Client::build_with_tls(config.url.as_str(), certs())

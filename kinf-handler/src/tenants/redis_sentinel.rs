@@ -1,0 +1,427 @@
+//! A connection to the master of a Redis Sentinel deployment that follows failovers.
+//!
+//! `redis+sentinel://[USER][:PASS@]HOST:PORT[,HOST:PORT...]/MASTER[/DB][?sentinel_password=P]`
+//! names the sentinels and the master's name (`rediss+sentinel://`: TLS to the sentinels and
+//! to the servers). The connection asks the sentinels for the master's address, checks that the
+//! server there calls itself master (`ROLE`), and keeps one multiplexed connection to it. When a
+//! command fails because the connection broke, or because the server turned into a replica
+//! (`READONLY`: a failover demoted it), the connection is dropped and the next command asks the
+//! sentinels again. A command refused with `READONLY` did not run, so it is sent once more at
+//! once, to the new master; one whose connection broke may have run, so its error is returned
+//! (the caller's fail mode and retry rules apply, as with a single server).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{AsyncConnectionConfig, ConnectionAddr, RedisResult, TlsCertificates, Value};
+
+/// The scheme of a Redis Sentinel URL.
+pub const SENTINEL_SCHEME: &str = "redis+sentinel://";
+/// The scheme of a Redis Sentinel URL over TLS.
+pub const TLS_SENTINEL_SCHEME: &str = "rediss+sentinel://";
+
+/// What a `redis+sentinel://` URL says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentinelUrl {
+    /// `rediss+sentinel://`: TLS to the sentinels and to the servers.
+    pub tls: bool,
+    /// The sentinels' `(host, port)`.
+    pub sentinels: Vec<(String, u16)>,
+    /// The master's name, as in the sentinels' `sentinel monitor NAME ...`.
+    pub master: String,
+    /// The database on the master.
+    pub db: i64,
+    /// The servers' user (ACL), if any.
+    pub username: Option<String>,
+    /// The servers' password, if any.
+    pub password: Option<String>,
+    /// The sentinels' own password (`requirepass` in `sentinel.conf`), if any.
+    pub sentinel_password: Option<String>,
+}
+
+/// Parses a `redis+sentinel://` or `rediss+sentinel://` URL (see the module docs). Credentials
+/// are percent-decoded.
+pub fn parse_sentinel_url(url: &str) -> Result<SentinelUrl, String> {
+    let (tls, rest) = if let Some(rest) = url.strip_prefix(SENTINEL_SCHEME) {
+        (false, rest)
+    } else if let Some(rest) = url.strip_prefix(TLS_SENTINEL_SCHEME) {
+        (true, rest)
+    } else {
+        return Err(format!(
+            "not a `{SENTINEL_SCHEME}` or `{TLS_SENTINEL_SCHEME}` URL"
+        ));
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let (credentials, hosts) = match authority.rfind('@') {
+        Some(at) => (
+            authority.get(..at).unwrap_or(""),
+            authority.get(at + 1..).unwrap_or(""),
+        ),
+        None => ("", authority),
+    };
+    let (username, password) = match credentials.split_once(':') {
+        Some((u, p)) => (decoded(u)?, decoded(p)?),
+        None => (decoded(credentials)?, None),
+    };
+    let mut sentinels = Vec::new();
+    for host in hosts.split(',') {
+        let parsed = host
+            .rsplit_once(':')
+            .filter(|(h, _)| !h.is_empty())
+            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_owned(), p.parse().ok()?)));
+        let Some(sentinel) = parsed else {
+            return Err(format!(
+                "`{host}`: every sentinel is `HOST:PORT` (sentinels separated by `,`)"
+            ));
+        };
+        sentinels.push(sentinel);
+    }
+    let mut segments = path.trim_start_matches('/').split('/');
+    let master = match segments.next() {
+        Some(m) if !m.is_empty() => decoded(m)?.unwrap_or_default(),
+        _ => {
+            return Err(
+                "the master's name is missing: `redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]`"
+                    .into(),
+            );
+        }
+    };
+    let db = match segments.next() {
+        None | Some("") => 0,
+        Some(d) => d
+            .parse::<i64>()
+            .ok()
+            .filter(|d| *d >= 0)
+            .ok_or_else(|| format!("database `{d}` is not a number"))?,
+    };
+    if let Some(extra) = segments.next() {
+        return Err(format!(
+            "unexpected `/{extra}` after the database: `.../MASTER[/DB]`"
+        ));
+    }
+    let mut sentinel_password = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("sentinel_password", v)) => sentinel_password = decoded(v)?,
+            _ => {
+                let name = pair.split('=').next().unwrap_or(pair);
+                return Err(format!(
+                    "unknown parameter `{name}` (the only one is `sentinel_password`)"
+                ));
+            }
+        }
+    }
+    Ok(SentinelUrl {
+        tls,
+        sentinels,
+        master,
+        db,
+        username,
+        password,
+        sentinel_password,
+    })
+}
+
+/// `s` percent-decoded, `None` when empty.
+fn decoded(s: &str) -> Result<Option<String>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|d| Some(d.into_owned()))
+        .map_err(|_| "credentials are not UTF-8 once percent-decoded".to_string())
+}
+
+/// A connection to the current master of a Sentinel deployment (see the module docs). Clones
+/// share the connection.
+#[derive(Clone)]
+pub(crate) struct SentinelConnection(Arc<Shared>);
+
+/// Forgets its connection when the client library reports it closed.
+struct ForgetOnDisconnect {
+    shared: std::sync::Weak<Shared>,
+    generation: u64,
+}
+
+impl redis::aio::AsyncPushSender for ForgetOnDisconnect {
+    fn send(&self, info: redis::PushInfo) -> Result<(), redis::aio::SendError> {
+        if info.kind == redis::PushKind::Disconnection
+            && let Some(shared) = self.shared.upgrade()
+        {
+            shared.forget(self.generation);
+        }
+        Ok(())
+    }
+}
+
+struct Shared {
+    /// Locked while the master is looked up, so that one lookup serves every waiting command.
+    client: tokio::sync::Mutex<SentinelClient>,
+    /// The connection to the master and its generation, until a failure drops it.
+    current: parking_lot::Mutex<Option<(u64, MultiplexedConnection)>>,
+    generation: AtomicU64,
+    config: AsyncConnectionConfig,
+    db: i64,
+}
+
+impl Shared {
+    /// Drops the connection of `generation` if it is still the current one (a newer one, made
+    /// after the failure, is kept).
+    fn forget(&self, generation: u64) {
+        let mut current = self.current.lock();
+        if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *current = None;
+        }
+    }
+}
+
+impl SentinelConnection {
+    /// A connection for `url` (see [`parse_sentinel_url`]); `certs` for TLS, if the defaults
+    /// (the system's trust store, no client certificate) are not to be used. Connects on the
+    /// first command, each connection and answer bounded by `timeout`.
+    pub(crate) fn new(
+        url: &SentinelUrl,
+        certs: Option<TlsCertificates>,
+        timeout: Duration,
+    ) -> RedisResult<Self> {
+        let addrs = url.sentinels.iter().map(|(host, port)| {
+            if url.tls {
+                ConnectionAddr::TcpTls {
+                    host: host.clone(),
+                    port: *port,
+                    insecure: false,
+                    tls_params: None,
+                }
+            } else {
+                ConnectionAddr::Tcp(host.clone(), *port)
+            }
+        });
+        let mut builder =
+            SentinelClientBuilder::new(addrs, &url.master, SentinelServerType::Master)?
+                .set_client_to_redis_db(url.db)
+                // RESP3 (Redis 6 and later) tells the client library when a connection closes.
+                .set_client_to_redis_protocol(redis::ProtocolVersion::RESP3);
+        if let Some(u) = &url.username {
+            builder = builder.set_client_to_redis_username(u);
+        }
+        if let Some(p) = &url.password {
+            builder = builder.set_client_to_redis_password(p);
+        }
+        if let Some(p) = &url.sentinel_password {
+            builder = builder.set_client_to_sentinel_password(p);
+        }
+        if url.tls {
+            builder = builder
+                .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+            if let Some(c) = certs {
+                builder = builder
+                    .set_client_to_sentinel_certificates(c.clone())
+                    .set_client_to_redis_certificates(c);
+            }
+        }
+        let client = builder.build()?;
+        Ok(SentinelConnection(Arc::new(Shared {
+            client: tokio::sync::Mutex::new(client),
+            current: parking_lot::Mutex::new(None),
+            generation: AtomicU64::new(0),
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout)),
+            db: url.db,
+        })))
+    }
+
+    /// The connection to the master, looked up (once for all waiting callers) if there is none.
+    async fn master(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(c) = self.0.current.lock().clone() {
+            return Ok(c);
+        }
+        let mut client = self.0.client.lock().await;
+        if let Some(c) = self.0.current.lock().clone() {
+            return Ok(c);
+        }
+        let generation = self.0.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        // A connection that closes (the master died, or was demoted: Redis then closes its
+        // clients' connections) is forgotten at once, so that the next command looks the
+        // master up instead of failing on the closed connection.
+        let config = self.0.config.clone().set_push_sender(ForgetOnDisconnect {
+            shared: Arc::downgrade(&self.0),
+            generation,
+        });
+        let conn = client
+            .async_get_client()
+            .await?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        *self.0.current.lock() = Some((generation, conn.clone()));
+        Ok((generation, conn))
+    }
+
+    /// After `e` from the connection of `generation`: forgets the master if `e` says it is
+    /// gone or demoted. `None`: send the command again (once: it certainly did not run, it
+    /// was refused as `READONLY`); else the error to return.
+    fn failed(
+        &self,
+        generation: u64,
+        e: redis::RedisError,
+        retried: &mut bool,
+    ) -> Option<redis::RedisError> {
+        if is_readonly(&e) {
+            self.0.forget(generation);
+            if !*retried {
+                *retried = true;
+                return None;
+            }
+        } else if e.is_unrecoverable_error() || e.is_io_error() {
+            self.0.forget(generation);
+        }
+        Some(e)
+    }
+}
+
+/// A write refused because the server is a replica now.
+fn is_readonly(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || e.code() == Some("READONLY")
+}
+
+impl ConnectionLike for SentinelConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let mut retried = false;
+            loop {
+                let (generation, mut conn) = self.master().await?;
+                match conn.req_packed_command(cmd).await {
+                    Ok(v) => return Ok(v),
+                    Err(e) => {
+                        if let Some(e) = self.failed(generation, e, &mut retried) {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let mut retried = false;
+            loop {
+                let (generation, mut conn) = self.master().await?;
+                match conn.req_packed_commands(pipeline, offset, count).await {
+                    Ok(v) => return Ok(v),
+                    Err(e) => {
+                        if let Some(e) = self.failed(generation, e, &mut retried) {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.db
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn parses_sentinels_master_db_and_credentials() {
+        let u = parse_sentinel_url(
+            "redis+sentinel://app:p%40ss@s1:26379,[::1]:26380/mymaster/2?sentinel_password=x%26y",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            u,
+            SentinelUrl {
+                tls: false,
+                sentinels: vec![("s1".into(), 26379), ("::1".into(), 26380)],
+                master: "mymaster".into(),
+                db: 2,
+                username: Some("app".into()),
+                password: Some("p@ss".into()),
+                sentinel_password: Some("x&y".into()),
+            }
+        );
+        let t = parse_sentinel_url("rediss+sentinel://:pw@s1:26379/m")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(t.tls);
+        assert_eq!((t.username, t.password, t.db), (None, Some("pw".into()), 0));
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_use_naming_the_part() {
+        for (url, says) in [
+            ("redis+sentinel://s1:26379", "master's name is missing"),
+            ("redis+sentinel://s1:26379/", "master's name is missing"),
+            (
+                "redis+sentinel://s1/m",
+                "`s1`: every sentinel is `HOST:PORT`",
+            ),
+            ("redis+sentinel://s1:26379,/m", "``: every sentinel"),
+            ("redis+sentinel://s1:99999/m", "`s1:99999`"),
+            ("redis+sentinel://s1:26379/m/x", "database `x`"),
+            ("redis+sentinel://s1:26379/m/0/1", "unexpected `/1`"),
+            (
+                "redis+sentinel://s1:26379/m?password=x",
+                "unknown parameter `password`",
+            ),
+            ("redis://s1:26379/m", "not a `redis+sentinel://`"),
+        ] {
+            let err = parse_sentinel_url(url).expect_err(url);
+            assert!(err.contains(says), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn only_a_readonly_refusal_is_sent_again_and_only_once() {
+        let url =
+            parse_sentinel_url("redis+sentinel://127.0.0.1:1/m").unwrap_or_else(|e| panic!("{e}"));
+        let conn = SentinelConnection::new(&url, None, Duration::from_millis(100))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let readonly = || {
+            redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                "You can't write against a read only replica.",
+            ))
+        };
+        let mut retried = false;
+        assert!(conn.failed(1, readonly(), &mut retried).is_none());
+        assert!(conn.failed(1, readonly(), &mut retried).is_some());
+        // A broken connection may have run the command; a script error certainly did not,
+        // but says nothing about the master.
+        for e in [
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+            redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+                "No matching script.",
+            )),
+        ] {
+            let mut retried = false;
+            assert!(conn.failed(1, e, &mut retried).is_some());
+        }
+    }
+}
