@@ -370,6 +370,31 @@ spec:
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // 5. Anthropic's `count_tokens` through the gateway: vLLM counts the prompt after its chat
+    //    template, and a Messages request with the same prompt uses exactly that many.
+    let count = json!({
+        "model": "tiny", "system": "Answer briefly.",
+        "messages": [{"role": "user", "content": "How many tokens is this question?"}],
+    });
+    let (s, h, v) = post(addr, "/v1/messages/count_tokens", &count).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(h.contains_key("x-kinference-endpoint"), "{h:?}");
+    let counted = v["input_tokens"].as_u64().unwrap();
+    let mut message = count.clone();
+    message["max_tokens"] = json!(1);
+    let (s, _, v) = post(addr, "/v1/messages", &message).await;
+    assert_eq!(s, 200, "{v}");
+    let u = &v["usage"];
+    let used: u64 = [
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ]
+    .iter()
+    .filter_map(|k| u[*k].as_u64())
+    .sum();
+    assert_eq!(used, counted, "count_tokens {counted}, used {u}");
     drop((a, b));
 }
 

@@ -785,7 +785,7 @@ pub fn complete(
 /// `Content-Length` over the limit is refused at once (nothing of the body is read), a body
 /// that grows past it when it does (413); a body not received in time is a 408, one that cannot
 /// be read (malformed chunked encoding, connection reset) a 400 naming `body`.
-async fn read_body(
+pub(crate) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -1044,9 +1044,29 @@ pub fn plan_with(
         .block_size_hint(a.request.pool.as_ref(), &a.request.model);
     let hashed = with_block_hashes(&a.request, hint);
     let req = hashed.as_ref().unwrap_or(&a.request);
-    let (decision, chosen) = decide(gw, &a.policy, req, excluded_providers);
+    let (decision, chosen) = decide(gw, &a.policy, req, excluded_providers, true);
     gw.metrics
         .observe_decision_seconds(decide_start.elapsed().as_secs_f64());
+    outcome(gw, a, decision, chosen, true)
+}
+
+/// Where `a` would go, decided without routing it: nothing is recorded in the state (no
+/// blocks claimed, nothing in flight) and no decision is counted in the metrics. For requests
+/// that ask about a request without making it (`/v1/messages/count_tokens`).
+pub fn plan_without_routing(gw: &Gateway, a: &Admitted) -> Result<Chosen, ApiError> {
+    let (decision, chosen) = decide(gw, &a.policy, &a.request, &[], false);
+    outcome(gw, a, decision, chosen, false)
+}
+
+/// The chosen route of a decision, or the client's error. With `routed`, the route is counted
+/// in the metrics and learns the output length.
+fn outcome(
+    gw: &Gateway,
+    a: &Admitted,
+    decision: Decision,
+    chosen: Option<Chosen>,
+    routed: bool,
+) -> Result<Chosen, ApiError> {
     match (decision.outcome, chosen) {
         (Outcome::Reject(r), _) => {
             let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
@@ -1062,6 +1082,7 @@ pub fn plan_with(
             }
             Err(e)
         }
+        (Outcome::Route(_), Some(c)) if !routed => Ok(c),
         (Outcome::Route(_), Some(mut c)) => {
             gw.metrics.decision(&c.rule, &c.destination, &c.namespace);
             c.learn_output = a
@@ -1344,11 +1365,15 @@ fn with_block_hashes(req: &kinf_router::Request, block_size: u32) -> Option<kinf
 }
 
 /// Decides under the state lock and notes what the prediction was based on.
+/// Decides `req`. With `record`, a local route is recorded in the state (the prompt's blocks
+/// claimed on the endpoint, the request counted in flight there until its ticket is dropped);
+/// without, the decision leaves the state as it was.
 fn decide(
     gw: &Gateway,
     policy: &kinf_lang::CompiledPolicy,
     req: &kinf_router::Request,
     excluded_providers: &[Arc<str>],
+    record: bool,
 ) -> (Decision, Option<Chosen>) {
     let now = gw.state.now_ms();
     let providers = gw.providers.load();
@@ -1370,7 +1395,7 @@ fn decide(
             let local = r.backend_type == BackendType::Local;
             let uncached_tokens = req.prompt_tokens.saturating_sub(r.cached_tokens);
             let prediction = r.prediction.filter(|_| local);
-            let inflight = if local {
+            let inflight = if local && record {
                 let block_size = st.record_routed(
                     &r.namespace,
                     &r.destination,
@@ -1436,8 +1461,11 @@ fn destination_cost(
         .unwrap_or_default()
 }
 
-enum SendError {
+/// Why a request did not get an answer from its endpoint.
+pub(crate) enum SendError {
+    /// Not connected: the endpoint never had the request.
     Connect(String),
+    /// No response head within `--upstream-timeout`.
     Timeout,
     Other(String),
 }
@@ -1449,7 +1477,18 @@ async fn send(
     c: &Chosen,
     body: Bytes,
 ) -> Result<hyper::Response<hyper::body::Incoming>, SendError> {
-    let uri = format!("http://{}{}", c.endpoint, api.path());
+    send_to(gw, api.path(), headers, c, body).await
+}
+
+/// [`send`] to `path` on the chosen endpoint.
+pub(crate) async fn send_to(
+    gw: &Gateway,
+    path: &str,
+    headers: &HeaderMap,
+    c: &Chosen,
+    body: Bytes,
+) -> Result<hyper::Response<hyper::body::Incoming>, SendError> {
+    let uri = format!("http://{}{path}", c.endpoint);
     let mut b = Request::builder().method("POST").uri(uri);
     for h in FORWARDED_HEADERS.iter() {
         if let Some(v) = headers.get(h) {

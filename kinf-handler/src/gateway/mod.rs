@@ -6,6 +6,7 @@
 //! first-token time, inter-token gaps and usage on the way ([`sse_tap`]); what was observed
 //! feeds the TTFT predictor and the metrics.
 
+pub mod count_tokens;
 pub mod errors;
 pub mod external;
 pub mod forward;
@@ -524,6 +525,7 @@ impl Gateway {
             .route("/v1/chat/completions", post(chat))
             .route("/v1/completions", post(completions))
             .route("/v1/messages", post(messages))
+            .route(count_tokens::PATH, post(count_tokens_route))
             .route("/v1/models", get(models))
             // Model names may contain `/` (`meta-llama/Llama-3.1-8B`): the rest of the path.
             .route("/v1/models/{*id}", get(model))
@@ -614,6 +616,14 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
         format!("{path} does not accept {method}; the `allow` header lists what it accepts"),
     )
     .into_response_for(shape_of(path))
+}
+
+async fn count_tokens_route(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    count_tokens::handle(gw, headers, body).await
 }
 
 async fn chat(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -> Response {

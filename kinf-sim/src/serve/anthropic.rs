@@ -40,6 +40,91 @@ fn final_usage(s: &RequestStats, block_size: u32) -> String {
     )
 }
 
+/// The request's `model` and `messages`, as the request schema requires them.
+fn model_and_messages(
+    v: &serde_json::Map<String, Value>,
+) -> Result<(String, &Vec<Value>), ApiError> {
+    let model = match v.get("model") {
+        None => return Err(ApiError::missing("model")),
+        Some(Value::String(m)) => m.clone(),
+        Some(_) => {
+            return Err(ApiError::schema(
+                "body.model",
+                "string_type",
+                "Input should be a valid string",
+            ));
+        }
+    };
+    let msgs = match v.get("messages") {
+        None => return Err(ApiError::missing("messages")),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(ApiError::schema(
+                "body.messages",
+                "list_type",
+                "Input should be a valid list",
+            ));
+        }
+    };
+    Ok((model, msgs))
+}
+
+/// `system` (if any) and `msgs` as chat messages, for the chat template.
+fn chat_messages(
+    v: &serde_json::Map<String, Value>,
+    msgs: &[Value],
+) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut messages = Vec::with_capacity(msgs.len() + 1);
+    match v.get("system") {
+        None | Some(Value::Null) => {}
+        sys => messages.push(ChatMessage::new(
+            "system",
+            content_text(sys, "body.system")?,
+        )),
+    }
+    for (i, m) in msgs.iter().enumerate() {
+        let Some(role) = m.get("role").and_then(Value::as_str) else {
+            return Err(ApiError::missing(&format!("messages.{i}.role")));
+        };
+        let content = content_text(m.get("content"), &format!("body.messages.{i}.content"))?;
+        messages.push(ChatMessage::new(role, content));
+    }
+    Ok(messages)
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's length after the chat template, as vLLM
+/// 0.32 answers it (`{"input_tokens": N, "context_management": {"original_input_tokens": N}}`).
+pub async fn count_tokens(State(s): State<St>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(e) = require_json(&headers) {
+        return e.anthropic();
+    }
+    let v = match parse_body(&body) {
+        Ok(v) => v,
+        Err(e) => return e.anthropic(),
+    };
+    let (model, msgs) = match model_and_messages(&v) {
+        Ok(x) => x,
+        Err(e) => return e.anthropic(),
+    };
+    let messages = match chat_messages(&v, msgs) {
+        Ok(m) => m,
+        Err(e) => return e.anthropic(),
+    };
+    if let Err(e) = s.model(Some(&model)) {
+        return e.anthropic();
+    }
+    match s.tokens.chat(&messages) {
+        Ok(p) => json_response(
+            StatusCode::OK,
+            format!(
+                "{{\"input_tokens\":{n},\"context_management\":{{\"original_input_tokens\":{n}}}}}",
+                n = p.len()
+            ),
+        ),
+        Err(e) => ApiError::invalid(e, None).anthropic(),
+    }
+}
+
 /// `POST /v1/messages`.
 pub async fn messages(State(s): State<St>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(e) = require_json(&headers) {
@@ -50,25 +135,9 @@ pub async fn messages(State(s): State<St>, headers: HeaderMap, body: Bytes) -> R
         Err(e) => return e.anthropic(),
     };
     // The request schema first (all three fields are required), as FastAPI validates it.
-    let model = match v.get("model") {
-        None => return ApiError::missing("model").anthropic(),
-        Some(Value::String(m)) => m.clone(),
-        Some(_) => {
-            return ApiError::schema(
-                "body.model",
-                "string_type",
-                "Input should be a valid string",
-            )
-            .anthropic();
-        }
-    };
-    let msgs = match v.get("messages") {
-        None => return ApiError::missing("messages").anthropic(),
-        Some(Value::Array(a)) => a,
-        Some(_) => {
-            return ApiError::schema("body.messages", "list_type", "Input should be a valid list")
-                .anthropic();
-        }
+    let (model, msgs) = match model_and_messages(&v) {
+        Ok(x) => x,
+        Err(e) => return e.anthropic(),
     };
     let requested = match v.get("max_tokens") {
         None => return ApiError::missing("max_tokens").anthropic(),
@@ -104,23 +173,10 @@ pub async fn messages(State(s): State<St>, headers: HeaderMap, body: Bytes) -> R
             .anthropic();
         }
     };
-    let mut messages = Vec::with_capacity(msgs.len() + 1);
-    match v.get("system") {
-        None | Some(Value::Null) => {}
-        sys => match content_text(sys, "body.system") {
-            Ok(t) => messages.push(ChatMessage::new("system", t)),
-            Err(e) => return e.anthropic(),
-        },
-    }
-    for (i, m) in msgs.iter().enumerate() {
-        let Some(role) = m.get("role").and_then(Value::as_str) else {
-            return ApiError::missing(&format!("messages.{i}.role")).anthropic();
-        };
-        match content_text(m.get("content"), &format!("body.messages.{i}.content")) {
-            Ok(c) => messages.push(ChatMessage::new(role, c)),
-            Err(e) => return e.anthropic(),
-        }
-    }
+    let messages = match chat_messages(&v, msgs) {
+        Ok(m) => m,
+        Err(e) => return e.anthropic(),
+    };
     let model = match s.model(Some(&model)) {
         Ok(m) => m,
         Err(e) => return e.anthropic(),

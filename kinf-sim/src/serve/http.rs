@@ -341,6 +341,7 @@ pub fn router(state: St) -> Router {
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(openai::tokenize))
         .route("/metrics", get(metrics_text::metrics))
         .route("/kv_event_sources", get(kv_event_sources))

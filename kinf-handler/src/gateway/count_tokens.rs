@@ -1,0 +1,152 @@
+//! `POST /v1/messages/count_tokens` (Anthropic): how many input tokens a Messages request
+//! would have, counted by a worker that serves the model it would go to.
+//!
+//! The body is admitted as a `/v1/messages` request would be (identity, front door, body
+//! limit, validation, classification) and decided without being routed: nothing is claimed or
+//! counted in flight, no rate limit is charged, and no output is generated. A local route sends
+//! the body, `model` set to the route's model, to the endpoint's `/v1/messages/count_tokens`
+//! (vLLM 0.32 answers `{"input_tokens": N, ...}` after its chat template), and passes the answer
+//! on. A route to a provider is answered by the gateway's own count of the prompt, marked
+//! `x-kinference-count: estimate`. A request the policy refuses gets the refusal it would get
+//! as a Messages request.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde_json::{Map, Value};
+
+use super::errors::{Api, ApiError};
+use super::forward::{self, Chosen, SendError};
+use super::{Gateway, host, not_ready};
+
+/// The path, here and on the workers.
+pub const PATH: &str = "/v1/messages/count_tokens";
+
+/// Label of these requests in `kinference_requests_total`.
+pub const LABEL: &str = "count_tokens";
+
+/// Largest answer read from a worker (an answer is a few dozen bytes).
+const MAX_ANSWER_BYTES: usize = 64 << 10;
+
+/// Answers one `count_tokens` request (see the module docs), counted in
+/// `kinference_requests_total{api="count_tokens"}`.
+pub async fn handle(gw: Arc<Gateway>, headers: HeaderMap, body: Body) -> Response {
+    let Some(rt) = gw.runtime() else {
+        gw.metrics.count_request(LABEL, 503, "not_ready");
+        return not_ready(Api::Messages);
+    };
+    match count(&gw, &rt, &headers, body).await {
+        Ok((resp, code)) => {
+            gw.metrics
+                .count_request(LABEL, resp.status().as_u16(), code);
+            resp
+        }
+        Err(e) => {
+            gw.metrics.count_request(LABEL, e.status.as_u16(), e.code);
+            e.into_response_for(Api::Messages)
+        }
+    }
+}
+
+async fn count(
+    gw: &Arc<Gateway>,
+    rt: &Arc<super::runtime::Runtime>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Response, &'static str), ApiError> {
+    let door = rt.door_for(host(headers))?;
+    let bytes = forward::read_body(
+        headers,
+        body,
+        door.max_body_bytes,
+        gw.options.body_read_timeout,
+    )
+    .await?;
+    // A count has no `max_tokens`; the Messages validation requires one. A body that is not
+    // a JSON object goes to the validation as it is, for its error.
+    let object = serde_json::from_slice::<Map<String, Value>>(&bytes).ok();
+    let as_messages = match &object {
+        Some(o) if !o.contains_key("max_tokens") => {
+            let mut m = o.clone();
+            m.insert("max_tokens".into(), Value::from(1));
+            Bytes::from(serde_json::to_vec(&m).map_err(internal)?)
+        }
+        _ => bytes,
+    };
+    let admitted = forward::admit_async(gw, rt, Api::Messages, headers, as_messages).await?;
+    let chosen = forward::plan_without_routing(gw, &admitted)?;
+    if chosen.provider.is_some() {
+        let body = serde_json::json!({ "input_tokens": admitted.request.prompt_tokens });
+        let mut resp = json_response(StatusCode::OK, body.to_string().into(), &chosen)?;
+        resp.headers_mut().insert(
+            HeaderName::from_static("x-kinference-count"),
+            HeaderValue::from_static("estimate"),
+        );
+        return Ok((resp, "ok"));
+    }
+    let mut upstream = object.unwrap_or_default();
+    upstream.insert("model".into(), Value::from(chosen.model.to_string()));
+    let upstream = Bytes::from(serde_json::to_vec(&upstream).map_err(internal)?);
+    let answer = match forward::send_to(gw, PATH, headers, &chosen, upstream).await {
+        Ok(a) => a,
+        Err(SendError::Connect(e)) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_unreachable",
+                format!("endpoint {} is unreachable: {e}", chosen.endpoint),
+            ));
+        }
+        Err(SendError::Timeout) => {
+            return Err(ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                format!("endpoint {} did not answer in time", chosen.endpoint),
+            ));
+        }
+        Err(SendError::Other(e)) => return Err(upstream_error(&chosen, &e)),
+    };
+    let status = answer.status();
+    let body = http_body_util::Limited::new(answer.into_body(), MAX_ANSWER_BYTES)
+        .collect()
+        .await
+        .map_err(|e| upstream_error(&chosen, &e.to_string()))?
+        .to_bytes();
+    let code = if status.is_success() {
+        "ok"
+    } else {
+        "upstream_status"
+    };
+    Ok((json_response(status, body, &chosen)?, code))
+}
+
+/// A JSON answer with the route's `x-kinference-*` headers.
+fn json_response(status: StatusCode, body: Bytes, chosen: &Chosen) -> Result<Response, ApiError> {
+    let mut b = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json");
+    for (k, v) in &chosen.headers {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::try_from(k.as_str()),
+            HeaderValue::try_from(v.as_str()),
+        ) {
+            b = b.header(k, v);
+        }
+    }
+    b.body(Body::from(body)).map_err(internal)
+}
+
+fn upstream_error(chosen: &Chosen, e: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "upstream_error",
+        format!("endpoint {} failed: {e}", chosen.endpoint),
+    )
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+}
