@@ -10,7 +10,7 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,10 @@ use kinf_handler::tenants::store::BudgetKind;
 use kinf_handler::tenants::{
     FailMode, LimitError, Limiter, RedisConfig, RedisStore, TokenEstimate, store_from_flags,
 };
-use support::redis::{redis_installed, req, tokens_and_concurrency, wait_listening};
+use support::redis::{
+    redis_cli, redis_installed, req, self_signed_localhost, spawn_redis, tokens_and_concurrency,
+    wait_listening, wait_until,
+};
 
 /// Three cluster-mode masters sharing the 16,384 slots, killed on drop.
 struct Cluster {
@@ -46,21 +49,7 @@ fn free_port_pair() -> u16 {
 }
 
 fn cli(port: u16, args: &[&str]) -> String {
-    cli_tls(None, port, args)
-}
-
-/// `redis-cli` on `port`, over TLS trusting `dir/cert.pem` when `dir` is given.
-fn cli_tls(dir: Option<&std::path::Path>, port: u16, args: &[&str]) -> String {
-    let mut cmd = Command::new("redis-cli");
-    if let Some(d) = dir {
-        cmd.args(["--tls", "--cacert", d.join("cert.pem").to_str().unwrap()]);
-    }
-    let out = cmd
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("redis-cli (Debian's redis-tools, installed with redis-server)");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    redis_cli(None, port, args)
 }
 
 impl Cluster {
@@ -76,13 +65,7 @@ impl Cluster {
         }
         let dir = std::env::temp_dir().join(format!("kinf-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let ca = tls.then(|| {
-            let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
-            std::fs::write(dir.join("key.pem"), ck.signing_key.serialize_pem()).unwrap();
-            let pem = ck.cert.pem().into_bytes();
-            std::fs::write(dir.join("cert.pem"), &pem).unwrap();
-            pem
-        });
+        let ca = tls.then(|| self_signed_localhost(&dir));
         let mut c = Cluster {
             children: Vec::new(),
             args: Vec::new(),
@@ -135,7 +118,7 @@ impl Cluster {
             ] {
                 args.push(a.to_owned());
             }
-            c.children.push(spawn_node(&args));
+            c.children.push(spawn_redis(&args));
             c.args.push(args);
             c.ports.push(port);
         }
@@ -145,16 +128,13 @@ impl Cluster {
         args.extend(nodes.iter().map(String::as_str));
         args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
         let tls_dir = tls.then(|| c.dir.clone());
-        let created = cli_tls(tls_dir.as_deref(), c.ports[0], &args);
+        let created = redis_cli(tls_dir.as_deref(), c.ports[0], &args);
         assert!(created.contains("All 16384 slots covered"), "{created}");
         // Every node must see the cluster as up before it serves keys.
-        let deadline = Instant::now() + Duration::from_secs(20);
         for &p in &c.ports {
-            while !cli_tls(tls_dir.as_deref(), p, &["cluster", "info"]).contains("cluster_state:ok")
-            {
-                assert!(Instant::now() < deadline, "the cluster did not come up");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            wait_until(20, "the cluster did not come up", || {
+                redis_cli(tls_dir.as_deref(), p, &["cluster", "info"]).contains("cluster_state:ok")
+            });
         }
         Some(c)
     }
@@ -169,16 +149,13 @@ impl Cluster {
 
     /// Starts every node again as it was, and waits for the cluster to be up.
     fn restart_all(&mut self) {
-        self.children = self.args.iter().map(|a| spawn_node(a)).collect();
+        self.children = self.args.iter().map(|a| spawn_redis(a)).collect();
         wait_listening(&self.ports);
         let tls_dir = self.ca.as_ref().map(|_| self.dir.clone());
-        let deadline = Instant::now() + Duration::from_secs(30);
         for &p in &self.ports {
-            while !cli_tls(tls_dir.as_deref(), p, &["cluster", "info"]).contains("cluster_state:ok")
-            {
-                assert!(Instant::now() < deadline, "the cluster did not come back");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            wait_until(30, "the cluster did not come back", || {
+                redis_cli(tls_dir.as_deref(), p, &["cluster", "info"]).contains("cluster_state:ok")
+            });
         }
     }
 
@@ -194,22 +171,13 @@ impl Cluster {
         self.ports
             .iter()
             .map(|&p| {
-                cli_tls(tls_dir.as_deref(), p, &["dbsize"])
+                redis_cli(tls_dir.as_deref(), p, &["dbsize"])
                     .trim()
                     .parse()
                     .unwrap_or(0)
             })
             .collect()
     }
-}
-
-fn spawn_node(args: &[String]) -> Child {
-    Command::new("redis-server")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
 }
 
 impl Drop for Cluster {

@@ -10,7 +10,7 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,10 @@ use kinf_handler::tenants::store::BudgetKind;
 use kinf_handler::tenants::{
     FailMode, LimitError, Limiter, RedisConfig, RedisStore, TokenEstimate, store_from_flags,
 };
-use support::redis::{free_port, redis_installed, req, tokens_and_concurrency, wait_listening};
+use support::redis::{
+    free_port, redis_cli, redis_installed, req, self_signed_localhost, spawn_redis,
+    tokens_and_concurrency, wait_listening, wait_until,
+};
 
 /// A master, its replica and a sentinel monitoring them as `m`, killed on drop.
 struct Deployment {
@@ -30,24 +33,6 @@ struct Deployment {
     /// With TLS: the certificate every process presents (PEM), self-signed.
     ca: Option<Vec<u8>>,
     dir: PathBuf,
-}
-
-fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Child {
-    Command::new("redis-server")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits until `check` holds (`what` failed after `secs`).
-fn wait_for(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !check() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 impl Deployment {
@@ -63,13 +48,7 @@ impl Deployment {
         }
         let dir = std::env::temp_dir().join(format!("kinf-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let ca = tls.then(|| {
-            let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
-            std::fs::write(dir.join("key.pem"), ck.signing_key.serialize_pem()).unwrap();
-            let pem = ck.cert.pem().into_bytes();
-            std::fs::write(dir.join("cert.pem"), &pem).unwrap();
-            pem
-        });
+        let ca = tls.then(|| self_signed_localhost(&dir));
         let (master, replica, sentinel) = (free_port(), free_port(), free_port());
         let d = dir.to_str().unwrap().to_owned();
         let file = |f: &str| dir.join(f).to_str().unwrap().to_owned();
@@ -126,9 +105,9 @@ impl Deployment {
         ]);
         std::fs::write(&conf, lines.join("\n") + "\n").unwrap();
         let children = vec![
-            Some(spawn(&m)),
-            Some(spawn(&r)),
-            Some(spawn(&[conf.to_str().unwrap(), "--sentinel"])),
+            Some(spawn_redis(&m)),
+            Some(spawn_redis(&r)),
+            Some(spawn_redis(&[conf.to_str().unwrap(), "--sentinel"])),
         ];
         let dep = Deployment {
             children,
@@ -138,11 +117,11 @@ impl Deployment {
             dir,
         };
         wait_listening(&[master, replica, sentinel]);
-        wait_for(20, "the replica did not sync", || {
+        wait_until(20, "the replica did not sync", || {
             dep.cli(replica, &["info", "replication"])
                 .contains("master_link_status:up")
         });
-        wait_for(20, "the sentinel did not find the replica", || {
+        wait_until(20, "the sentinel did not find the replica", || {
             dep.cli(sentinel, &["sentinel", "replicas", "m"])
                 .contains(&replica.to_string())
         });
@@ -151,17 +130,7 @@ impl Deployment {
 
     /// `redis-cli` on `port` (over TLS, trusting the deployment's certificate, with TLS).
     fn cli(&self, port: u16, args: &[&str]) -> String {
-        let mut cmd = Command::new("redis-cli");
-        if self.ca.is_some() {
-            let cert = self.dir.join("cert.pem");
-            cmd.args(["--tls", "--cacert", cert.to_str().unwrap()]);
-        }
-        let out = cmd
-            .args(["-p", &port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli (Debian's redis-tools, installed with redis-server)");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        redis_cli(self.ca.as_ref().map(|_| self.dir.as_path()), port, args)
     }
 
     fn url(&self) -> String {
@@ -256,22 +225,22 @@ async fn failover_keeps_budgets(dep: &Deployment) {
         dep.cli(first, &["exists", "test:sn:b:p/tpm:{t:a}"]).trim(),
         "1"
     );
-    wait_for(10, "the budget did not reach the replica", || {
+    wait_until(10, "the budget did not reach the replica", || {
         dep.cli(second, &["exists", "test:sn:b:p/tpm:{t:a}"]).trim() == "1"
     });
 
     // Until the sentinel has the replica's own `INFO`, it has no replica to promote
     // (`NOGOODSLAVE`).
     let mut out = String::new();
-    wait_for(20, "the sentinel refused the failover", || {
+    wait_until(20, "the sentinel refused the failover", || {
         out = dep.cli(dep.sentinel, &["sentinel", "failover", "m"]);
         out.contains("OK")
     });
-    wait_for(20, "the sentinel did not switch masters", || {
+    wait_until(20, "the sentinel did not switch masters", || {
         dep.master_port() == second && dep.is_master(second)
     });
     // The old master is a replica now (it refuses writes): the store follows the sentinel.
-    wait_for(20, "the old master did not turn into a replica", || {
+    wait_until(20, "the old master did not turn into a replica", || {
         !dep.is_master(first)
     });
     let b = l

@@ -40,6 +40,51 @@ pub fn redis_installed() -> bool {
     found
 }
 
+/// `redis-server` with `args`, its output discarded.
+pub fn spawn_redis<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Child {
+    Command::new("redis-server")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// `redis-cli` on `port` (over TLS trusting `tls_dir/cert.pem` when `tls_dir` is given): its
+/// output.
+pub fn redis_cli(tls_dir: Option<&std::path::Path>, port: u16, args: &[&str]) -> String {
+    let mut cmd = Command::new("redis-cli");
+    if let Some(d) = tls_dir {
+        cmd.args(["--tls", "--cacert", d.join("cert.pem").to_str().unwrap()]);
+    }
+    let out = cmd
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli (Debian's redis-tools, installed with redis-server)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits until `check` holds, polling every 50 ms; fails with `what` after `secs`.
+pub fn wait_until(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A self-signed certificate for `127.0.0.1` written to `dir/cert.pem` (key in
+/// `dir/key.pem`), for servers that speak TLS and clients that trust it (as its own CA): the
+/// PEM.
+pub fn self_signed_localhost(dir: &std::path::Path) -> Vec<u8> {
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
+    std::fs::write(dir.join("key.pem"), ck.signing_key.serialize_pem()).unwrap();
+    let pem = ck.cert.pem().into_bytes();
+    std::fs::write(dir.join("cert.pem"), &pem).unwrap();
+    pem
+}
+
 /// A port free on 127.0.0.1 now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

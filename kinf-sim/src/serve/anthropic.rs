@@ -95,34 +95,26 @@ fn chat_messages(
 /// `POST /v1/messages/count_tokens`: the prompt's length after the chat template, as vLLM
 /// 0.32 answers it (`{"input_tokens": N, "context_management": {"original_input_tokens": N}}`).
 pub async fn count_tokens(State(s): State<St>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = require_json(&headers) {
-        return e.anthropic();
-    }
-    let v = match parse_body(&body) {
-        Ok(v) => v,
-        Err(e) => return e.anthropic(),
-    };
-    let (model, msgs) = match model_and_messages(&v) {
-        Ok(x) => x,
-        Err(e) => return e.anthropic(),
-    };
-    let messages = match chat_messages(&v, msgs) {
-        Ok(m) => m,
-        Err(e) => return e.anthropic(),
-    };
-    if let Err(e) = s.model(Some(&model)) {
-        return e.anthropic();
-    }
-    match s.tokens.chat(&messages) {
-        Ok(p) => json_response(
-            StatusCode::OK,
-            format!(
-                "{{\"input_tokens\":{n},\"context_management\":{{\"original_input_tokens\":{n}}}}}",
-                n = p.len()
-            ),
+    count(&s, &headers, &body).unwrap_or_else(|e| e.anthropic())
+}
+
+fn count(s: &St, headers: &HeaderMap, body: &Bytes) -> Result<Response, ApiError> {
+    require_json(headers)?;
+    let v = parse_body(body)?;
+    let (model, msgs) = model_and_messages(&v)?;
+    let messages = chat_messages(&v, msgs)?;
+    s.model(Some(&model))?;
+    let prompt = s
+        .tokens
+        .chat(&messages)
+        .map_err(|e| ApiError::invalid(e, None))?;
+    Ok(json_response(
+        StatusCode::OK,
+        format!(
+            "{{\"input_tokens\":{n},\"context_management\":{{\"original_input_tokens\":{n}}}}}",
+            n = prompt.len()
         ),
-        Err(e) => ApiError::invalid(e, None).anthropic(),
-    }
+    ))
 }
 
 /// `POST /v1/messages`.
