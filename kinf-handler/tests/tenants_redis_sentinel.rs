@@ -147,6 +147,16 @@ impl Deployment {
             .unwrap_or(0)
     }
 
+    /// How many commands the sentinel has processed (its own `INFO stats`, less the
+    /// `INFO` that asks).
+    fn sentinel_commands(&self) -> u64 {
+        let info = self.cli(self.sentinel, &["info", "stats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Whether the server on `port` says it is a master.
     fn is_master(&self, port: u16) -> bool {
         self.cli(port, &["role"]).starts_with("master")
@@ -287,6 +297,25 @@ async fn admissions_resume_on_the_promoted_replica_when_the_master_dies() {
     let l = store(&dep);
     drop(l.admit(&req("t", 10, 10), estimate(10, 10)).await.unwrap());
     dep.kill(0);
+    // While the master is gone and the sentinel still names it, a burst of admissions fails
+    // at once without asking the sentinel for each: one failed lookup answers them all for a
+    // while.
+    let asked = || dep.sentinel_commands();
+    let before = asked();
+    let request = req("t", 10, 10);
+    let burst =
+        futures_util::future::join_all((0..200).map(|_| l.admit(&request, estimate(10, 10)))).await;
+    let lookups = asked() - before;
+    assert!(
+        burst
+            .iter()
+            .all(|r| matches!(r, Err(LimitError::Unavailable(_)))),
+        "{burst:?}"
+    );
+    assert!(
+        lookups < 40,
+        "{lookups} commands on the sentinel for 200 admissions"
+    );
     // Closed while there is no master; open again once the sentinel has promoted the replica
     // (down after 1 s, then the election).
     let started = Instant::now();

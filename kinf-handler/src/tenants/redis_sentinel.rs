@@ -165,9 +165,16 @@ impl redis::aio::AsyncPushSender for ForgetOnDisconnect {
     }
 }
 
+/// How long a failed lookup of the master is the answer to every command, before the
+/// sentinels are asked again: while no master is reachable, commands fail at once instead of
+/// each asking the sentinels.
+const LOOKUP_BACKOFF: Duration = Duration::from_millis(200);
+
 struct Shared {
     /// Locked while the master is looked up, so that one lookup serves every waiting command.
     client: tokio::sync::Mutex<SentinelClient>,
+    /// The last failed lookup, until [`LOOKUP_BACKOFF`] has passed.
+    failed: parking_lot::Mutex<Option<(std::time::Instant, redis::RedisError)>>,
     /// The connection to the master and its generation, until a failure drops it.
     current: parking_lot::Mutex<Option<(u64, MultiplexedConnection)>>,
     generation: AtomicU64,
@@ -234,6 +241,7 @@ impl SentinelConnection {
         let client = builder.build()?;
         Ok(SentinelConnection(Arc::new(Shared {
             client: tokio::sync::Mutex::new(client),
+            failed: parking_lot::Mutex::new(None),
             current: parking_lot::Mutex::new(None),
             generation: AtomicU64::new(0),
             config: AsyncConnectionConfig::new()
@@ -252,6 +260,24 @@ impl SentinelConnection {
         if let Some(c) = self.0.current.lock().clone() {
             return Ok(c);
         }
+        if let Some((at, e)) = &*self.0.failed.lock()
+            && at.elapsed() < LOOKUP_BACKOFF
+        {
+            return Err(e.clone());
+        }
+        let found = self.look_up(&mut client).await;
+        *self.0.failed.lock() = found
+            .as_ref()
+            .err()
+            .map(|e| (std::time::Instant::now(), e.clone()));
+        found
+    }
+
+    /// Asks the sentinels for the master, connects to it and makes the connection current.
+    async fn look_up(
+        &self,
+        client: &mut SentinelClient,
+    ) -> RedisResult<(u64, MultiplexedConnection)> {
         let generation = self.0.generation.fetch_add(1, Ordering::Relaxed) + 1;
         // A connection that closes (the master died, or was demoted: Redis then closes its
         // clients' connections) is forgotten at once, so that the next command looks the
