@@ -711,6 +711,7 @@ fn provider_request(
         }
         (ProviderType::Anthropic, _) => {
             let r = translate::parse_client(client_api, &body).map_err(untrans)?;
+            translate::check_anthropic(&r).map_err(untrans)?;
             stops = translate::sent_stops(&r, p.info.protocol);
             (
                 anthropic_path(url),
@@ -725,10 +726,9 @@ fn provider_request(
                 r.forget_cache_points();
             }
             stops = translate::sent_stops(&r, p.info.protocol);
-            (
-                bedrock::converse_path(model, stream),
-                translate::to_bedrock(&r),
-            )
+            let mut body = translate::to_bedrock(&r);
+            translate::ask_claude_stop_sequence(&mut body, model);
+            (bedrock::converse_path(model, stream), body)
         }
     };
     let bytes = serde_json::to_vec(&Value::Object(body)).map_err(|e| {

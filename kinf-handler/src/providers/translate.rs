@@ -489,9 +489,10 @@ struct Turn<'a> {
 }
 
 /// `r`'s messages as Anthropic's and Bedrock's APIs take them: empty texts left out (both
-/// refuse an empty text block), and a run of messages of one role joined into one with blank
+/// refuse an empty text block), a run of messages of one role joined into one with blank
 /// lines (Bedrock Converse refuses two user or two assistant turns in a row), their
-/// prompt-cache breakpoints moved along with their text.
+/// prompt-cache breakpoints moved along with their text, and a final assistant turn (a
+/// prefill) without trailing whitespace.
 fn alternating(r: &ChatRequest) -> Vec<Turn<'_>> {
     let mut out: Vec<Turn<'_>> = Vec::new();
     for m in r.messages.iter().filter(|m| !m.text.trim().is_empty()) {
@@ -509,12 +510,28 @@ fn alternating(r: &ChatRequest) -> Vec<Turn<'_>> {
             }),
         }
     }
+    // A last assistant turn is a prefill of the answer, and Anthropic's models refuse one that
+    // ends in whitespace ("final assistant content cannot end with trailing whitespace").
+    if let Some(last) = out.last_mut().filter(|t| t.role == "assistant") {
+        let kept = last.text.trim_end().len();
+        last.text.truncate(kept);
+        for c in &mut last.cache {
+            *c = (*c).min(kept);
+        }
+    }
     out
 }
 
 /// An OpenAI `temperature` (0–2) as Anthropic's and Bedrock's (0–1) take it: capped at 1.
 fn capped_temperature(t: f64) -> f64 {
     t.min(1.0)
+}
+
+/// `top_p` as Anthropic and Bedrock get it: not sent when it is 1 (no nucleus cut, what
+/// OpenAI clients send by default) and a temperature is set, as recent Claude models refuse
+/// both at once ("temperature and top_p cannot both be specified"); sent as given otherwise.
+fn sent_top_p(r: &ChatRequest) -> Option<f64> {
+    r.top_p.filter(|p| !(*p >= 1.0 && r.temperature.is_some()))
 }
 
 /// Stop sequences Anthropic and Bedrock accept: those with a non-whitespace character (they
@@ -561,7 +578,7 @@ pub fn to_anthropic(r: &ChatRequest, model: &str, stream: bool) -> Map<String, V
     if let Some(t) = r.temperature {
         b.insert("temperature".into(), capped_temperature(t).into());
     }
-    if let Some(t) = r.top_p {
+    if let Some(t) = sent_top_p(r) {
         b.insert("top_p".into(), t.into());
     }
     let stops = visible_stops(r);
@@ -592,6 +609,34 @@ pub fn check_bedrock(r: &ChatRequest) -> Result<(), Untranslatable> {
             "messages",
             "Bedrock needs at least one user turn with text; every message is empty",
         )),
+    }
+}
+
+/// Whether Anthropic's API can take `r`'s conversation: it refuses one without any message
+/// with text (`messages: []`). Checked before anything is sent, as [`check_bedrock`] is.
+pub fn check_anthropic(r: &ChatRequest) -> Result<(), Untranslatable> {
+    if alternating(r).is_empty() {
+        return Err(untranslatable(
+            "messages",
+            "Anthropic needs at least one message with text; every message is empty",
+        ));
+    }
+    Ok(())
+}
+
+/// The Bedrock request asks Claude to name the stop sequence it stopped on (Converse returns
+/// `additionalModelResponseFields.stop_sequence` only when asked), when stop sequences are
+/// sent to a Claude model.
+pub fn ask_claude_stop_sequence(body: &mut Map<String, Value>, model: &str) {
+    let sends_stops = body
+        .get("inferenceConfig")
+        .and_then(|c| c.get("stopSequences"))
+        .is_some();
+    if sends_stops && model.to_ascii_lowercase().contains("anthropic.claude-") {
+        body.insert(
+            "additionalModelResponseFieldPaths".into(),
+            json!(["/stop_sequence"]),
+        );
     }
 }
 
@@ -730,7 +775,7 @@ pub fn to_bedrock(r: &ChatRequest) -> Map<String, Value> {
     if let Some(t) = r.temperature {
         cfg.insert("temperature".into(), capped_temperature(t).into());
     }
-    if let Some(t) = r.top_p {
+    if let Some(t) = sent_top_p(r) {
         cfg.insert("topP".into(), t.into());
     }
     let stops = visible_stops(r);
@@ -985,7 +1030,9 @@ pub fn client_response(api: Api, r: &ChatResponse, model: &str) -> Value {
             "type": "message",
             "role": "assistant",
             "model": model,
-            "content": [{"type": "text", "text": r.text}],
+            // No text is no block, as in a stream (Anthropic refuses an empty text block
+            // that a client sends back in its history).
+            "content": if r.text.is_empty() { json!([]) } else { json!([{"type": "text", "text": r.text}]) },
             "stop_reason": r.finish.anthropic(),
             "stop_sequence": r.stop_sequence.as_ref().filter(|_| r.finish == Finish::StopSequence),
             "usage": anthropic_usage_json(&r.usage),
@@ -1004,6 +1051,8 @@ pub fn provider_error_message(v: &Value) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::panic)]
+
     use super::*;
 
     #[test]
@@ -1045,6 +1094,109 @@ mod tests {
         assert_eq!(b["messages"].as_array().map(Vec::len), Some(2));
         assert_eq!(b["inferenceConfig"]["temperature"], 1.0);
         assert_eq!(b["inferenceConfig"]["stopSequences"], json!(["END"]));
+    }
+
+    fn chat_request(body: Value) -> ChatRequest {
+        let Value::Object(body) = body else {
+            panic!("not an object")
+        };
+        parse_client(Api::Chat, &body).unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    /// A last assistant turn is a prefill: Anthropic's models refuse one ending in whitespace.
+    #[test]
+    fn a_final_assistant_turn_loses_its_trailing_whitespace() {
+        let r = chat_request(json!({"model": "m", "messages": [
+            {"role": "user", "content": "List three fruits.  "},
+            {"role": "assistant", "content": "Sure:\n"},
+        ]}));
+        let a = Value::Object(to_anthropic(&r, "claude", false));
+        assert_eq!(a["messages"][0]["content"], "List three fruits.  ");
+        assert_eq!(a["messages"][1]["content"], "Sure:");
+        let b = Value::Object(to_bedrock(&r));
+        assert_eq!(b["messages"][1]["content"][0]["text"], "Sure:");
+    }
+
+    /// OpenAI clients send `top_p: 1` with a temperature by default; recent Claude models
+    /// refuse both at once. A `top_p` that cuts is sent as it is.
+    #[test]
+    fn a_top_p_of_one_beside_a_temperature_is_not_sent() {
+        let m = json!([{"role": "user", "content": "hi"}]);
+        let r = chat_request(json!({"model": "m", "messages": m, "temperature": 0.7, "top_p": 1}));
+        let a = to_anthropic(&r, "claude", false);
+        assert!(!a.contains_key("top_p"), "{a:?}");
+        assert_eq!(a["temperature"], 0.7);
+        let b = to_bedrock(&r);
+        assert!(b["inferenceConfig"].get("topP").is_none(), "{b:?}");
+        let r =
+            chat_request(json!({"model": "m", "messages": m, "temperature": 0.7, "top_p": 0.9}));
+        assert_eq!(to_anthropic(&r, "claude", false)["top_p"], 0.9);
+        let r = chat_request(json!({"model": "m", "messages": m, "top_p": 1}));
+        assert_eq!(to_anthropic(&r, "claude", false)["top_p"], 1.0);
+    }
+
+    /// Anthropic refuses `messages: []`: refused before sending, so the decision can move on.
+    #[test]
+    fn anthropic_needs_a_message_with_text() {
+        let only_system = chat_request(json!({"model": "m", "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "  "},
+        ]}));
+        let e = check_anthropic(&only_system).err();
+        assert!(
+            e.as_ref()
+                .is_some_and(|e| e.message.contains("at least one message with text")),
+            "{e:?}"
+        );
+        let ok =
+            chat_request(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}));
+        assert!(check_anthropic(&ok).is_ok());
+    }
+
+    /// Converse names the stop sequence Claude stopped on only when asked.
+    #[test]
+    fn bedrock_asks_claude_for_the_matched_stop_sequence() {
+        let with_stops = chat_request(json!({"model": "m", "stop": ["END", "STOP"],
+            "messages": [{"role": "user", "content": "hi"}]}));
+        let mut b = to_bedrock(&with_stops);
+        ask_claude_stop_sequence(&mut b, "us.anthropic.claude-sonnet-4-5-20250929-v1:0");
+        assert_eq!(
+            b["additionalModelResponseFieldPaths"],
+            json!(["/stop_sequence"])
+        );
+        let mut other = to_bedrock(&with_stops);
+        ask_claude_stop_sequence(&mut other, "meta.llama3-3-70b-instruct-v1:0");
+        assert!(!other.contains_key("additionalModelResponseFieldPaths"));
+        let without =
+            chat_request(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}));
+        let mut b = to_bedrock(&without);
+        ask_claude_stop_sequence(&mut b, "anthropic.claude-3-haiku-20240307-v1:0");
+        assert!(!b.contains_key("additionalModelResponseFieldPaths"));
+    }
+
+    /// An answer without text has no text block (Anthropic refuses an empty one sent back).
+    #[test]
+    fn an_empty_answer_has_no_content_block() {
+        let r = ChatResponse {
+            id: None,
+            text: String::new(),
+            finish: Finish::Length,
+            usage: TokenUsage::default(),
+            usage_reported: true,
+            stop_sequence: None,
+        };
+        assert_eq!(
+            client_response(Api::Messages, &r, "m")["content"],
+            json!([])
+        );
+        let r = ChatResponse {
+            text: "hi".into(),
+            ..r
+        };
+        assert_eq!(
+            client_response(Api::Messages, &r, "m")["content"],
+            json!([{"type": "text", "text": "hi"}])
+        );
     }
 
     #[test]
