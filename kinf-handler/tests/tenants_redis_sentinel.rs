@@ -32,6 +32,8 @@ struct Deployment {
     sentinel: u16,
     /// With TLS: the certificate every process presents (PEM), self-signed.
     ca: Option<Vec<u8>>,
+    /// The sentinel's configuration without its `sentinel` lines.
+    sentinel_base: Vec<String>,
     dir: PathBuf,
 }
 
@@ -90,32 +92,21 @@ impl Deployment {
         let m = server(master);
         let mut r = server(replica);
         r.extend(["--replicaof".into(), "127.0.0.1".into(), master.to_string()]);
-        let conf = dir.join("sentinel.conf");
-        let mut lines: Vec<String> = port_options(sentinel)
+        let mut sentinel_base: Vec<String> = port_options(sentinel)
             .into_iter()
             .chain(tls_options.clone())
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
-        lines.extend([
-            "bind 127.0.0.1".into(),
-            format!("dir {d}"),
-            format!("sentinel monitor m 127.0.0.1 {master} 1"),
-            "sentinel down-after-milliseconds m 1000".into(),
-            "sentinel failover-timeout m 4000".into(),
-        ]);
-        std::fs::write(&conf, lines.join("\n") + "\n").unwrap();
-        let children = vec![
-            Some(spawn_redis(&m)),
-            Some(spawn_redis(&r)),
-            Some(spawn_redis(&[conf.to_str().unwrap(), "--sentinel"])),
-        ];
-        let dep = Deployment {
-            children,
+        sentinel_base.extend(["bind 127.0.0.1".into(), format!("dir {d}")]);
+        let mut dep = Deployment {
+            children: vec![Some(spawn_redis(&m)), Some(spawn_redis(&r))],
             servers: [master, replica],
             sentinel,
             ca,
+            sentinel_base,
             dir,
         };
+        dep.start_sentinel(master);
         wait_listening(&[master, replica, sentinel]);
         wait_until(20, "the replica did not sync", || {
             dep.cli(replica, &["info", "replication"])
@@ -126,6 +117,22 @@ impl Deployment {
                 .contains(&replica.to_string())
         });
         Some(dep)
+    }
+
+    /// Starts the sentinel (a fresh configuration) monitoring the master on `port` as `m`.
+    fn start_sentinel(&mut self, master: u16) {
+        let conf = self.dir.join(format!("sentinel-{master}.conf"));
+        let mut lines = self.sentinel_base.clone();
+        lines.extend([
+            format!("sentinel monitor m 127.0.0.1 {master} 1"),
+            "sentinel down-after-milliseconds m 1000".into(),
+            "sentinel failover-timeout m 4000".into(),
+        ]);
+        std::fs::write(&conf, lines.join("\n") + "\n").unwrap();
+        let child = spawn_redis(&[conf.to_str().unwrap(), "--sentinel"]);
+        self.children.truncate(2);
+        self.children.push(Some(child));
+        wait_listening(&[self.sentinel]);
     }
 
     /// `redis-cli` on `port` (over TLS, trusting the deployment's certificate, with TLS).
@@ -286,6 +293,37 @@ async fn failover_keeps_budgets(dep: &Deployment) {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A master demoted behind the sentinel's back (`REPLICAOF` by hand: nothing closes the
+/// clients' connections) refuses the admission's script with `READONLY`: the store drops the
+/// connection, asks the sentinel again and sends the admission to the new master at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readonly_refusal_sends_the_admission_to_the_new_master() {
+    let Some(mut dep) = Deployment::start("sentinel-readonly") else {
+        return;
+    };
+    let [first, second] = dep.servers;
+    let l = store(&dep);
+    drop(l.admit(&req("r", 10, 10), estimate(10, 10)).await.unwrap());
+    // Swap the roles with the sentinel down, then start it again naming the new master.
+    dep.kill(2);
+    assert!(dep.cli(second, &["replicaof", "no", "one"]).contains("OK"));
+    let first_replicates = dep.cli(first, &["replicaof", "127.0.0.1", &second.to_string()]);
+    assert!(first_replicates.contains("OK"), "{first_replicates}");
+    wait_until(10, "the old master is still a master", || {
+        !dep.is_master(first)
+    });
+    dep.start_sentinel(second);
+    wait_until(10, "the sentinel does not name the new master", || {
+        dep.master_port() == second
+    });
+    let admitted = l.admit(&req("r", 10, 10), estimate(10, 10)).await;
+    assert!(admitted.is_ok(), "{admitted:?}");
+    assert_eq!(
+        dep.cli(second, &["exists", "test:sn:b:p/tpm:{t:r}"]).trim(),
+        "1"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,15 +8,19 @@
 //! (`READONLY`: a failover demoted it), the connection is dropped and the next command asks the
 //! sentinels again. A command refused with `READONLY` did not run, so it is sent once more at
 //! once, to the new master; one whose connection broke may have run, so its error is returned
-//! (the caller's fail mode and retry rules apply, as with a single server).
+//! (the caller's fail mode and retry rules apply, as with a single server). Several timeouts
+//! in a row drop the connection too (a master cut off by the network never closes it), and a
+//! failed lookup answers every command for a short while before the sentinels are asked again.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{AsyncConnectionConfig, ConnectionAddr, RedisResult, TlsCertificates, Value};
+use redis::{
+    AsyncConnectionConfig, ConnectionAddr, RedisResult, ServerError, TlsCertificates, Value,
+};
 
 /// The scheme of a Redis Sentinel URL.
 pub const SENTINEL_SCHEME: &str = "redis+sentinel://";
@@ -159,6 +163,7 @@ impl redis::aio::AsyncPushSender for ForgetOnDisconnect {
         if info.kind == redis::PushKind::Disconnection
             && let Some(shared) = self.shared.upgrade()
         {
+            shared.closed.fetch_max(self.generation, Ordering::Relaxed);
             shared.forget(self.generation);
         }
         Ok(())
@@ -170,6 +175,11 @@ impl redis::aio::AsyncPushSender for ForgetOnDisconnect {
 /// each asking the sentinels.
 const LOOKUP_BACKOFF: Duration = Duration::from_millis(200);
 
+/// Timeouts in a row after which the master's connection is dropped and the master looked up
+/// again: one slow answer is no reason to, but a master cut off by the network (no reset, so
+/// the connection never closes) while the sentinels promoted another one is.
+const TIMEOUTS_BEFORE_LOOKUP: u32 = 3;
+
 struct Shared {
     /// Locked while the master is looked up, so that one lookup serves every waiting command.
     client: tokio::sync::Mutex<SentinelClient>,
@@ -178,6 +188,10 @@ struct Shared {
     /// The connection to the master and its generation, until a failure drops it.
     current: parking_lot::Mutex<Option<(u64, MultiplexedConnection)>>,
     generation: AtomicU64,
+    /// The newest generation whose connection the client library reported closed.
+    closed: AtomicU64,
+    /// Commands in a row that timed out on the current connection.
+    timeouts: AtomicU32,
     config: AsyncConnectionConfig,
     db: i64,
 }
@@ -189,14 +203,66 @@ impl Shared {
         let mut current = self.current.lock();
         if current.as_ref().is_some_and(|(g, _)| *g == generation) {
             *current = None;
+            self.timeouts.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// The current connection, else one to the master looked up now, unless a lookup failed
+    /// less than [`LOOKUP_BACKOFF`] ago (its error, then).
+    async fn current_or_look_up(self: &Arc<Self>) -> RedisResult<(u64, MultiplexedConnection)> {
+        let mut client = self.client.lock().await;
+        if let Some(c) = self.current.lock().clone() {
+            return Ok(c);
+        }
+        if let Some((at, e)) = &*self.failed.lock()
+            && at.elapsed() < LOOKUP_BACKOFF
+        {
+            return Err(e.clone());
+        }
+        let found = self.look_up(&mut client).await;
+        *self.failed.lock() = found
+            .as_ref()
+            .err()
+            .map(|e| (std::time::Instant::now(), e.clone()));
+        found
+    }
+
+    /// Asks the sentinels for the master, connects to it and makes the connection current.
+    async fn look_up(
+        self: &Arc<Self>,
+        client: &mut SentinelClient,
+    ) -> RedisResult<(u64, MultiplexedConnection)> {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        // A connection that closes (the master died, or was demoted: Redis then closes its
+        // clients' connections) is forgotten at once, so that the next command looks the
+        // master up instead of failing on the closed connection.
+        let config = self.config.clone().set_push_sender(ForgetOnDisconnect {
+            shared: Arc::downgrade(self),
+            generation,
+        });
+        let conn = client
+            .async_get_client()
+            .await?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let mut current = self.current.lock();
+        // Closed already, before it was current: its push found nothing to forget.
+        if self.closed.load(Ordering::Relaxed) >= generation {
+            return Err(redis::RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::ConnectionReset,
+            )));
+        }
+        *current = Some((generation, conn.clone()));
+        self.timeouts.store(0, Ordering::Relaxed);
+        Ok((generation, conn))
     }
 }
 
 impl SentinelConnection {
     /// A connection for `url` (see [`parse_sentinel_url`]); `certs` for TLS, if the defaults
     /// (the system's trust store, no client certificate) are not to be used. Connects on the
-    /// first command, each connection and answer bounded by `timeout`.
+    /// first command; the connection to the master and its answers are bounded by `timeout`
+    /// (the sentinels are asked with the client library's own timeouts).
     pub(crate) fn new(
         url: &SentinelUrl,
         certs: Option<TlsCertificates>,
@@ -244,6 +310,8 @@ impl SentinelConnection {
             failed: parking_lot::Mutex::new(None),
             current: parking_lot::Mutex::new(None),
             generation: AtomicU64::new(0),
+            closed: AtomicU64::new(0),
+            timeouts: AtomicU32::new(0),
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(Some(timeout)),
@@ -252,52 +320,28 @@ impl SentinelConnection {
     }
 
     /// The connection to the master, looked up (once for all waiting callers) if there is none.
+    /// The lookup runs on a task of its own: a caller that gives up (its own timeout) does not
+    /// cancel it, so a slow lookup still ends, and its outcome serves the callers after it.
     async fn master(&self) -> RedisResult<(u64, MultiplexedConnection)> {
         if let Some(c) = self.0.current.lock().clone() {
             return Ok(c);
         }
-        let mut client = self.0.client.lock().await;
-        if let Some(c) = self.0.current.lock().clone() {
-            return Ok(c);
-        }
-        if let Some((at, e)) = &*self.0.failed.lock()
-            && at.elapsed() < LOOKUP_BACKOFF
-        {
-            return Err(e.clone());
-        }
-        let found = self.look_up(&mut client).await;
-        *self.0.failed.lock() = found
-            .as_ref()
-            .err()
-            .map(|e| (std::time::Instant::now(), e.clone()));
-        found
-    }
-
-    /// Asks the sentinels for the master, connects to it and makes the connection current.
-    async fn look_up(
-        &self,
-        client: &mut SentinelClient,
-    ) -> RedisResult<(u64, MultiplexedConnection)> {
-        let generation = self.0.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        // A connection that closes (the master died, or was demoted: Redis then closes its
-        // clients' connections) is forgotten at once, so that the next command looks the
-        // master up instead of failing on the closed connection.
-        let config = self.0.config.clone().set_push_sender(ForgetOnDisconnect {
-            shared: Arc::downgrade(&self.0),
-            generation,
-        });
-        let conn = client
-            .async_get_client()
-            .await?
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        *self.0.current.lock() = Some((generation, conn.clone()));
-        Ok((generation, conn))
+        let shared = self.0.clone();
+        tokio::spawn(async move { shared.current_or_look_up().await })
+            .await
+            .unwrap_or_else(|e| {
+                Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "the lookup of the master failed",
+                    e.to_string(),
+                )))
+            })
     }
 
     /// After `e` from the connection of `generation`: forgets the master if `e` says it is
-    /// gone or demoted. `None`: send the command again (once: it certainly did not run, it
-    /// was refused as `READONLY`); else the error to return.
+    /// gone or demoted (a closed connection, a refusal as `READONLY`, several timeouts in a
+    /// row). `None`: send the command again (once: a `READONLY` refusal did not run); else the
+    /// error to return.
     fn failed(
         &self,
         generation: u64,
@@ -310,10 +354,26 @@ impl SentinelConnection {
                 *retried = true;
                 return None;
             }
+        } else if e.is_timeout() {
+            if self.0.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_BEFORE_LOOKUP {
+                self.0.forget(generation);
+            }
         } else if e.is_unrecoverable_error() || e.is_io_error() {
             self.0.forget(generation);
         }
         Some(e)
+    }
+
+    /// The answer of a command that reached the master: its `READONLY` refusal (the master was
+    /// demoted) as an error for [`Self::failed`], anything else as it is.
+    fn answered<T>(&self, value: T, refusal: Option<&ServerError>) -> Result<T, redis::RedisError> {
+        match refusal {
+            Some(e) if server_readonly(e) => Err(e.clone().into()),
+            _ => {
+                self.0.timeouts.store(0, Ordering::Relaxed);
+                Ok(value)
+            }
+        }
     }
 }
 
@@ -321,6 +381,21 @@ impl SentinelConnection {
 fn is_readonly(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
         || e.code() == Some("READONLY")
+        || e.detail().is_some_and(|d| d.contains("READONLY"))
+}
+
+/// [`is_readonly`] of an error reply (Redis 7 keeps the `READONLY` code of a write refused
+/// inside a script; Redis 6 answers `ERR ... -READONLY ...`).
+fn server_readonly(e: &ServerError) -> bool {
+    e.code() == "READONLY" || e.details().is_some_and(|d| d.contains("READONLY"))
+}
+
+/// The error reply of a command's answer, if it is one.
+fn refusal(v: &Value) -> Option<&ServerError> {
+    match v {
+        Value::ServerError(e) => Some(e),
+        _ => None,
+    }
 }
 
 impl ConnectionLike for SentinelConnection {
@@ -329,7 +404,11 @@ impl ConnectionLike for SentinelConnection {
             let mut retried = false;
             loop {
                 let (generation, mut conn) = self.master().await?;
-                match conn.req_packed_command(cmd).await {
+                let answer = conn.req_packed_command(cmd).await.and_then(|v| {
+                    let refused = refusal(&v).cloned();
+                    self.answered(v, refused.as_ref())
+                });
+                match answer {
                     Ok(v) => return Ok(v),
                     Err(e) => {
                         if let Some(e) = self.failed(generation, e, &mut retried) {
@@ -351,7 +430,14 @@ impl ConnectionLike for SentinelConnection {
             let mut retried = false;
             loop {
                 let (generation, mut conn) = self.master().await?;
-                match conn.req_packed_commands(pipeline, offset, count).await {
+                let answer = conn
+                    .req_packed_commands(pipeline, offset, count)
+                    .await
+                    .and_then(|vs| {
+                        let refused = vs.iter().find_map(refusal).cloned();
+                        self.answered(vs, refused.as_ref())
+                    });
+                match answer {
                     Ok(v) => return Ok(v),
                     Err(e) => {
                         if let Some(e) = self.failed(generation, e, &mut retried) {
@@ -449,5 +535,22 @@ mod tests {
             let mut retried = false;
             assert!(conn.failed(1, e, &mut retried).is_some());
         }
+    }
+
+    /// One slow answer keeps the connection; timeouts in a row count toward a new lookup, and
+    /// an answer starts the count again.
+    #[test]
+    fn timeouts_count_in_a_row_and_an_answer_resets_them() {
+        let url = parse_sentinel_url("redis+sentinel://127.0.0.1:1/m").unwrap();
+        let conn = SentinelConnection::new(&url, None, Duration::from_millis(100)).unwrap();
+        let timeout =
+            || redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        let mut retried = false;
+        assert!(conn.failed(1, timeout(), &mut retried).is_some());
+        assert!(conn.failed(1, timeout(), &mut retried).is_some());
+        assert_eq!(conn.0.timeouts.load(Ordering::Relaxed), 2);
+        assert_eq!(conn.answered(7, None).ok(), Some(7));
+        assert_eq!(conn.0.timeouts.load(Ordering::Relaxed), 0);
+        assert!(!retried, "a timeout is never sent again");
     }
 }
