@@ -112,11 +112,14 @@ async fn bad_requests_and_lost_workers_get_anthropic_errors() {
         "{v}"
     );
 
-    // A max_tokens the client sent is passed on as it is (vLLM ignores it there).
-    let mut with_max = body("tiny-llama", "hi");
-    with_max["max_tokens"] = json!(5);
-    let (s, _, v) = post_json(addr, path, &with_max, &[]).await;
-    assert_eq!(s, 200, "{v}");
+    // Whatever `max_tokens` the client sent, a count has none to check (vLLM ignores it):
+    // not a missing, zero or too-large output.
+    for max in [json!(5), json!(null), json!(0), json!(1_000_000)] {
+        let mut with_max = body("tiny-llama", "hi");
+        with_max["max_tokens"] = max.clone();
+        let (s, _, v) = post_json(addr, path, &with_max, &[]).await;
+        assert_eq!(s, 200, "max_tokens {max}: {v}");
+    }
 
     let (_, metrics) = get_text(addr, "/metrics").await;
     assert_eq!(
@@ -176,4 +179,73 @@ spec:
     assert_eq!(h["x-kinference-count"], "estimate");
     assert!(v["input_tokens"].as_u64().unwrap() >= 5, "{v}");
     assert!(openai.requests.lock().is_empty(), "the provider was called");
+}
+
+/// A worker that cannot be reached is marked down and the count goes to the next one; a
+/// worker's error in another shape reaches the client in Anthropic's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_worker_is_passed_over_and_worker_errors_are_anthropics() {
+    let worker = tiny_sim("1000", &[]).await;
+    let dead = format!("127.0.0.1:{}", support::spare_port());
+    // FastAPI's answer for a route it does not have (an older vLLM).
+    let app = axum::Router::new().route(
+        "/v1/messages/count_tokens",
+        axum::routing::post(|| async {
+            (
+                axum::http::StatusCode::NOT_FOUND,
+                [("content-type", "application/json")],
+                r#"{"detail":"Not Found"}"#,
+            )
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let old = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+
+    let dir = temp_dir("count-tokens-retry");
+    std::fs::write(
+        dir.join("bundle.yaml"),
+        format!(
+            r#"apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: tiny, namespace: t }}
+spec:
+  endpoints: ["{dead}", "{live}"]
+  models: [ {{ name: tiny-llama }} ]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{ name: old, namespace: t }}
+spec:
+  endpoints: ["{old}"]
+  models: [ {{ name: old-model }} ]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{ name: pool, namespace: t }}
+spec:
+  destinations: [ {{ kind: InferenceWorkerSet, name: tiny }}, {{ kind: InferenceWorkerSet, name: old }} ]
+"#,
+            live = worker.http,
+        ),
+    )
+    .unwrap();
+    let (_gw, addr) = gateway(&dir).await;
+    let path = "/v1/messages/count_tokens";
+    for i in 0..3 {
+        let (s, h, v) = post_json(addr, path, &body("tiny-llama", "hi"), &[]).await;
+        assert_eq!(s, 200, "count {i}: {v}");
+        assert_eq!(h["x-kinference-endpoint"], worker.http.to_string().as_str());
+    }
+    let (s, _, v) = post_json(addr, path, &body("old-model", "hi"), &[]).await;
+    assert_eq!(s, 404, "{v}");
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "not_found_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Not Found"),
+        "{v}"
+    );
 }

@@ -66,61 +66,93 @@ async fn count(
         gw.options.body_read_timeout,
     )
     .await?;
-    // A count has no `max_tokens`; the Messages validation requires one. A body that is not
-    // a JSON object goes to the validation as it is, for its error.
+    // A count has no `max_tokens` (vLLM ignores one); the Messages validation requires one:
+    // 1, whatever the client sent. A body that is not a JSON object goes to the validation as
+    // it is, for its error.
     let object = serde_json::from_slice::<Map<String, Value>>(&bytes).ok();
     let as_messages = match &object {
-        Some(o) if !o.contains_key("max_tokens") => {
+        Some(o) => {
             let mut m = o.clone();
             m.insert("max_tokens".into(), Value::from(1));
             Bytes::from(serde_json::to_vec(&m).map_err(internal)?)
         }
-        _ => bytes,
+        None => bytes,
     };
-    let admitted = forward::admit_async(gw, rt, Api::Messages, headers, as_messages).await?;
-    let chosen = forward::plan_without_routing(gw, &admitted)?;
-    if chosen.provider.is_some() {
-        let body = serde_json::json!({ "input_tokens": admitted.request.prompt_tokens });
-        let mut resp = json_response(StatusCode::OK, body.to_string().into(), &chosen)?;
-        resp.headers_mut().insert(
-            HeaderName::from_static("x-kinference-count"),
-            HeaderValue::from_static("estimate"),
-        );
-        return Ok((resp, "ok"));
+    let mut admitted = forward::admit_async(gw, rt, Api::Messages, headers, as_messages).await?;
+    // Counting needs room for the prompt only: vLLM counts a prompt that fills the context.
+    if admitted.request.required_context.is_some() {
+        admitted.request.required_context = Some(admitted.request.prompt_tokens);
     }
-    let mut upstream = object.unwrap_or_default();
-    upstream.insert("model".into(), Value::from(chosen.model.to_string()));
-    let upstream = Bytes::from(serde_json::to_vec(&upstream).map_err(internal)?);
-    let answer = match forward::send_to(gw, PATH, headers, &chosen, upstream).await {
-        Ok(a) => a,
-        Err(SendError::Connect(e)) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_unreachable",
-                format!("endpoint {} is unreachable: {e}", chosen.endpoint),
-            ));
+    let mut chosen = forward::plan_without_routing(gw, &admitted)?;
+    if chosen.provider.is_some() {
+        return Ok((estimate(&admitted, &chosen)?, "ok"));
+    }
+    let object = object.unwrap_or_default();
+    let body_for = |chosen: &Chosen| {
+        let mut upstream = object.clone();
+        upstream.insert("model".into(), Value::from(chosen.model.to_string()));
+        serde_json::to_vec(&upstream)
+            .map(Bytes::from)
+            .map_err(internal)
+    };
+    let mut retried = false;
+    let answer = loop {
+        match forward::send_to(gw, PATH, headers, &chosen, body_for(&chosen)?).await {
+            Ok(a) => break a,
+            // Nothing reached the worker: mark it down (health checks bring it back) and
+            // decide again once, as for any request.
+            Err(SendError::Connect(e)) => {
+                forward::mark_unready(gw, &chosen);
+                if !retried {
+                    retried = true;
+                    chosen = forward::plan_without_routing(gw, &admitted)?;
+                    if chosen.provider.is_none() {
+                        continue;
+                    }
+                    return Ok((estimate(&admitted, &chosen)?, "ok"));
+                }
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_unreachable",
+                    format!("endpoint {} is unreachable: {e}", chosen.endpoint),
+                ));
+            }
+            Err(SendError::Timeout) => return Err(timeout(&chosen)),
+            Err(SendError::Other(e)) => return Err(upstream_error(&chosen, &e)),
         }
-        Err(SendError::Timeout) => {
-            return Err(ApiError::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_timeout",
-                format!("endpoint {} did not answer in time", chosen.endpoint),
-            ));
-        }
-        Err(SendError::Other(e)) => return Err(upstream_error(&chosen, &e)),
     };
     let status = answer.status();
-    let body = http_body_util::Limited::new(answer.into_body(), MAX_ANSWER_BYTES)
-        .collect()
-        .await
-        .map_err(|e| upstream_error(&chosen, &e.to_string()))?
-        .to_bytes();
-    let code = if status.is_success() {
-        "ok"
-    } else {
-        "upstream_status"
+    let read = http_body_util::Limited::new(answer.into_body(), MAX_ANSWER_BYTES).collect();
+    let body = match tokio::time::timeout(gw.options.upstream_timeout, read).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) => return Err(upstream_error(&chosen, &e.to_string())),
+        Err(_) => return Err(timeout(&chosen)),
     };
-    Ok((json_response(status, body, &chosen)?, code))
+    if status.is_success() {
+        return Ok((json_response(status, body, &chosen)?, "ok"));
+    }
+    // A worker's error in Anthropic's shape (vLLM answers some in OpenAI's, or FastAPI's).
+    let body = forward::anthropic_error_body(Api::Messages, status, &body).unwrap_or(body);
+    Ok((json_response(status, body, &chosen)?, "upstream_status"))
+}
+
+/// The gateway's own count of the prompt, for a route to a provider.
+fn estimate(admitted: &forward::Admitted, chosen: &Chosen) -> Result<Response, ApiError> {
+    let body = serde_json::json!({ "input_tokens": admitted.request.prompt_tokens });
+    let mut resp = json_response(StatusCode::OK, body.to_string().into(), chosen)?;
+    resp.headers_mut().insert(
+        HeaderName::from_static("x-kinference-count"),
+        HeaderValue::from_static("estimate"),
+    );
+    Ok(resp)
+}
+
+fn timeout(chosen: &Chosen) -> ApiError {
+    ApiError::new(
+        StatusCode::GATEWAY_TIMEOUT,
+        "upstream_timeout",
+        format!("endpoint {} did not answer in time", chosen.endpoint),
+    )
 }
 
 /// A JSON answer with the route's `x-kinference-*` headers.

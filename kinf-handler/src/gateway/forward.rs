@@ -1339,7 +1339,7 @@ fn respond_provider(
     })
 }
 
-fn mark_unready(gw: &Gateway, c: &Chosen) {
+pub(crate) fn mark_unready(gw: &Gateway, c: &Chosen) {
     gw.state.with(|st| {
         if let Some(ws) = st
             .worker_sets
@@ -1664,7 +1664,7 @@ async fn respond(
 /// vLLM answers some errors of its `/v1/messages` in OpenAI's shape, and the others with its
 /// own error types); `None` to pass the body on as it is (a success, another API, or already
 /// Anthropic's).
-fn anthropic_error_body(api: Api, status: StatusCode, body: &[u8]) -> Option<Bytes> {
+pub(crate) fn anthropic_error_body(api: Api, status: StatusCode, body: &[u8]) -> Option<Bytes> {
     if api != Api::Messages || !(status.is_client_error() || status.is_server_error()) {
         return None;
     }
