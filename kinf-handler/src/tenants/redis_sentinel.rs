@@ -364,30 +364,47 @@ impl SentinelConnection {
         Some(e)
     }
 
-    /// The answer of a command that reached the master: its `READONLY` refusal (the master was
-    /// demoted) as an error for [`Self::failed`], anything else as it is.
-    fn answered<T>(&self, value: T, refusal: Option<&ServerError>) -> Result<T, redis::RedisError> {
-        match refusal {
-            Some(e) if server_readonly(e) => Err(e.clone().into()),
-            _ => {
-                self.0.timeouts.store(0, Ordering::Relaxed);
-                Ok(value)
+    /// The master answered: timeouts count from zero again.
+    fn answered(&self) {
+        self.0.timeouts.store(0, Ordering::Relaxed);
+    }
+
+    /// Sends a command (`send` on a connection to the master) until it is answered or fails
+    /// for good ([`Self::failed`]). An error reply that `refusal_in` finds in the answer and
+    /// that says the master was demoted (`READONLY`) counts as a failure; any other answer
+    /// is returned as it is.
+    async fn send<'a, T, Fut>(
+        &'a self,
+        send: impl Fn(MultiplexedConnection) -> Fut + 'a,
+        refusal_in: impl Fn(&T) -> Option<&ServerError> + 'a,
+    ) -> RedisResult<T>
+    where
+        Fut: std::future::Future<Output = RedisResult<T>> + 'a,
+    {
+        let mut retried = false;
+        loop {
+            let (generation, conn) = self.master().await?;
+            let e = match send(conn).await {
+                Ok(v) => match refusal_in(&v).map(|r| redis::RedisError::from(r.clone())) {
+                    Some(e) if is_readonly(&e) => e,
+                    _ => {
+                        self.answered();
+                        return Ok(v);
+                    }
+                },
+                Err(e) => e,
+            };
+            if let Some(e) = self.failed(generation, e, &mut retried) {
+                return Err(e);
             }
         }
     }
 }
 
-/// A write refused because the server is a replica now.
+/// A write refused because the server is a replica now (Redis 7 keeps the `READONLY` code of
+/// a write refused inside a script; Redis 6 answers `ERR ... -READONLY ...`).
 fn is_readonly(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-        || e.code() == Some("READONLY")
-        || e.detail().is_some_and(|d| d.contains("READONLY"))
-}
-
-/// [`is_readonly`] of an error reply (Redis 7 keeps the `READONLY` code of a write refused
-/// inside a script; Redis 6 answers `ERR ... -READONLY ...`).
-fn server_readonly(e: &ServerError) -> bool {
-    e.code() == "READONLY" || e.details().is_some_and(|d| d.contains("READONLY"))
+    e.code() == Some("READONLY") || e.detail().is_some_and(|d| d.contains("READONLY"))
 }
 
 /// The error reply of a command's answer, if it is one.
@@ -400,24 +417,10 @@ fn refusal(v: &Value) -> Option<&ServerError> {
 
 impl ConnectionLike for SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
-        Box::pin(async move {
-            let mut retried = false;
-            loop {
-                let (generation, mut conn) = self.master().await?;
-                let answer = conn.req_packed_command(cmd).await.and_then(|v| {
-                    let refused = refusal(&v).cloned();
-                    self.answered(v, refused.as_ref())
-                });
-                match answer {
-                    Ok(v) => return Ok(v),
-                    Err(e) => {
-                        if let Some(e) = self.failed(generation, e, &mut retried) {
-                            return Err(e);
-                        }
-                    }
-                }
-            }
-        })
+        Box::pin(self.send(
+            move |mut c| async move { c.req_packed_command(cmd).await },
+            refusal,
+        ))
     }
 
     fn req_packed_commands<'a>(
@@ -426,27 +429,10 @@ impl ConnectionLike for SentinelConnection {
         offset: usize,
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            let mut retried = false;
-            loop {
-                let (generation, mut conn) = self.master().await?;
-                let answer = conn
-                    .req_packed_commands(pipeline, offset, count)
-                    .await
-                    .and_then(|vs| {
-                        let refused = vs.iter().find_map(refusal).cloned();
-                        self.answered(vs, refused.as_ref())
-                    });
-                match answer {
-                    Ok(v) => return Ok(v),
-                    Err(e) => {
-                        if let Some(e) = self.failed(generation, e, &mut retried) {
-                            return Err(e);
-                        }
-                    }
-                }
-            }
-        })
+        Box::pin(self.send(
+            move |mut c| async move { c.req_packed_commands(pipeline, offset, count).await },
+            |vs: &Vec<Value>| vs.iter().find_map(refusal),
+        ))
     }
 
     fn get_db(&self) -> i64 {
@@ -549,7 +535,7 @@ mod tests {
         assert!(conn.failed(1, timeout(), &mut retried).is_some());
         assert!(conn.failed(1, timeout(), &mut retried).is_some());
         assert_eq!(conn.0.timeouts.load(Ordering::Relaxed), 2);
-        assert_eq!(conn.answered(7, None).ok(), Some(7));
+        conn.answered();
         assert_eq!(conn.0.timeouts.load(Ordering::Relaxed), 0);
         assert!(!retried, "a timeout is never sent again");
     }
