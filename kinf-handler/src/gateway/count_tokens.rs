@@ -4,10 +4,10 @@
 //! The body is admitted as a `/v1/messages` request would be (identity, front door, body
 //! limit, validation, classification) and decided without being routed: nothing is claimed or
 //! counted in flight, no rate limit is charged, and no output is generated. A local route sends
-//! the body, `model` set to the route's model, to the endpoint's `/v1/messages/count_tokens`
-//! (vLLM 0.32 answers `{"input_tokens": N, ...}` after its chat template), and passes the answer
-//! on. A route to a provider is answered by the gateway's own count of the prompt, marked
-//! `x-kinference-count: estimate`. A request the policy refuses gets the refusal it would get
+//! the body, `model` set to the route's model (and `max_tokens` to 1, which vLLM ignores), to
+//! the endpoint's `/v1/messages/count_tokens` (vLLM 0.32 answers `{"input_tokens": N, ...}`
+//! after its chat template), and passes the answer on. A route to a provider is answered by
+//! the gateway's own count of the prompt, marked `x-kinference-count: estimate`. A request the policy refuses gets the refusal it would get
 //! as a Messages request.
 
 use std::sync::Arc;
@@ -69,12 +69,12 @@ async fn count(
     // A count has no `max_tokens` (vLLM ignores one); the Messages validation requires one:
     // 1, whatever the client sent. A body that is not a JSON object goes to the validation as
     // it is, for its error.
-    let object = serde_json::from_slice::<Map<String, Value>>(&bytes).ok();
-    let as_messages = match &object {
+    // The worker gets the same object, `model` set to the route's.
+    let mut object = serde_json::from_slice::<Map<String, Value>>(&bytes).ok();
+    let as_messages = match &mut object {
         Some(o) => {
-            let mut m = o.clone();
-            m.insert("max_tokens".into(), Value::from(1));
-            Bytes::from(serde_json::to_vec(&m).map_err(internal)?)
+            o.insert("max_tokens".into(), Value::from(1));
+            Bytes::from(serde_json::to_vec(o).map_err(internal)?)
         }
         None => bytes,
     };
@@ -87,46 +87,35 @@ async fn count(
     if chosen.provider.is_some() {
         return Ok((estimate(&admitted, &chosen)?, "ok"));
     }
-    let object = object.unwrap_or_default();
-    let body_for = |chosen: &Chosen| {
-        let mut upstream = object.clone();
-        upstream.insert("model".into(), Value::from(chosen.model.to_string()));
-        serde_json::to_vec(&upstream)
-            .map(Bytes::from)
-            .map_err(internal)
-    };
+    let mut upstream = object.unwrap_or_default();
     let mut retried = false;
     let answer = loop {
-        match forward::send_to(gw, PATH, headers, &chosen, body_for(&chosen)?).await {
+        upstream.insert("model".into(), Value::from(chosen.model.to_string()));
+        let body = Bytes::from(serde_json::to_vec(&upstream).map_err(internal)?);
+        match forward::send_to(gw, PATH, headers, &chosen, body).await {
             Ok(a) => break a,
             // Nothing reached the worker: mark it down (health checks bring it back) and
             // decide again once, as for any request.
-            Err(SendError::Connect(e)) => {
+            Err(e @ SendError::Connect(_)) => {
                 forward::mark_unready(gw, &chosen);
-                if !retried {
-                    retried = true;
-                    chosen = forward::plan_without_routing(gw, &admitted)?;
-                    if chosen.provider.is_none() {
-                        continue;
-                    }
+                if retried {
+                    return Err(e.to_api_error(&chosen));
+                }
+                retried = true;
+                chosen = forward::plan_without_routing(gw, &admitted)?;
+                if chosen.provider.is_some() {
                     return Ok((estimate(&admitted, &chosen)?, "ok"));
                 }
-                return Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream_unreachable",
-                    format!("endpoint {} is unreachable: {e}", chosen.endpoint),
-                ));
             }
-            Err(SendError::Timeout) => return Err(timeout(&chosen)),
-            Err(SendError::Other(e)) => return Err(upstream_error(&chosen, &e)),
+            Err(e) => return Err(e.to_api_error(&chosen)),
         }
     };
     let status = answer.status();
     let read = http_body_util::Limited::new(answer.into_body(), MAX_ANSWER_BYTES).collect();
     let body = match tokio::time::timeout(gw.options.upstream_timeout, read).await {
         Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(e)) => return Err(upstream_error(&chosen, &e.to_string())),
-        Err(_) => return Err(timeout(&chosen)),
+        Ok(Err(e)) => return Err(SendError::Other(e.to_string()).to_api_error(&chosen)),
+        Err(_) => return Err(SendError::Timeout.to_api_error(&chosen)),
     };
     if status.is_success() {
         return Ok((json_response(status, body, &chosen)?, "ok"));
@@ -147,36 +136,14 @@ fn estimate(admitted: &forward::Admitted, chosen: &Chosen) -> Result<Response, A
     Ok(resp)
 }
 
-fn timeout(chosen: &Chosen) -> ApiError {
-    ApiError::new(
-        StatusCode::GATEWAY_TIMEOUT,
-        "upstream_timeout",
-        format!("endpoint {} did not answer in time", chosen.endpoint),
-    )
-}
-
 /// A JSON answer with the route's `x-kinference-*` headers.
 fn json_response(status: StatusCode, body: Bytes, chosen: &Chosen) -> Result<Response, ApiError> {
-    let mut b = Response::builder()
+    let b = Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json");
-    for (k, v) in &chosen.headers {
-        if let (Ok(k), Ok(v)) = (
-            HeaderName::try_from(k.as_str()),
-            HeaderValue::try_from(v.as_str()),
-        ) {
-            b = b.header(k, v);
-        }
-    }
-    b.body(Body::from(body)).map_err(internal)
-}
-
-fn upstream_error(chosen: &Chosen, e: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::BAD_GATEWAY,
-        "upstream_error",
-        format!("endpoint {} failed: {e}", chosen.endpoint),
-    )
+    forward::with_route_headers(b, chosen)
+        .body(Body::from(body))
+        .map_err(internal)
 }
 
 fn internal(e: impl std::fmt::Display) -> ApiError {

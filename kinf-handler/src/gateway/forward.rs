@@ -1265,29 +1265,12 @@ async fn admit_and_forward(
                 mark_unready(gw, &chosen);
                 retried = true;
             }
-            SendError::Connect(e) => {
+            SendError::Connect(_) => {
                 pending.reached_upstream = reached_earlier;
                 mark_unready(gw, &chosen);
-                return Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream_unreachable",
-                    format!("endpoint {} is unreachable: {e}", chosen.endpoint),
-                ));
+                return Err(failure.to_api_error(&chosen));
             }
-            SendError::Timeout => {
-                return Err(ApiError::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "upstream_timeout",
-                    format!("endpoint {} did not answer in time", chosen.endpoint),
-                ));
-            }
-            SendError::Other(e) => {
-                return Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream_error",
-                    format!("endpoint {} failed: {e}", chosen.endpoint),
-                ));
-            }
+            SendError::Timeout | SendError::Other(_) => return Err(failure.to_api_error(&chosen)),
         }
     }
 }
@@ -1470,6 +1453,30 @@ pub(crate) enum SendError {
     Other(String),
 }
 
+impl SendError {
+    /// The client's error for this failure of `c`'s endpoint: 502 `upstream_unreachable`,
+    /// 504 `upstream_timeout` or 502 `upstream_error`.
+    pub(crate) fn to_api_error(&self, c: &Chosen) -> ApiError {
+        match self {
+            SendError::Connect(e) => ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_unreachable",
+                format!("endpoint {} is unreachable: {e}", c.endpoint),
+            ),
+            SendError::Timeout => ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                format!("endpoint {} did not answer in time", c.endpoint),
+            ),
+            SendError::Other(e) => ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                format!("endpoint {} failed: {e}", c.endpoint),
+            ),
+        }
+    }
+}
+
 async fn send(
     gw: &Gateway,
     api: Api,
@@ -1549,6 +1556,19 @@ fn response_head(
         }
         builder = builder.header(k, v);
     }
+    builder = with_route_headers(builder, chosen);
+    for (k, v) in reservation.iter().flat_map(|r| r.headers().pairs()) {
+        builder = builder.header(k, v);
+    }
+    builder
+}
+
+/// `builder` with the route's `x-kinference-*` headers (those that are valid header names and
+/// values).
+pub(crate) fn with_route_headers(
+    mut builder: axum::http::response::Builder,
+    chosen: &Chosen,
+) -> axum::http::response::Builder {
     for (k, v) in &chosen.headers {
         if let (Ok(k), Ok(v)) = (
             HeaderName::try_from(k.as_str()),
@@ -1556,9 +1576,6 @@ fn response_head(
         ) {
             builder = builder.header(k, v);
         }
-    }
-    for (k, v) in reservation.iter().flat_map(|r| r.headers().pairs()) {
-        builder = builder.header(k, v);
     }
     builder
 }
