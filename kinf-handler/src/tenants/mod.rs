@@ -19,7 +19,8 @@ pub use redis_store::{CLUSTER_SCHEME, RedisConfig, RedisStore, TLS_CLUSTER_SCHEM
 pub use store::{FailMode, LimitStore, StoreStats, StoreStatsSnapshot};
 
 /// The store named by the server flags: `memory`, or a `redis://`, `rediss://`,
-/// `redis+unix://`, `redis+cluster://` or `rediss+cluster://` URL with `fail_mode` and
+/// `redis+unix://`, `redis+cluster://`, `rediss+cluster://`, `redis+sentinel://` or
+/// `rediss+sentinel://` URL with `fail_mode` and
 /// `key_prefix` (`None`: `kinf:rl:`). A Redis store must be built inside a Tokio runtime; it
 /// connects lazily, so Redis being down at startup is not an error (the fail mode applies).
 pub fn store_from_flags(
@@ -47,7 +48,8 @@ impl RedisTls {
     }
 }
 
-/// [`store_from_flags`], with TLS material for a `rediss://` or `rediss+cluster://` store.
+/// [`store_from_flags`], with TLS material for a `rediss://`, `rediss+cluster://` or
+/// `rediss+sentinel://` store.
 /// Material with a store that is not TLS is refused (it would silently not be used), as are
 /// files without what they should hold.
 pub fn store_from_flags_with_tls(
