@@ -104,6 +104,26 @@ async fn bad_requests_and_lost_workers_get_anthropic_errors() {
         "{v}"
     );
 
+    // Not an object, and a field of the wrong type: the Messages validation's errors.
+    let (s, _, v) = post_json(addr, path, &json!("count this"), &[]).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["type"], "error", "{v}");
+    let (s, _, v) = post_json(
+        addr,
+        path,
+        &json!({"model": "tiny-llama", "messages": "hi"}),
+        &[],
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`messages`"),
+        "{v}"
+    );
+
     let (s, _, v) = post_json(addr, path, &body("nope", "hi"), &[]).await;
     assert_eq!(s, 404, "{v}");
     assert_eq!(v["type"], "error", "{v}");
@@ -128,7 +148,7 @@ async fn bad_requests_and_lost_workers_get_anthropic_errors() {
             "kinference_requests_total",
             "api=\"count_tokens\",status=\"400\""
         ),
-        Some(1.0),
+        Some(3.0),
         "{metrics}"
     );
 
